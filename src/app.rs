@@ -1,0 +1,238 @@
+//! Builds the daemon from settings (policies, store, service) and binds every listener, exposing
+//! the real addresses (port 0 in tests); `run` serves until the shutdown future resolves, then
+//! drains.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::check::CheckService;
+use crate::clock::{Clock, SystemClock};
+use crate::config::{load_policies, Settings};
+use crate::limit::PolicySet;
+use crate::store::{MemoryMetrics, MemoryStore};
+use crate::telemetry::Metrics;
+use crate::transport::{admin, http, uds, Transport};
+
+/// How often idle keys are dropped from the embedded store.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Settings or policies are invalid (exit code 64).
+    #[error("{0}")]
+    Config(String),
+    /// A listener could not be bound.
+    #[error("{0}")]
+    Bind(String),
+}
+
+/// A daemon with every listener bound, ready to [`App::run`].
+pub struct App {
+    http: Option<(TcpListener, SocketAddr)>,
+    socket: Option<(UnixListener, PathBuf)>,
+    admin: (TcpListener, SocketAddr),
+    service: Arc<CheckService>,
+    store: Arc<MemoryStore>,
+    metrics: Metrics,
+    ready: Arc<AtomicBool>,
+    grace: Duration,
+}
+
+impl App {
+    /// Loads the policy file named by `settings` and builds on the system clock.
+    pub async fn build(settings: &Settings) -> Result<Self, StartError> {
+        let policies =
+            load_policies(&settings.policies).map_err(|e| StartError::Config(e.to_string()))?;
+        Self::build_with(settings, policies, Arc::new(SystemClock::new())).await
+    }
+
+    /// Builds with the given policies and clock and binds every listener.
+    pub async fn build_with(
+        settings: &Settings,
+        policies: PolicySet,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, StartError> {
+        settings
+            .validate()
+            .map_err(|e| StartError::Config(e.to_string()))?;
+        let metrics = Metrics::new();
+        let store = Arc::new(MemoryStore::new(
+            settings.memory.max_keys,
+            clock,
+            Some(MemoryMetrics {
+                keys: metrics.memory_keys.clone(),
+                evictions: metrics.memory_evictions.clone(),
+            }),
+        ));
+        let service = Arc::new(CheckService::new(
+            policies,
+            store.clone(),
+            settings.limits.clone(),
+            metrics.clone(),
+        ));
+        let bind_err = |what: &str, target: &dyn std::fmt::Display, e: std::io::Error| {
+            StartError::Bind(format!("cannot bind {what} {target}: {e}"))
+        };
+        let http = match settings
+            .http_addr()
+            .map_err(|e| StartError::Config(e.to_string()))?
+        {
+            None => None,
+            Some(addr) => {
+                warn_if_exposed("listen.http", addr);
+                let listener = TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| bind_err("listen.http", &addr, e))?;
+                let local = listener
+                    .local_addr()
+                    .map_err(|e| bind_err("listen.http", &addr, e))?;
+                Some((listener, local))
+            }
+        };
+        let socket = match settings.socket_path() {
+            None => None,
+            Some(path) => {
+                let mode = settings
+                    .socket_mode_bits()
+                    .map_err(|e| StartError::Config(e.to_string()))?;
+                let listener = uds::bind(&path, mode)
+                    .map_err(|e| bind_err("listen.socket", &path.display(), e))?;
+                Some((listener, path))
+            }
+        };
+        let admin_addr = settings
+            .admin_addr()
+            .map_err(|e| StartError::Config(e.to_string()))?;
+        warn_if_exposed("listen.admin", admin_addr);
+        let admin = TcpListener::bind(admin_addr)
+            .await
+            .map_err(|e| bind_err("listen.admin", &admin_addr, e))?;
+        let admin_local = admin
+            .local_addr()
+            .map_err(|e| bind_err("listen.admin", &admin_addr, e))?;
+        Ok(Self {
+            http,
+            socket,
+            admin: (admin, admin_local),
+            service,
+            store,
+            metrics,
+            ready: Arc::new(AtomicBool::new(true)),
+            grace: settings.shutdown_grace.as_std(),
+        })
+    }
+
+    /// The bound TCP check address, if enabled.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http.as_ref().map(|(_, addr)| *addr)
+    }
+
+    /// The Unix socket path, if enabled.
+    pub fn socket_path(&self) -> Option<&Path> {
+        self.socket.as_ref().map(|(_, path)| path.as_path())
+    }
+
+    /// The bound admin address.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin.1
+    }
+
+    /// The check service (to swap policies, for instance).
+    pub fn service(&self) -> Arc<CheckService> {
+        self.service.clone()
+    }
+
+    /// Serves until `shutdown` resolves; then readiness turns false, the check listeners stop
+    /// accepting, in-flight checks are answered (for up to the grace period), the socket file is
+    /// removed and the admin listener closes last.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) {
+        let (drain_tx, drain_rx) = watch::channel(false);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let until = |mut rx: watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        };
+
+        let mut checks = JoinSet::new();
+        if let Some((listener, addr)) = self.http {
+            tracing::info!(%addr, "check API listening on TCP");
+            let app = http::router(self.service.clone(), self.metrics.clone(), Transport::Tcp);
+            let serve = axum::serve(listener, app).with_graceful_shutdown(until(drain_rx.clone()));
+            checks.spawn(async move { serve.await });
+        }
+        let socket_path = self.socket.as_ref().map(|(_, path)| path.clone());
+        if let Some((listener, path)) = self.socket {
+            tracing::info!(path = %path.display(), "check API listening on Unix socket");
+            let app = http::router(self.service.clone(), self.metrics.clone(), Transport::Uds);
+            let serve = axum::serve(listener, app).with_graceful_shutdown(until(drain_rx.clone()));
+            checks.spawn(async move { serve.await });
+        }
+        let (admin_listener, admin_addr) = self.admin;
+        tracing::info!(addr = %admin_addr, "admin listening");
+        let admin_app = admin::router(
+            self.service.clone(),
+            self.metrics.clone(),
+            self.ready.clone(),
+        );
+        let admin_serve =
+            axum::serve(admin_listener, admin_app).with_graceful_shutdown(until(stop_rx.clone()));
+        let admin_task = tokio::spawn(async move { admin_serve.await });
+        let sweeper = tokio::spawn(sweep(self.store.clone(), until(stop_rx.clone())));
+        tracing::info!(
+            store = self.service.store_name(),
+            policies = self.service.policies().len(),
+            "sluice ready"
+        );
+
+        shutdown.await;
+        tracing::info!("shutting down: draining in-flight checks");
+        self.ready.store(false, Ordering::SeqCst);
+        let _ = drain_tx.send(true);
+        let drained = async {
+            while let Some(result) = checks.join_next().await {
+                match result {
+                    Ok(Ok(())) => {}
+                    Ok(Err(error)) => tracing::warn!(%error, "check listener failed"),
+                    Err(error) => tracing::warn!(%error, "check listener task failed"),
+                }
+            }
+        };
+        if tokio::time::timeout(self.grace, drained).await.is_err() {
+            tracing::warn!(grace = ?self.grace, "grace period over; closing remaining connections");
+            checks.abort_all();
+        }
+        if let Some(path) = socket_path {
+            uds::remove(&path);
+        }
+        let _ = stop_tx.send(true);
+        let _ = tokio::time::timeout(Duration::from_secs(1), admin_task).await;
+        let _ = sweeper.await;
+        tracing::info!("sluice stopped");
+    }
+}
+
+async fn sweep(store: Arc<MemoryStore>, stop: impl Future<Output = ()>) {
+    let mut ticker = tokio::time::interval(SWEEP_INTERVAL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = ticker.tick() => { store.sweep(); }
+        }
+    }
+}
+
+fn warn_if_exposed(key: &str, addr: SocketAddr) {
+    if !addr.ip().is_loopback() {
+        tracing::warn!(%addr, key, "listening beyond loopback: anything that reaches this address can use it");
+    }
+}

@@ -1,0 +1,270 @@
+//! The command line: `sluice serve`, `sluice check`, `sluice config check`. Exit codes: 0 ok /
+//! allowed, 1 denied or runtime failure, 2 limiter unavailable, 64 bad usage or configuration,
+//! 69 daemon unreachable.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::app::{App, StartError};
+use crate::client::{self, Target};
+use crate::config::{load_policies, Settings};
+use crate::transport::wire::CheckBody;
+
+/// Exit code for bad usage or configuration (sysexits EX_USAGE).
+pub const EXIT_CONFIG: u8 = 64;
+/// Exit code when the daemon cannot be reached (sysexits EX_UNAVAILABLE).
+pub const EXIT_UNREACHABLE: u8 = 69;
+
+/// sluice: a rate-limit sidecar.
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the daemon.
+    Serve {
+        /// Settings file (TOML); default config/sluice.toml when present.
+        #[arg(long, short, env = "SLUICE_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Ask a running daemon whether a request may go through (exit 0 allowed, 1 denied).
+    Check(CheckArgs),
+    /// Validate configuration.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Validate a policy file (YAML) or a settings file (TOML, with the policy file it names).
+    Check {
+        /// The file to validate.
+        file: PathBuf,
+    },
+}
+
+#[derive(Debug, Args)]
+struct CheckArgs {
+    /// Check only this policy.
+    #[arg(long, short)]
+    policy: Option<String>,
+    /// A descriptor, repeatable: -d ip=203.0.113.7
+    #[arg(short = 'd', long = "descriptor", value_name = "NAME=VALUE")]
+    descriptors: Vec<String>,
+    /// Units to spend.
+    #[arg(long, default_value_t = 1)]
+    cost: u64,
+    /// Evaluate without spending.
+    #[arg(long)]
+    dry_run: bool,
+    /// Daemon's Unix socket (default: from settings).
+    #[arg(long, conflicts_with = "http")]
+    socket: Option<PathBuf>,
+    /// Daemon's TCP address, e.g. 127.0.0.1:7070.
+    #[arg(long)]
+    http: Option<std::net::SocketAddr>,
+    /// Settings file used to find the daemon when neither --socket nor --http is given.
+    #[arg(long, short, env = "SLUICE_CONFIG")]
+    config: Option<PathBuf>,
+    /// Print the daemon's JSON answer as is.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Parses the command line and runs the command.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve { config } => serve(config.as_deref()),
+        Command::Check(args) => check(args),
+        Command::Config {
+            command: ConfigCommand::Check { file },
+        } => config_check(&file),
+    }
+}
+
+fn fail(code: u8, message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("sluice: {message}");
+    ExitCode::from(code)
+}
+
+fn serve(config: Option<&Path>) -> ExitCode {
+    let settings = match Settings::load(config) {
+        Ok(settings) => settings,
+        Err(error) => return fail(EXIT_CONFIG, format_args!("invalid settings: {error}")),
+    };
+    crate::telemetry::init_tracing(&settings.log);
+    let threads = match settings.worker_threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
+        n => n,
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name("sluice-worker")
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => return fail(1, format_args!("cannot start the runtime: {error}")),
+    };
+    runtime.block_on(async {
+        match App::build(&settings).await {
+            Ok(app) => {
+                app.run(shutdown_signal()).await;
+                ExitCode::SUCCESS
+            }
+            Err(StartError::Config(error)) => {
+                fail(EXIT_CONFIG, format_args!("invalid configuration:\n{error}"))
+            }
+            Err(StartError::Bind(error)) => fail(1, error),
+        }
+    })
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM received"),
+                _ = int.recv() => tracing::info!("SIGINT received"),
+            }
+        }
+        _ => {
+            tracing::warn!("cannot install signal handlers; stop with SIGKILL");
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+fn check(args: CheckArgs) -> ExitCode {
+    let mut descriptors = crate::limit::Descriptors::new();
+    for pair in &args.descriptors {
+        let Some((name, value)) = pair.split_once('=') else {
+            return fail(
+                EXIT_CONFIG,
+                format_args!("descriptor {pair:?} is not NAME=VALUE"),
+            );
+        };
+        descriptors.insert(name.to_owned(), value.to_owned());
+    }
+    let target = match (&args.socket, args.http) {
+        (Some(path), _) => Target::Unix(path.clone()),
+        (None, Some(addr)) => Target::Tcp(addr),
+        (None, None) => match default_target(args.config.as_deref()) {
+            Ok(target) => target,
+            Err(error) => return fail(EXIT_CONFIG, error),
+        },
+    };
+    let body = CheckBody {
+        policy: args.policy,
+        descriptors,
+        cost: args.cost,
+        dry_run: args.dry_run,
+    };
+    let payload = serde_json::to_vec(&body).unwrap_or_default();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => return fail(1, format_args!("cannot start the runtime: {error}")),
+    };
+    let reply = runtime.block_on(client::request(
+        &target,
+        axum::http::Method::POST,
+        "/v1/check",
+        Some(payload),
+    ));
+    let reply = match reply {
+        Ok(reply) => reply,
+        Err(error) => return fail(EXIT_UNREACHABLE, error),
+    };
+    let json = reply.json();
+    if args.json {
+        println!("{json}");
+    } else {
+        println!("{}", summarize(reply.status.as_u16(), &json));
+    }
+    match reply.status.as_u16() {
+        200 => ExitCode::SUCCESS,
+        429 => ExitCode::from(1),
+        503 => ExitCode::from(2),
+        _ => ExitCode::from(EXIT_CONFIG),
+    }
+}
+
+fn default_target(config: Option<&Path>) -> Result<Target, String> {
+    let settings = Settings::load(config).map_err(|e| format!("invalid settings: {e}"))?;
+    if let Some(path) = settings.socket_path() {
+        return Ok(Target::Unix(path));
+    }
+    match settings.http_addr() {
+        Ok(Some(addr)) => Ok(Target::Tcp(addr)),
+        Ok(None) => Err("no listener configured; pass --socket or --http".into()),
+        Err(error) => Err(error.to_string()),
+    }
+}
+
+/// One line for people: the decision and its figures.
+fn summarize(status: u16, json: &serde_json::Value) -> String {
+    let field = |name: &str| match &json[name] {
+        serde_json::Value::Null => "-".to_owned(),
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    match status {
+        200 | 429 => format!(
+            "{} policy={} limit={} remaining={} reset_after_ms={} retry_after_ms={} mode={}",
+            if status == 200 { "allowed" } else { "denied" },
+            field("policy"),
+            field("limit"),
+            field("remaining"),
+            field("reset_after_ms"),
+            field("retry_after_ms"),
+            field("mode"),
+        ),
+        503 => format!("unavailable policy={}", field("policy")),
+        _ => format!("error {status}: {}: {}", field("error"), field("reason")),
+    }
+}
+
+fn config_check(file: &Path) -> ExitCode {
+    let is_settings = file.extension().is_some_and(|ext| ext == "toml");
+    let policy_file = if is_settings {
+        match Settings::load(Some(file)) {
+            Ok(settings) => settings.policies,
+            Err(error) => return fail(EXIT_CONFIG, format_args!("{}: {error}", file.display())),
+        }
+    } else {
+        file.to_owned()
+    };
+    match load_policies(&policy_file) {
+        Ok(set) => {
+            let names: Vec<&str> = set.iter().map(|p| p.name()).collect();
+            println!(
+                "{}: ok, {} policies: {}",
+                policy_file.display(),
+                set.len(),
+                names.join(", ")
+            );
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("{error}");
+            ExitCode::from(EXIT_CONFIG)
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! A small HTTP/1.1 client for the check API over TCP or the Unix socket, used by `sluice check`
+//! and the integration tests.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use axum::http::{HeaderMap, Method, Request, StatusCode};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpStream, UnixStream};
+
+/// Where the daemon listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// HTTP over TCP.
+    Tcp(SocketAddr),
+    /// HTTP over a Unix socket.
+    Unix(PathBuf),
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Tcp(addr) => write!(f, "http://{addr}"),
+            Self::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
+
+/// The daemon could not be reached or the exchange broke.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Connecting failed.
+    #[error("cannot connect to {target}: {source}")]
+    Connect {
+        /// Where.
+        target: Target,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The HTTP exchange failed.
+    #[error("HTTP exchange failed: {0}")]
+    Http(#[from] hyper::Error),
+    /// The request could not be built.
+    #[error("bad request: {0}")]
+    Request(#[from] axum::http::Error),
+}
+
+/// A response, read whole.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// Status code.
+    pub status: StatusCode,
+    /// Headers.
+    pub headers: HeaderMap,
+    /// Body bytes.
+    pub body: Bytes,
+}
+
+impl Reply {
+    /// A header's value as text, if present and valid.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The body parsed as JSON (`Value::Null` if it is not JSON).
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// One keep-alive connection to the daemon.
+pub struct Connection {
+    sender: SendRequest<Full<Bytes>>,
+}
+
+impl Connection {
+    /// Connects to `target`.
+    pub async fn open(target: &Target) -> Result<Self, ClientError> {
+        let connect_err = |source| ClientError::Connect {
+            target: target.clone(),
+            source,
+        };
+        let sender = match target {
+            Target::Tcp(addr) => {
+                let stream = TcpStream::connect(addr).await.map_err(connect_err)?;
+                let _ = stream.set_nodelay(true);
+                handshake(TokioIo::new(stream)).await?
+            }
+            Target::Unix(path) => {
+                let stream = UnixStream::connect(path).await.map_err(connect_err)?;
+                handshake(TokioIo::new(stream)).await?
+            }
+        };
+        Ok(Self { sender })
+    }
+
+    /// Sends one request and reads the whole response.
+    pub async fn send(
+        &mut self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<Reply, ClientError> {
+        let mut builder = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "sluice");
+        if body.is_some() {
+            builder = builder.header("content-type", "application/json");
+        }
+        let request = builder.body(Full::new(Bytes::from(body.unwrap_or_default())))?;
+        self.sender.ready().await?;
+        let response = self.sender.send_request(request).await?;
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await?.to_bytes();
+        Ok(Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        })
+    }
+
+    /// POSTs a JSON value.
+    pub async fn post_json(
+        &mut self,
+        path: &str,
+        value: &serde_json::Value,
+    ) -> Result<Reply, ClientError> {
+        self.send(Method::POST, path, Some(value.to_string().into_bytes()))
+            .await
+    }
+}
+
+async fn handshake<T>(io: TokioIo<T>) -> Result<SendRequest<Full<Bytes>>, ClientError>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) = http1::handshake(io).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(sender)
+}
+
+/// Opens a connection, sends one request, returns the response.
+pub async fn request(
+    target: &Target,
+    method: Method,
+    path: &str,
+    body: Option<Vec<u8>>,
+) -> Result<Reply, ClientError> {
+    Connection::open(target)
+        .await?
+        .send(method, path, body)
+        .await
+}

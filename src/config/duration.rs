@@ -1,0 +1,140 @@
+//! Human durations ("250ms", "1m", "1h30m") for policy and settings files, read into microseconds.
+
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::limit::Micros;
+
+/// Parses `<integer><unit>` groups, summed: units `us`, `ms`, `s`, `m`, `h`, `d`.
+pub fn parse_duration(text: &str) -> Result<Micros, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Err("empty duration".into());
+    }
+    let mut total: Micros = 0;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return Err(format!(
+                "invalid duration {text:?}: expected a number, e.g. \"500ms\", \"1m\", \"1h30m\""
+            ));
+        }
+        let number: u64 = rest[..digits]
+            .parse()
+            .map_err(|_| format!("invalid duration {text:?}: number too large"))?;
+        rest = &rest[digits..];
+        let unit_len = rest.bytes().take_while(u8::is_ascii_alphabetic).count();
+        let scale: u64 =
+            match &rest[..unit_len] {
+                "us" => 1,
+                "ms" => 1_000,
+                "s" => 1_000_000,
+                "m" => 60_000_000,
+                "h" => 3_600_000_000,
+                "d" => 86_400_000_000,
+                "" => {
+                    return Err(format!(
+                        "invalid duration {text:?}: missing unit (us, ms, s, m, h, d)"
+                    ))
+                }
+                other => return Err(format!(
+                    "invalid duration {text:?}: unknown unit {other:?} (use us, ms, s, m, h, d)"
+                )),
+            };
+        rest = &rest[unit_len..];
+        total = number
+            .checked_mul(scale)
+            .and_then(|us| total.checked_add(us))
+            .ok_or_else(|| format!("invalid duration {text:?}: too large"))?;
+    }
+    Ok(total)
+}
+
+fn format_duration(us: Micros) -> String {
+    const UNITS: [(u64, &str); 6] = [
+        (86_400_000_000, "d"),
+        (3_600_000_000, "h"),
+        (60_000_000, "m"),
+        (1_000_000, "s"),
+        (1_000, "ms"),
+        (1, "us"),
+    ];
+    if us == 0 {
+        return "0s".into();
+    }
+    let mut out = String::new();
+    let mut rest = us;
+    for (scale, unit) in UNITS {
+        if rest >= scale {
+            out.push_str(&format!("{}{unit}", rest / scale));
+            rest %= scale;
+        }
+    }
+    out
+}
+
+/// A duration written the human way in config files; holds microseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HumanDuration(pub Micros);
+
+impl HumanDuration {
+    /// As a std duration.
+    pub fn as_std(self) -> std::time::Duration {
+        std::time::Duration::from_micros(self.0)
+    }
+}
+
+impl fmt::Display for HumanDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&format_duration(self.0))
+    }
+}
+
+impl Serialize for HumanDuration {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        parse_duration(&text)
+            .map(HumanDuration)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_common_forms() {
+        assert_eq!(parse_duration("1m"), Ok(60_000_000));
+        assert_eq!(parse_duration("5m"), Ok(300_000_000));
+        assert_eq!(parse_duration("250ms"), Ok(250_000));
+        assert_eq!(parse_duration("1h30m"), Ok(5_400_000_000));
+        assert_eq!(parse_duration("7us"), Ok(7));
+    }
+
+    #[test]
+    fn rejects_nonsense_with_a_reason() {
+        for bad in ["", "5", "m", "5x", "1.5s", "-1s", "99999999999999999999d"] {
+            let err = parse_duration(bad).unwrap_err();
+            assert!(err.contains("duration"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn formats_back() {
+        assert_eq!(HumanDuration(5_400_000_000).to_string(), "1h30m");
+        assert_eq!(HumanDuration(1_500).to_string(), "1ms500us");
+        assert_eq!(
+            parse_duration(&HumanDuration(93_784_005_006).to_string()),
+            Ok(93_784_005_006)
+        );
+    }
+}

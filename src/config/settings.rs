@@ -1,0 +1,347 @@
+//! Daemon settings: named defaults, then a TOML file, then `SLUICE_*` environment variables
+//! (`__` for nesting), extracted and validated before anything is bound.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Deserializer, Serialize};
+
+use super::HumanDuration;
+
+/// The settings file used when none is given and it exists.
+pub const DEFAULT_SETTINGS_FILE: &str = "config/sluice.toml";
+
+/// Top-level keys that `SLUICE_*` variables may set; others (such as `SLUICE_CONFIG`) are left
+/// alone instead of failing the unknown-field check.
+const ENV_KEYS: [&str; 8] = [
+    "listen",
+    "policies",
+    "redis",
+    "memory",
+    "limits",
+    "log",
+    "shutdown_grace",
+    "worker_threads",
+];
+
+/// Settings are invalid; the message names the key.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct SettingsError(pub String);
+
+/// Everything the daemon is configured with.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    /// Where the listeners bind.
+    pub listen: Listen,
+    /// Path of the policy file.
+    pub policies: PathBuf,
+    /// Redis; unset means the embedded store.
+    pub redis: RedisSettings,
+    /// The embedded store.
+    pub memory: MemorySettings,
+    /// Caps on what a request may carry.
+    pub limits: RequestLimits,
+    /// Logging.
+    pub log: LogSettings,
+    /// How long in-flight checks get to finish on SIGTERM.
+    pub shutdown_grace: HumanDuration,
+    /// Tokio worker threads; 0 means one per core, at most 4 (a sidecar should stay small).
+    pub worker_threads: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            listen: Listen::default(),
+            policies: PathBuf::from("config/policies.yaml"),
+            redis: RedisSettings::default(),
+            memory: MemorySettings::default(),
+            limits: RequestLimits::default(),
+            log: LogSettings::default(),
+            shutdown_grace: HumanDuration(10_000_000),
+            worker_threads: 0,
+        }
+    }
+}
+
+/// Listener addresses; an empty string disables the check listener it names.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Listen {
+    /// Check API over TCP.
+    pub http: String,
+    /// Check API over a Unix socket; unset means `$TMPDIR/sluice/sluice.sock`.
+    pub socket: Option<PathBuf>,
+    /// Permission bits of the socket file, octal.
+    #[serde(deserialize_with = "octal_mode")]
+    pub socket_mode: String,
+    /// Admin listener (probes, metrics, policy dump).
+    pub admin: String,
+}
+
+impl Default for Listen {
+    fn default() -> Self {
+        Self {
+            http: "127.0.0.1:7070".into(),
+            socket: None,
+            socket_mode: "0660".into(),
+            admin: "127.0.0.1:7071".into(),
+        }
+    }
+}
+
+/// Accepts `"0660"` or, as environment values arrive as numbers, `660`.
+fn octal_mode<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Mode {
+        Text(String),
+        Number(u64),
+    }
+    Ok(match Mode::deserialize(deserializer)? {
+        Mode::Text(text) => text,
+        Mode::Number(n) => n.to_string(),
+    })
+}
+
+/// Redis connection settings.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisSettings {
+    /// `redis://[user:password@]host:port[/db]`; unset = embedded store.
+    pub url: Option<String>,
+}
+
+/// Embedded store settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MemorySettings {
+    /// Most keys kept; past this, keys are evicted (soonest-to-expire of a sample).
+    pub max_keys: usize,
+}
+
+impl Default for MemorySettings {
+    fn default() -> Self {
+        Self {
+            max_keys: 1_000_000,
+        }
+    }
+}
+
+/// Caps on requests, so that a bad client gets a 4xx instead of costing memory.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RequestLimits {
+    /// Largest request body.
+    pub max_body_bytes: usize,
+    /// Most checks in one batch.
+    pub max_batch: usize,
+    /// Most descriptors in one check.
+    pub max_descriptors: usize,
+    /// Longest descriptor value (names are capped at 64 bytes).
+    pub max_value_bytes: usize,
+    /// Largest cost of one check.
+    pub max_cost: u64,
+}
+
+impl Default for RequestLimits {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 64 * 1024,
+            max_batch: 100,
+            max_descriptors: 32,
+            max_value_bytes: 256,
+            max_cost: 1_000_000,
+        }
+    }
+}
+
+/// Log output.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogSettings {
+    /// `text` or `json`.
+    pub format: LogFormat,
+    /// A tracing filter such as `info` or `sluice=debug`; `RUST_LOG` overrides it.
+    pub level: String,
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            level: "info".into(),
+        }
+    }
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl Settings {
+    /// Loads defaults, then `file` (or [`DEFAULT_SETTINGS_FILE`] if present), then the environment.
+    pub fn load(file: Option<&Path>) -> Result<Self, SettingsError> {
+        let mut figment = Figment::from(Serialized::defaults(Settings::default()));
+        match file {
+            Some(path) if !path.is_file() => {
+                return Err(SettingsError(format!(
+                    "settings file {} does not exist",
+                    path.display()
+                )))
+            }
+            Some(path) => figment = figment.merge(Toml::file(path)),
+            None if Path::new(DEFAULT_SETTINGS_FILE).is_file() => {
+                figment = figment.merge(Toml::file(DEFAULT_SETTINGS_FILE));
+            }
+            None => {}
+        }
+        let env = Env::prefixed("SLUICE_")
+            .split("__")
+            .filter(|key| ENV_KEYS.contains(&key.as_str().split('.').next().unwrap_or("")));
+        let settings: Settings = figment
+            .merge(env)
+            .extract()
+            .map_err(|e| SettingsError(e.to_string()))?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Checks everything that extraction cannot: addresses, modes, ranges.
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        self.http_addr()?;
+        self.admin_addr()?;
+        self.socket_mode_bits()?;
+        if self.http_addr()?.is_none() && self.socket_path().is_none() {
+            return Err(SettingsError(
+                "listen: both listen.http and listen.socket are disabled; enable at least one"
+                    .into(),
+            ));
+        }
+        if let Some(url) = &self.redis.url {
+            if !url.is_empty() {
+                return Err(SettingsError(
+                    "redis.url: this build has only the embedded store; unset redis.url to use it"
+                        .into(),
+                ));
+            }
+        }
+        let l = &self.limits;
+        for (name, value) in [
+            ("limits.max_body_bytes", l.max_body_bytes),
+            ("limits.max_batch", l.max_batch),
+            ("limits.max_descriptors", l.max_descriptors),
+            ("limits.max_value_bytes", l.max_value_bytes),
+            ("memory.max_keys", self.memory.max_keys),
+        ] {
+            if value == 0 {
+                return Err(SettingsError(format!("{name}: must be at least 1")));
+            }
+        }
+        if l.max_cost == 0 {
+            return Err(SettingsError("limits.max_cost: must be at least 1".into()));
+        }
+        Ok(())
+    }
+
+    /// The TCP check address, `None` when disabled.
+    pub fn http_addr(&self) -> Result<Option<SocketAddr>, SettingsError> {
+        if self.listen.http.is_empty() {
+            return Ok(None);
+        }
+        parse_addr("listen.http", &self.listen.http).map(Some)
+    }
+
+    /// The admin address.
+    pub fn admin_addr(&self) -> Result<SocketAddr, SettingsError> {
+        parse_addr("listen.admin", &self.listen.admin)
+    }
+
+    /// The Unix socket path, `None` when disabled.
+    pub fn socket_path(&self) -> Option<PathBuf> {
+        match &self.listen.socket {
+            None => Some(std::env::temp_dir().join("sluice").join("sluice.sock")),
+            Some(path) if path.as_os_str().is_empty() => None,
+            Some(path) => Some(path.clone()),
+        }
+    }
+
+    /// The socket file's permission bits.
+    pub fn socket_mode_bits(&self) -> Result<u32, SettingsError> {
+        let text = &self.listen.socket_mode;
+        u32::from_str_radix(text, 8)
+            .ok()
+            .filter(|mode| *mode <= 0o777)
+            .ok_or_else(|| {
+                SettingsError(format!(
+                    "listen.socket_mode: {text:?} is not an octal permission such as \"0660\""
+                ))
+            })
+    }
+}
+
+fn parse_addr(key: &str, text: &str) -> Result<SocketAddr, SettingsError> {
+    text.parse().map_err(|_| {
+        SettingsError(format!(
+            "{key}: {text:?} is not an address such as \"127.0.0.1:7070\""
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_follow_the_wire_contract() {
+        let s = Settings::default();
+        s.validate().expect("defaults are valid");
+        assert_eq!(s.listen.http, "127.0.0.1:7070");
+        assert_eq!(s.listen.admin, "127.0.0.1:7071");
+        assert_eq!(s.policies, PathBuf::from("config/policies.yaml"));
+        assert!(s
+            .socket_path()
+            .expect("enabled")
+            .ends_with("sluice/sluice.sock"));
+        assert_eq!(s.socket_mode_bits().expect("valid"), 0o660);
+    }
+
+    #[test]
+    fn shipped_settings_file_is_valid() {
+        let shipped: Settings =
+            toml_settings(include_str!("../../config/sluice.toml")).expect("parses");
+        shipped.validate().expect("valid");
+    }
+
+    fn toml_settings(text: &str) -> Result<Settings, figment::Error> {
+        Figment::from(Serialized::defaults(Settings::default()))
+            .merge(Toml::string(text))
+            .extract()
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let mut s = Settings::default();
+        s.listen.http = "nowhere".into();
+        assert!(s.validate().unwrap_err().0.starts_with("listen.http"));
+        let mut s = Settings::default();
+        s.listen.socket_mode = "999".into();
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .0
+            .starts_with("listen.socket_mode"));
+        let err = toml_settings("[listen]\nhtpp = \"x\"\n").unwrap_err();
+        assert!(err.to_string().contains("htpp"), "{err}");
+    }
+}

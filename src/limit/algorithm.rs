@@ -1,0 +1,192 @@
+//! One type over all limiter algorithms, so a policy can name any of them and the store can
+//! keep any of their states without generics.
+
+use super::{
+    BucketState, Decision, FixedWindow, LogState, Micros, SlidingLog, TokenBucket, WindowState,
+};
+
+/// A configured limiter of any kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algorithm {
+    /// Smooth rate with a burst allowance; see [`TokenBucket`].
+    TokenBucket(TokenBucket),
+    /// Exact cap in every rolling window; see [`SlidingLog`].
+    SlidingLog(SlidingLog),
+    /// Cheap aligned-window counter; see [`FixedWindow`].
+    FixedWindow(FixedWindow),
+}
+
+/// Per-key state for any [`Algorithm`].
+///
+/// A state of another variant than the algorithm's (the policy switched algorithm on reload) is
+/// treated as fresh rather than as an error: the old history means nothing to the new algorithm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// State of a [`TokenBucket`].
+    Bucket(BucketState),
+    /// State of a [`SlidingLog`].
+    Log(LogState),
+    /// State of a [`FixedWindow`].
+    Window(WindowState),
+}
+
+impl From<TokenBucket> for Algorithm {
+    fn from(a: TokenBucket) -> Self {
+        Algorithm::TokenBucket(a)
+    }
+}
+
+impl From<SlidingLog> for Algorithm {
+    fn from(a: SlidingLog) -> Self {
+        Algorithm::SlidingLog(a)
+    }
+}
+
+impl From<FixedWindow> for Algorithm {
+    fn from(a: FixedWindow) -> Self {
+        Algorithm::FixedWindow(a)
+    }
+}
+
+impl Algorithm {
+    /// A fresh state of the matching variant (a key nobody has used, or one past `idle_at`).
+    pub fn new_state(&self) -> State {
+        match self {
+            Algorithm::TokenBucket(_) => State::Bucket(BucketState::default()),
+            Algorithm::SlidingLog(_) => State::Log(LogState::default()),
+            Algorithm::FixedWindow(_) => State::Window(WindowState::default()),
+        }
+    }
+
+    /// Decides whether `cost` units may pass at `now`, without changing anything.
+    pub fn decide(&self, state: &State, now: Micros, cost: u64) -> Decision {
+        match (self, state) {
+            (Algorithm::TokenBucket(a), State::Bucket(s)) => a.decide(s, now, cost),
+            (Algorithm::TokenBucket(a), _) => a.decide(&BucketState::default(), now, cost),
+            (Algorithm::SlidingLog(a), State::Log(s)) => a.decide(s, now, cost),
+            (Algorithm::SlidingLog(a), _) => a.decide(&LogState::default(), now, cost),
+            (Algorithm::FixedWindow(a), State::Window(s)) => a.decide(s, now, cost),
+            (Algorithm::FixedWindow(a), _) => a.decide(&WindowState::default(), now, cost),
+        }
+    }
+
+    /// Records an admitted request; call only after [`Algorithm::decide`] allowed the same
+    /// `now`/`cost`. A state of the wrong variant is replaced by a fresh one first.
+    pub fn admit(&self, state: &mut State, now: Micros, cost: u64) {
+        match (self, &mut *state) {
+            (Algorithm::TokenBucket(a), State::Bucket(s)) => a.admit(s, now, cost),
+            (Algorithm::SlidingLog(a), State::Log(s)) => a.admit(s, now, cost),
+            (Algorithm::FixedWindow(a), State::Window(s)) => a.admit(s, now, cost),
+            (Algorithm::TokenBucket(a), _) => {
+                let mut s = BucketState::default();
+                a.admit(&mut s, now, cost);
+                *state = State::Bucket(s);
+            }
+            (Algorithm::SlidingLog(a), _) => {
+                let mut s = LogState::default();
+                a.admit(&mut s, now, cost);
+                *state = State::Log(s);
+            }
+            (Algorithm::FixedWindow(a), _) => {
+                let mut s = WindowState::default();
+                a.admit(&mut s, now, cost);
+                *state = State::Window(s);
+            }
+        }
+    }
+
+    /// The instant from which `state` is equivalent to a fresh one, i.e. when the store may
+    /// drop it. A state of the wrong variant already counts as fresh, so this is 0 for it.
+    pub fn idle_at(&self, state: &State) -> Micros {
+        match (self, state) {
+            (Algorithm::TokenBucket(a), State::Bucket(s)) => a.idle_at(s),
+            (Algorithm::SlidingLog(a), State::Log(s)) => a.idle_at(s),
+            (Algorithm::FixedWindow(a), State::Window(s)) => a.idle_at(s),
+            _ => 0,
+        }
+    }
+
+    /// The `limit` reported in decisions: the bucket's capacity, or the window's limit.
+    pub fn limit(&self) -> u64 {
+        match self {
+            Algorithm::TokenBucket(a) => a.capacity(),
+            Algorithm::SlidingLog(a) => a.limit(),
+            Algorithm::FixedWindow(a) => a.limit(),
+        }
+    }
+
+    /// The configured period in µs.
+    pub fn period_us(&self) -> Micros {
+        match self {
+            Algorithm::TokenBucket(a) => a.period_us(),
+            Algorithm::SlidingLog(a) => a.period_us(),
+            Algorithm::FixedWindow(a) => a.period_us(),
+        }
+    }
+
+    /// The window in which [`Algorithm::limit`] units fit, for `RateLimit-Policy`: the period
+    /// for the windows; for a bucket the time to refill from empty (`capacity * period / limit`),
+    /// so that "capacity per window" is exactly the refill rate.
+    pub fn window_us(&self) -> Micros {
+        match self {
+            Algorithm::TokenBucket(a) => super::saturate(
+                u128::from(a.capacity()) * u128::from(a.period_us()) / u128::from(a.limit()),
+            ),
+            Algorithm::SlidingLog(a) => a.period_us(),
+            Algorithm::FixedWindow(a) => a.period_us(),
+        }
+    }
+
+    /// Stable name for configuration, metrics and logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket(_) => "token_bucket",
+            Algorithm::SlidingLog(_) => "sliding_log",
+            Algorithm::FixedWindow(_) => "fixed_window",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all() -> [Algorithm; 3] {
+        [
+            TokenBucket::new(10, 1_000, 5).unwrap().into(),
+            SlidingLog::new(5, 1_000).unwrap().into(),
+            FixedWindow::new(5, 1_000).unwrap().into(),
+        ]
+    }
+
+    #[test]
+    fn names_limits_and_periods() {
+        let names: Vec<_> = all().iter().map(Algorithm::name).collect();
+        assert_eq!(names, ["token_bucket", "sliding_log", "fixed_window"]);
+        assert!(all()
+            .iter()
+            .all(|a| a.limit() == 5 && a.period_us() == 1_000));
+    }
+
+    #[test]
+    fn state_of_another_algorithm_is_treated_as_fresh() {
+        let algs = all();
+        for a in &algs {
+            for b in &algs {
+                // A used state of algorithm `b`, handed to `a` after a policy reload.
+                let mut old = b.new_state();
+                b.admit(&mut old, 100, 5);
+                if a == b {
+                    continue;
+                }
+                assert_eq!(a.decide(&old, 100, 5), a.decide(&a.new_state(), 100, 5));
+                assert_eq!(a.idle_at(&old), 0);
+                let mut replaced = old.clone();
+                a.admit(&mut replaced, 100, 2);
+                let mut fresh = a.new_state();
+                a.admit(&mut fresh, 100, 2);
+                assert_eq!(replaced, fresh);
+            }
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! Fixed window counter: one counter per window aligned to multiples of `period_us` since
+//! epoch 0, so every process (and every restart) agrees on where windows start.
+//!
+//! Cheapest of the algorithms (two integers per key), but only aligned windows are capped:
+//! up to `2 * limit` units can pass across a boundary — `limit` at the very end of one window
+//! and `limit` again at the very start of the next. Use the sliding log or the token bucket
+//! where that burst matters.
+
+use super::{check_rate, Decision, Micros, ParamError, NEVER};
+
+/// Parameters: at most `limit` units per aligned window of `period_us`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FixedWindow {
+    limit: u64,
+    period_us: Micros,
+}
+
+/// Per-key state: how many units were admitted in the window starting at `window_start`.
+/// The count only applies while `now` is in that window; a fresh state has `count == 0`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WindowState {
+    /// Start of the window the count belongs to (a multiple of the period).
+    pub window_start: Micros,
+    /// Units admitted in that window.
+    pub count: u64,
+}
+
+impl FixedWindow {
+    /// Validates parameters: `limit` and `period_us` must be at least 1.
+    pub fn new(limit: u64, period_us: Micros) -> Result<Self, ParamError> {
+        check_rate(limit, period_us)?;
+        Ok(FixedWindow { limit, period_us })
+    }
+
+    /// Most units admitted per aligned window.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Window length in µs.
+    pub fn period_us(&self) -> Micros {
+        self.period_us
+    }
+
+    /// Start of the window containing `now`.
+    fn window_of(&self, now: Micros) -> Micros {
+        now - now % self.period_us
+    }
+
+    /// Units already admitted in the window containing `now`.
+    fn count_at(&self, state: &WindowState, now: Micros) -> u64 {
+        if state.window_start == self.window_of(now) {
+            state.count
+        } else {
+            0
+        }
+    }
+
+    /// Decides whether `cost` units may be taken at `now`, without changing anything.
+    pub fn decide(&self, state: &WindowState, now: Micros, cost: u64) -> Decision {
+        let count = self.count_at(state, now);
+        // Equals window start + P - now, without overflowing in the last window before u64::MAX.
+        let to_next = self.period_us - now % self.period_us;
+        match count.checked_add(cost) {
+            Some(used) if used <= self.limit => {
+                let reset = if used == 0 { 0 } else { to_next };
+                Decision::allow(self.limit, self.limit - used, reset)
+            }
+            _ => {
+                let reset = if count == 0 { 0 } else { to_next };
+                let retry = if cost > self.limit { NEVER } else { to_next };
+                Decision::deny(self.limit, self.limit.saturating_sub(count), reset, retry)
+            }
+        }
+    }
+
+    /// Counts `cost` units at `now`. Call only after [`FixedWindow::decide`] allowed the same
+    /// `now`/`cost`.
+    ///
+    /// If the clock went back into an earlier window, that window starts from zero again (its
+    /// count was already replaced), which may admit up to `limit` extra units once.
+    pub fn admit(&self, state: &mut WindowState, now: Micros, cost: u64) {
+        let window = self.window_of(now);
+        if state.window_start == window {
+            state.count = state.count.saturating_add(cost);
+        } else {
+            *state = WindowState {
+                window_start: window,
+                count: cost,
+            };
+        }
+    }
+
+    /// The instant from which `state` behaves like a fresh one: the end of its window
+    /// (0 if it counts nothing).
+    pub fn idle_at(&self, state: &WindowState) -> Micros {
+        if state.count == 0 {
+            0
+        } else {
+            state.window_start.saturating_add(self.period_us)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECOND: Micros = 1_000_000;
+
+    fn hit(fw: &FixedWindow, s: &mut WindowState, now: Micros, cost: u64) -> Decision {
+        let d = fw.decide(s, now, cost);
+        if d.allowed {
+            fw.admit(s, now, cost);
+        }
+        d
+    }
+
+    /// Documented weakness of aligned windows: `limit` at the end of one window plus `limit`
+    /// at the start of the next means 2x the limit passes within a millisecond.
+    #[test]
+    fn boundary_admits_twice_the_limit() {
+        let fw = FixedWindow::new(10, 60 * SECOND).unwrap();
+        let mut s = WindowState::default();
+        let mut passed = 0;
+        for now in [60 * SECOND - 1_000, 60 * SECOND] {
+            for _ in 0..10 {
+                passed += u32::from(hit(&fw, &mut s, now, 1).allowed);
+            }
+        }
+        assert_eq!(passed, 20);
+    }
+
+    #[test]
+    fn eleventh_in_window_waits_for_the_next_window() {
+        let fw = FixedWindow::new(10, 60 * SECOND).unwrap();
+        let mut s = WindowState::default();
+        let t = 125 * SECOND; // window [120 s, 180 s)
+        for i in 0..10 {
+            let d = hit(&fw, &mut s, t, 1);
+            assert_eq!((d.allowed, d.remaining), (true, 9 - i));
+            assert_eq!(d.reset_after_us, 55 * SECOND);
+        }
+        assert_eq!(s.window_start, 120 * SECOND);
+        let d = fw.decide(&s, t, 1);
+        assert_eq!(
+            (d.allowed, d.remaining, d.retry_after_us),
+            (false, 0, 55 * SECOND)
+        );
+        assert!(!fw.decide(&s, 180 * SECOND - 1, 1).allowed);
+        assert!(fw.decide(&s, 180 * SECOND, 10).allowed);
+        assert_eq!(fw.idle_at(&s), 180 * SECOND);
+    }
+
+    #[test]
+    fn cost_above_limit_is_never_admitted() {
+        let fw = FixedWindow::new(10, 60 * SECOND).unwrap();
+        let d = fw.decide(&WindowState::default(), 0, 11);
+        assert_eq!(
+            (d.allowed, d.retry_after_us, d.remaining),
+            (false, NEVER, 10)
+        );
+        assert_eq!(d.reset_after_us, 0);
+    }
+
+    #[test]
+    fn extreme_times_do_not_overflow() {
+        let fw = FixedWindow::new(1_000_000_000, 7).unwrap();
+        let mut s = WindowState::default();
+        for now in [u64::MAX, 3, u64::MAX - 1] {
+            let d = hit(&fw, &mut s, now, 1_000_000_000);
+            assert!(d.reset_after_us <= 7);
+        }
+        assert_eq!(fw.idle_at(&s), u64::MAX);
+    }
+}

@@ -1,0 +1,208 @@
+//! The embedded store: counters in process memory, sharded so that checks on different keys do
+//! not contend, bounded in size, exact under concurrency.
+
+use std::collections::hash_map::{Entry, RandomState};
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use prometheus::{IntCounter, IntGauge};
+
+use super::{RateStore, StoreCheck, StoreFuture};
+use crate::clock::Clock;
+use crate::limit::{Decision, Key, Micros, State};
+
+/// How many entries are looked at to pick an eviction victim when a shard is full.
+const EVICTION_SAMPLE: usize = 8;
+/// A full shard purges expired keys at most this often; between purges it evicts by sampling.
+const PURGE_INTERVAL_US: Micros = 1_000_000;
+
+struct Slot {
+    state: State,
+    /// From this instant the state equals a fresh one, so the slot can be dropped.
+    idle_at: Micros,
+}
+
+#[derive(Default)]
+struct Shard {
+    slots: HashMap<Key, Slot>,
+    last_purge: Micros,
+}
+
+/// Metrics the memory store keeps up to date.
+#[derive(Clone)]
+pub struct MemoryMetrics {
+    /// Keys held.
+    pub keys: IntGauge,
+    /// Keys evicted because the store was full.
+    pub evictions: IntCounter,
+}
+
+/// Counters in memory: one process's view only (use Redis to share limits across pods).
+///
+/// Keys live in `2^n` shards, each behind its own mutex, held only for the few microseconds of
+/// the arithmetic (never across an await). A multi-policy check locks its shards in index order,
+/// so groups are atomic without deadlock. Idle keys are dropped by [`MemoryStore::sweep`]; when a
+/// shard reaches its share of `max_keys`, the soonest-to-expire of a sample is evicted (its
+/// counter restarts, which is counted in `sluice_memory_store_evictions_total`).
+pub struct MemoryStore {
+    shards: Box<[Mutex<Shard>]>,
+    shard_capacity: usize,
+    hasher: RandomState,
+    clock: Arc<dyn Clock>,
+    metrics: Option<MemoryMetrics>,
+}
+
+impl MemoryStore {
+    /// A store holding at most about `max_keys` keys.
+    pub fn new(max_keys: usize, clock: Arc<dyn Clock>, metrics: Option<MemoryMetrics>) -> Self {
+        let max_keys = max_keys.max(1);
+        let shard_count = (max_keys / 1024).clamp(1, 64).next_power_of_two();
+        Self {
+            shards: (0..shard_count).map(|_| Mutex::default()).collect(),
+            shard_capacity: max_keys.div_ceil(shard_count),
+            hasher: RandomState::new(),
+            clock,
+            metrics,
+        }
+    }
+
+    fn shard_of(&self, key: &Key) -> usize {
+        (self.hasher.hash_one(key) as usize) & (self.shards.len() - 1)
+    }
+
+    fn lock(&self, index: usize) -> MutexGuard<'_, Shard> {
+        // A panic while holding the lock cannot leave a shard half-updated (updates are single
+        // assignments), so a poisoned lock is safe to keep using.
+        self.shards[index]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The synchronous core of [`RateStore::check`].
+    pub fn check_now(&self, checks: &[StoreCheck], dry_run: bool) -> Vec<Decision> {
+        let now = self.clock.now_us();
+        let shard_of: Vec<usize> = checks.iter().map(|c| self.shard_of(&c.key)).collect();
+        let mut order = shard_of.clone();
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: Vec<MutexGuard<'_, Shard>> = order.iter().map(|&i| self.lock(i)).collect();
+        let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or(0);
+
+        let decisions: Vec<Decision> = checks
+            .iter()
+            .zip(&shard_of)
+            .map(|(check, &shard)| {
+                let fresh;
+                let state = match guards[guard_of(shard)].slots.get(&check.key) {
+                    Some(slot) if slot.idle_at > now => &slot.state,
+                    _ => {
+                        fresh = check.algorithm.new_state();
+                        &fresh
+                    }
+                };
+                check.algorithm.decide(state, now, check.cost)
+            })
+            .collect();
+
+        let group_allowed = checks
+            .iter()
+            .zip(&decisions)
+            .all(|(check, decision)| decision.allowed || !check.enforce);
+        if !dry_run && group_allowed {
+            for ((check, decision), &shard) in checks.iter().zip(&decisions).zip(&shard_of) {
+                if decision.allowed {
+                    self.admit(&mut guards[guard_of(shard)], check, now);
+                }
+            }
+        }
+        decisions
+    }
+
+    fn admit(&self, shard: &mut Shard, check: &StoreCheck, now: Micros) {
+        let is_new = !shard.slots.contains_key(&check.key);
+        if is_new && shard.slots.len() >= self.shard_capacity {
+            self.make_room(shard, now);
+        }
+        let slot = match shard.slots.entry(check.key.clone()) {
+            Entry::Occupied(entry) => {
+                let slot = entry.into_mut();
+                if slot.idle_at <= now {
+                    slot.state = check.algorithm.new_state();
+                }
+                slot
+            }
+            Entry::Vacant(entry) => entry.insert(Slot {
+                state: check.algorithm.new_state(),
+                idle_at: now,
+            }),
+        };
+        check.algorithm.admit(&mut slot.state, now, check.cost);
+        slot.idle_at = check.algorithm.idle_at(&slot.state);
+    }
+
+    fn make_room(&self, shard: &mut Shard, now: Micros) {
+        if now.saturating_sub(shard.last_purge) >= PURGE_INTERVAL_US {
+            shard.last_purge = now;
+            shard.slots.retain(|_, slot| slot.idle_at > now);
+        }
+        if shard.slots.len() < self.shard_capacity {
+            return;
+        }
+        let victim = shard
+            .slots
+            .iter()
+            .take(EVICTION_SAMPLE)
+            .min_by_key(|(_, slot)| slot.idle_at)
+            .map(|(key, _)| key.clone());
+        if let Some(key) = victim {
+            shard.slots.remove(&key);
+            if let Some(metrics) = &self.metrics {
+                metrics.evictions.inc();
+            }
+        }
+    }
+
+    /// Drops every idle key; returns how many keys remain. Run periodically.
+    pub fn sweep(&self) -> usize {
+        let now = self.clock.now_us();
+        let mut remaining = 0;
+        for index in 0..self.shards.len() {
+            let mut shard = self.lock(index);
+            shard.slots.retain(|_, slot| slot.idle_at > now);
+            remaining += shard.slots.len();
+        }
+        if let Some(metrics) = &self.metrics {
+            metrics
+                .keys
+                .set(i64::try_from(remaining).unwrap_or(i64::MAX));
+        }
+        remaining
+    }
+
+    /// Keys currently held (idle ones included until the next sweep).
+    pub fn len(&self) -> usize {
+        (0..self.shards.len())
+            .map(|i| self.lock(i).slots.len())
+            .sum()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl RateStore for MemoryStore {
+    fn check(&self, checks: Vec<StoreCheck>, dry_run: bool) -> StoreFuture<'_> {
+        let decisions = self.check_now(&checks, dry_run);
+        Box::pin(std::future::ready(Ok(decisions)))
+    }
+
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+}
+
+#[cfg(test)]
+mod tests;

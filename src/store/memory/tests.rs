@@ -1,0 +1,114 @@
+//! Tests of the embedded store: group atomicity, dry runs, expiry, bounds, exactness under threads.
+
+use std::sync::Arc;
+
+use super::*;
+use crate::clock::ManualClock;
+use crate::limit::{Algorithm, FixedWindow, SlidingLog};
+
+const SECOND: Micros = 1_000_000;
+
+fn store(max_keys: usize) -> (MemoryStore, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(1_000 * SECOND));
+    let metrics = MemoryMetrics {
+        keys: IntGauge::new("k", "k").expect("metric"),
+        evictions: IntCounter::new("e", "e").expect("metric"),
+    };
+    (
+        MemoryStore::new(max_keys, clock.clone(), Some(metrics)),
+        clock,
+    )
+}
+
+fn check(policy: &str, value: &str, algorithm: Algorithm, enforce: bool) -> StoreCheck {
+    StoreCheck {
+        key: Key::new(Arc::from(policy), [value]),
+        algorithm,
+        cost: 1,
+        enforce,
+    }
+}
+
+fn log(limit: u64) -> Algorithm {
+    Algorithm::SlidingLog(SlidingLog::new(limit, 60 * SECOND).expect("valid"))
+}
+
+#[test]
+fn a_denied_group_spends_nothing() {
+    let (store, _) = store(100);
+    let roomy = check("a", "x", log(10), true);
+    let tight = check("b", "x", log(1), true);
+    let both = vec![roomy.clone(), tight.clone()];
+    assert!(store.check_now(&both, false).iter().all(|d| d.allowed));
+    let second = store.check_now(&both, false);
+    assert!(!second[1].allowed);
+    // The first policy allowed, but the group was denied, so nothing was spent from it.
+    assert_eq!(store.check_now(&[roomy], true)[0].remaining, 9);
+}
+
+#[test]
+fn shadow_denials_do_not_block_the_group() {
+    let (store, _) = store(100);
+    let enforced = check("a", "x", log(10), true);
+    let shadow = check("b", "x", log(1), false);
+    store.check_now(&[enforced.clone(), shadow.clone()], false);
+    let second = store.check_now(&[enforced.clone(), shadow], false);
+    assert!(second[0].allowed && !second[1].allowed);
+    assert_eq!(store.check_now(&[enforced], true)[0].remaining, 8);
+}
+
+#[test]
+fn dry_runs_change_nothing() {
+    let (store, _) = store(100);
+    let c = check("a", "x", log(2), true);
+    for _ in 0..5 {
+        assert!(store.check_now(std::slice::from_ref(&c), true)[0].allowed);
+    }
+    assert!(store.is_empty());
+}
+
+#[test]
+fn idle_keys_are_swept() {
+    let (store, clock) = store(100);
+    let c = check("a", "x", log(2), true);
+    store.check_now(std::slice::from_ref(&c), false);
+    assert_eq!(store.sweep(), 1);
+    clock.advance(60 * SECOND);
+    assert_eq!(store.sweep(), 0);
+}
+
+#[test]
+fn size_is_bounded_and_evictions_counted() {
+    let (store, _) = store(50);
+    for i in 0..500 {
+        let value = i.to_string();
+        store.check_now(&[check("a", &value, log(5), true)], false);
+    }
+    assert!(store.len() <= 50, "{} keys", store.len());
+    let evictions = store
+        .metrics
+        .as_ref()
+        .map(|m| m.evictions.get())
+        .unwrap_or(0);
+    assert!(evictions >= 450, "{evictions} evictions");
+}
+
+#[test]
+fn exact_under_concurrency() {
+    let (store, _) = store(1_000);
+    let store = Arc::new(store);
+    let window = Algorithm::FixedWindow(FixedWindow::new(1_000, 3_600 * SECOND).expect("valid"));
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let store = Arc::clone(&store);
+            let c = check("a", "hot", window, true);
+            std::thread::spawn(move || {
+                (0..500)
+                    .filter(|_| store.check_now(std::slice::from_ref(&c), false)[0].allowed)
+                    .count()
+            })
+        })
+        .collect();
+    let admitted: usize = threads.into_iter().map(|t| t.join().expect("thread")).sum();
+    assert_eq!(admitted, 1_000, "4000 attempts against a limit of 1000");
+}

@@ -1,0 +1,50 @@
+//! Where counters live: the [`RateStore`] trait, the embedded [`MemoryStore`] (default), and
+//! later Redis. The check path only ever sees the trait.
+
+mod memory;
+
+use std::future::Future;
+use std::pin::Pin;
+
+pub use memory::{MemoryMetrics, MemoryStore};
+
+use crate::limit::{Algorithm, Decision, Key};
+
+/// One counter to check: which key, under which algorithm and quota, for what cost.
+#[derive(Debug, Clone)]
+pub struct StoreCheck {
+    /// The counter.
+    pub key: Key,
+    /// The algorithm and the quota that applies to this request (tier included).
+    pub algorithm: Algorithm,
+    /// Units to spend.
+    pub cost: u64,
+    /// False for shadow policies: their denials do not block the group.
+    pub enforce: bool,
+}
+
+/// The store could not decide; the policy's failure mode applies. A denial is never an error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The store did not answer in time.
+    #[error("store timed out")]
+    Timeout,
+    /// The store answered with an error or is unreachable.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// What [`RateStore::check`] returns: one decision per check, in order.
+pub type StoreFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<Vec<Decision>, StoreError>> + Send + 'a>>;
+
+/// A place where counters live, shared by every transport.
+pub trait RateStore: Send + Sync + 'static {
+    /// Decides every check as one atomic group. Unless `dry_run`, the allowed checks are
+    /// recorded if and only if every enforced check is allowed: a request denied by one policy
+    /// spends nothing from the others.
+    fn check(&self, checks: Vec<StoreCheck>, dry_run: bool) -> StoreFuture<'_>;
+
+    /// A short name for logs and the readiness body (`memory`, `redis`).
+    fn name(&self) -> &'static str;
+}

@@ -1,0 +1,137 @@
+//! Logs (tracing) and metrics (a Prometheus registry created here and passed down, never global).
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
+use tracing_subscriber::EnvFilter;
+
+use crate::config::{LogFormat, LogSettings};
+
+/// Check latency buckets, in seconds: from 25 µs, since a check should take well under 1 ms.
+pub const LATENCY_BUCKETS: [f64; 14] = [
+    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25, 1.0,
+];
+
+/// Every metric the daemon exports, registered on one registry.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    /// Decisions by policy and outcome (allowed, denied, shadow_denied, fail_open, fail_closed).
+    pub decisions: IntCounterVec,
+    /// Time to answer a check request, by transport (tcp, uds).
+    pub check_duration: HistogramVec,
+    /// HTTP responses of the check API by transport and status code.
+    pub responses: IntCounterVec,
+    /// Keys held by the embedded store.
+    pub memory_keys: IntGauge,
+    /// Keys the embedded store evicted because it was full (their counters restart).
+    pub memory_evictions: IntCounter,
+    /// Policies currently loaded.
+    pub policies_loaded: IntGauge,
+}
+
+impl Metrics {
+    /// Creates and registers every metric, plus process metrics, on a new registry.
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let decisions = IntCounterVec::new(
+            Opts::new(
+                "sluice_decisions_total",
+                "Limit decisions by policy and outcome.",
+            ),
+            &["policy", "outcome"],
+        )
+        .expect("valid metric");
+        let check_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "sluice_check_duration_seconds",
+                "Time to answer a check request, from parsed request to response.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["transport"],
+        )
+        .expect("valid metric");
+        let responses = IntCounterVec::new(
+            Opts::new(
+                "sluice_http_responses_total",
+                "Check API responses by transport and status code.",
+            ),
+            &["transport", "code"],
+        )
+        .expect("valid metric");
+        let memory_keys = IntGauge::new(
+            "sluice_memory_store_keys",
+            "Keys held by the embedded in-memory store.",
+        )
+        .expect("valid metric");
+        let memory_evictions = IntCounter::new(
+            "sluice_memory_store_evictions_total",
+            "Keys evicted from the embedded store because it was full.",
+        )
+        .expect("valid metric");
+        let policies_loaded = IntGauge::new("sluice_policies_loaded", "Policies currently loaded.")
+            .expect("valid metric");
+        let build_info = IntGauge::with_opts(
+            Opts::new("sluice_build_info", "Always 1; labels carry the version.")
+                .const_label("version", env!("CARGO_PKG_VERSION")),
+        )
+        .expect("valid metric");
+        build_info.set(1);
+        for collector in [
+            Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(check_duration.clone()),
+            Box::new(responses.clone()),
+            Box::new(memory_keys.clone()),
+            Box::new(memory_evictions.clone()),
+            Box::new(policies_loaded.clone()),
+            Box::new(build_info),
+            Box::new(prometheus::process_collector::ProcessCollector::for_self()),
+        ] {
+            registry
+                .register(collector)
+                .expect("metric names are unique");
+        }
+        Self {
+            registry,
+            decisions,
+            check_duration,
+            responses,
+            memory_keys,
+            memory_evictions,
+            policies_loaded,
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buffer = Vec::new();
+        let encoder = TextEncoder::new();
+        if let Err(error) = encoder.encode(&self.registry.gather(), &mut buffer) {
+            tracing::warn!(%error, "encoding metrics failed");
+        }
+        String::from_utf8(buffer).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Installs the global tracing subscriber (text or JSON lines on stderr). `RUST_LOG` overrides the
+/// configured level. Safe to call more than once: later calls are ignored.
+pub fn init_tracing(settings: &LogSettings) {
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(&settings.level))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match settings.format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+}

@@ -1,0 +1,125 @@
+//! The admin listener: `/livez` (the process answers), `/readyz` (accepting checks; never
+//! depends on Redis), `/metrics` (Prometheus text) and `/v1/policies` (the effective policies).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::{json, Value};
+
+use crate::check::CheckService;
+use crate::config::HumanDuration;
+use crate::limit::{Algorithm, Policy};
+use crate::telemetry::Metrics;
+
+#[derive(Clone)]
+struct AdminCtx {
+    service: Arc<CheckService>,
+    metrics: Metrics,
+    ready: Arc<AtomicBool>,
+}
+
+/// The admin router. `ready` turns false when the daemon starts draining.
+pub fn router(service: Arc<CheckService>, metrics: Metrics, ready: Arc<AtomicBool>) -> Router {
+    Router::new()
+        .route("/livez", get(livez))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(render_metrics))
+        .route("/v1/policies", get(policies))
+        .with_state(AdminCtx {
+            service,
+            metrics,
+            ready,
+        })
+}
+
+async fn livez() -> &'static str {
+    "ok\n"
+}
+
+/// Ready while accepting checks. Deliberately blind to the store's health: a sidecar that turns
+/// unready pulls its whole pod out of the Service, which would defeat fail-open.
+async fn readyz(State(ctx): State<AdminCtx>) -> Response {
+    let ready = ctx.ready.load(Ordering::SeqCst);
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = json!({
+        "ready": ready,
+        "store": ctx.service.store_name(),
+        "policies": ctx.service.policies().len(),
+    });
+    (status, Json(body)).into_response()
+}
+
+async fn render_metrics(State(ctx): State<AdminCtx>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        ctx.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn policies(State(ctx): State<AdminCtx>) -> Json<Value> {
+    let set = ctx.service.policies();
+    Json(json!({ "policies": set.iter().map(|p| dump(p)).collect::<Vec<_>>() }))
+}
+
+fn dump(policy: &Policy) -> Value {
+    let parts = policy.parts();
+    let conditions: serde_json::Map<String, Value> = parts
+        .conditions
+        .iter()
+        .map(|(name, pattern)| (name.clone(), Value::String(pattern.to_string())))
+        .collect();
+    let mut value = json!({
+        "name": policy.name(),
+        "description": parts.description,
+        "match": conditions,
+        "key": parts.key,
+        "failure_mode": parts.failure_mode.as_str(),
+        "shadow": parts.shadow,
+    });
+    merge(&mut value, quota(&parts.algorithm));
+    if let Some(tiers) = &parts.tiers {
+        let levels: serde_json::Map<String, Value> = tiers
+            .levels
+            .iter()
+            .map(|(tier, algorithm)| (tier.clone(), quota(algorithm)))
+            .collect();
+        value["tiers"] = json!({ "descriptor": tiers.descriptor, "levels": levels });
+    }
+    value
+}
+
+fn quota(algorithm: &Algorithm) -> Value {
+    let mut value = json!({
+        "algorithm": algorithm.name(),
+        "period": HumanDuration(algorithm.period_us()).to_string(),
+    });
+    match algorithm {
+        Algorithm::TokenBucket(bucket) => {
+            value["limit"] = bucket.limit().into();
+            value["burst"] = bucket.capacity().into();
+        }
+        Algorithm::SlidingLog(_) | Algorithm::FixedWindow(_) => {
+            value["limit"] = algorithm.limit().into();
+        }
+    }
+    value
+}
+
+fn merge(target: &mut Value, extra: Value) {
+    if let (Value::Object(target), Value::Object(extra)) = (target, extra) {
+        target.extend(extra);
+    }
+}

@@ -1,0 +1,165 @@
+//! The check API router, served unchanged on TCP and on the Unix socket: reads JSON, asks the
+//! [`CheckService`], answers with real status codes, JSON bodies and rate-limit headers.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use serde::de::DeserializeOwned;
+
+use super::wire::{self, BatchBody, BatchReply, CheckBody, CheckReply, ErrorReply};
+use super::Transport;
+use crate::check::CheckService;
+use crate::telemetry::Metrics;
+
+#[derive(Clone)]
+struct Ctx {
+    service: Arc<CheckService>,
+    metrics: Metrics,
+    transport: Transport,
+}
+
+/// The check API: `POST /v1/check` and `POST /v1/check/batch`.
+pub fn router(service: Arc<CheckService>, metrics: Metrics, transport: Transport) -> Router {
+    let ctx = Ctx {
+        service,
+        metrics,
+        transport,
+    };
+    Router::new()
+        .route("/v1/check", post(check))
+        .route("/v1/check/batch", post(batch))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(ctx)
+}
+
+async fn check(State(ctx): State<Ctx>, headers: HeaderMap, body: Body) -> Response {
+    let started = Instant::now();
+    let response = match read_json::<CheckBody>(&headers, body, &ctx).await {
+        Err(response) => response,
+        Ok(body) => match ctx.service.check(&body.into()).await {
+            Err(error) => error_response(ErrorReply::from_check_error(&error)),
+            Ok(verdict) => {
+                let (status, reply) = CheckReply::from_verdict(&verdict);
+                (status, wire::headers(&verdict), Json(reply)).into_response()
+            }
+        },
+    };
+    ctx.observe(started, &response);
+    response
+}
+
+async fn batch(State(ctx): State<Ctx>, headers: HeaderMap, body: Body) -> Response {
+    let started = Instant::now();
+    let response = match read_json::<BatchBody>(&headers, body, &ctx).await {
+        Err(response) => response,
+        Ok(body) => {
+            let requests = body.checks.into_iter().map(Into::into).collect();
+            match ctx.service.check_batch(requests).await {
+                Err((index, error)) => {
+                    let (status, mut reply) = ErrorReply::from_check_error(&error);
+                    reply.reason = format!("checks[{index}]: {}", reply.reason);
+                    error_response((status, reply))
+                }
+                Ok(verdicts) => {
+                    let results = verdicts
+                        .iter()
+                        .map(|v| CheckReply::from_verdict(v).1)
+                        .collect();
+                    let headers = [(header::CACHE_CONTROL, "no-store")];
+                    (StatusCode::OK, headers, Json(BatchReply { results })).into_response()
+                }
+            }
+        }
+    };
+    ctx.observe(started, &response);
+    response
+}
+
+impl Ctx {
+    fn observe(&self, started: Instant, response: &Response) {
+        let transport = self.transport.as_str();
+        self.metrics
+            .check_duration
+            .with_label_values(&[transport])
+            .observe(started.elapsed().as_secs_f64());
+        self.metrics
+            .responses
+            .with_label_values(&[transport, response.status().as_str()])
+            .inc();
+    }
+}
+
+/// Reads a capped body and parses it; any failure is a 4xx with a JSON reason. The content type
+/// is not insisted on (`curl -d` sends a form type), the body must be JSON all the same.
+async fn read_json<T: DeserializeOwned>(
+    headers: &HeaderMap,
+    body: Body,
+    ctx: &Ctx,
+) -> Result<T, Response> {
+    let cap = ctx.service.limits().max_body_bytes;
+    let too_large = || {
+        error_response((
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorReply::new(
+                "payload_too_large",
+                format!("request body over {cap} bytes"),
+            ),
+        ))
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|len| len > cap) {
+        return Err(too_large());
+    }
+    let bytes = match axum::body::to_bytes(body, cap).await {
+        Ok(bytes) => bytes,
+        Err(error) => {
+            let over_cap = std::error::Error::source(&error)
+                .is_some_and(|e| e.is::<http_body_util::LengthLimitError>());
+            return Err(if over_cap {
+                too_large()
+            } else {
+                error_response((
+                    StatusCode::BAD_REQUEST,
+                    ErrorReply::new("bad_request", "could not read the request body"),
+                ))
+            });
+        }
+    };
+    serde_json::from_slice(&bytes).map_err(|error| {
+        error_response((
+            StatusCode::BAD_REQUEST,
+            ErrorReply::new("bad_request", format!("invalid JSON body: {error}")),
+        ))
+    })
+}
+
+fn error_response((status, reply): (StatusCode, ErrorReply)) -> Response {
+    (status, Json(reply)).into_response()
+}
+
+async fn not_found() -> Response {
+    error_response((
+        StatusCode::NOT_FOUND,
+        ErrorReply::new(
+            "not_found",
+            "no such endpoint; use POST /v1/check or POST /v1/check/batch",
+        ),
+    ))
+}
+
+async fn method_not_allowed() -> Response {
+    error_response((
+        StatusCode::METHOD_NOT_ALLOWED,
+        ErrorReply::new("method_not_allowed", "use POST"),
+    ))
+}

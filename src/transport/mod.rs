@@ -1,0 +1,26 @@
+//! Transports: the check API router (served on TCP and on a Unix socket alike), its JSON wire
+//! format and headers, the Unix socket binding, and the admin listener.
+
+pub mod admin;
+pub mod http;
+pub mod uds;
+pub mod wire;
+
+/// Which listener a request came in on; a metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// HTTP over TCP on loopback.
+    Tcp,
+    /// HTTP over the Unix socket.
+    Uds,
+}
+
+impl Transport {
+    /// The metric label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::Uds => "uds",
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! The check API's JSON bodies and rate-limit headers: the stable wire contract that clients in
+//! other languages rely on (see DESIGN.md section 2).
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use serde::{Deserialize, Serialize};
+
+use crate::check::{CheckError, CheckRequest, Mode, Outcome, Verdict};
+use crate::limit::{Descriptors, Micros};
+
+/// `POST /v1/check` body.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckBody {
+    /// Check only this policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    /// The request's attributes.
+    #[serde(default)]
+    pub descriptors: Descriptors,
+    /// Units to spend; 1 when absent.
+    #[serde(default = "one")]
+    pub cost: u64,
+    /// Evaluate without spending.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+fn one() -> u64 {
+    1
+}
+
+impl From<CheckBody> for CheckRequest {
+    fn from(body: CheckBody) -> Self {
+        Self {
+            policy: body.policy,
+            descriptors: body.descriptors,
+            cost: body.cost,
+            dry_run: body.dry_run,
+        }
+    }
+}
+
+/// `POST /v1/check/batch` body.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchBody {
+    /// Independent checks, answered in the same order.
+    pub checks: Vec<CheckBody>,
+}
+
+/// `POST /v1/check/batch` answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BatchReply {
+    /// One answer per check, in order.
+    pub results: Vec<CheckReply>,
+}
+
+/// The answer to one check (200, 429 or 503).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckReply {
+    /// Whether the request may go through.
+    pub allowed: bool,
+    /// The deciding policy; `null` when none applied.
+    pub policy: Option<String>,
+    /// Most units the deciding policy ever has available at once; `null` when none applied.
+    pub limit: Option<u64>,
+    /// Units still available; `null` when none applied.
+    pub remaining: Option<u64>,
+    /// Milliseconds (rounded up) until the quota is fully restored.
+    pub reset_after_ms: u64,
+    /// Milliseconds (rounded up) until this request would pass; 0 when allowed.
+    pub retry_after_ms: u64,
+    /// `enforced`, `shadow`, `fail_open`, `local` (or `fail_closed` on a 503).
+    pub mode: String,
+    /// `rate_limit` on a 429, `limiter_unavailable` on a 503.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Whole seconds (rounded up) until this request would pass, as in `Retry-After`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_sec: Option<u64>,
+}
+
+/// A 4xx answer: what was wrong, for a human.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorReply {
+    /// A stable code: `bad_request`, `unknown_policy`, `missing_descriptor`,
+    /// `cost_exceeds_limit`, `payload_too_large`, `not_found`, `method_not_allowed`.
+    pub error: String,
+    /// What exactly is wrong.
+    pub reason: String,
+}
+
+/// Seconds sent to a client told 503: retry soon, the store may be back.
+const UNAVAILABLE_RETRY_SEC: u64 = 1;
+
+fn ceil_div(us: Micros, unit: Micros) -> u64 {
+    us.div_ceil(unit)
+}
+
+impl CheckReply {
+    /// The HTTP status and body for a verdict.
+    pub fn from_verdict(verdict: &Verdict) -> (StatusCode, Self) {
+        let (status, error, retry_after_sec) = match verdict.outcome {
+            Outcome::Allowed => (StatusCode::OK, None, None),
+            Outcome::Denied => {
+                let retry_us = verdict
+                    .deciding
+                    .as_ref()
+                    .map_or(0, |p| p.decision.retry_after_us);
+                (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    Some("rate_limit".to_owned()),
+                    Some(ceil_div(retry_us, 1_000_000)),
+                )
+            }
+            Outcome::Unavailable => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Some("limiter_unavailable".to_owned()),
+                Some(UNAVAILABLE_RETRY_SEC),
+            ),
+        };
+        let reply = match &verdict.deciding {
+            None => Self {
+                allowed: true,
+                policy: None,
+                limit: None,
+                remaining: None,
+                reset_after_ms: 0,
+                retry_after_ms: 0,
+                mode: Mode::Enforced.as_str().to_owned(),
+                error,
+                retry_after_sec,
+            },
+            Some(part) => Self {
+                allowed: verdict.outcome == Outcome::Allowed,
+                policy: Some(part.policy.name().to_owned()),
+                limit: Some(part.decision.limit),
+                remaining: Some(part.decision.remaining),
+                reset_after_ms: ceil_div(part.decision.reset_after_us, 1_000),
+                retry_after_ms: ceil_div(part.decision.retry_after_us, 1_000),
+                mode: part.mode.as_str().to_owned(),
+                error,
+                retry_after_sec,
+            },
+        };
+        (status, reply)
+    }
+}
+
+/// Rate-limit headers for a verdict: `Retry-After`, `X-RateLimit-*` and the IETF draft
+/// `RateLimit-Policy` / `RateLimit` structured fields. Only enforced (or local) figures are
+/// advertised: a shadow policy must stay invisible to clients and a fail-open answer has none.
+pub fn headers(verdict: &Verdict) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    let mut put = |name: &'static str, value: String| {
+        if let Ok(value) = HeaderValue::try_from(value) {
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    };
+    put("cache-control", "no-store".into());
+    match verdict.outcome {
+        Outcome::Denied => {
+            let retry_us = verdict
+                .deciding
+                .as_ref()
+                .map_or(0, |p| p.decision.retry_after_us);
+            put("retry-after", ceil_div(retry_us, 1_000_000).to_string());
+        }
+        Outcome::Unavailable => put("retry-after", UNAVAILABLE_RETRY_SEC.to_string()),
+        Outcome::Allowed => {}
+    }
+    let Some(part) = &verdict.deciding else {
+        return headers;
+    };
+    if !matches!(part.mode, Mode::Enforced | Mode::Local) {
+        return headers;
+    }
+    let d = &part.decision;
+    let reset_sec = ceil_div(d.reset_after_us, 1_000_000);
+    let window_sec = ceil_div(part.window_us, 1_000_000).max(1);
+    let name = part.policy.name();
+    put("x-ratelimit-limit", d.limit.to_string());
+    put("x-ratelimit-remaining", d.remaining.to_string());
+    put("x-ratelimit-reset", reset_sec.to_string());
+    put(
+        "ratelimit-policy",
+        format!("\"{name}\";q={};w={window_sec}", d.limit),
+    );
+    put(
+        "ratelimit",
+        format!("\"{name}\";r={};t={reset_sec}", d.remaining),
+    );
+    headers
+}
+
+impl ErrorReply {
+    /// A reply with this code and reason.
+    pub fn new(error: &str, reason: impl Into<String>) -> Self {
+        Self {
+            error: error.to_owned(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The status and body for a request the check service refused.
+    pub fn from_check_error(error: &CheckError) -> (StatusCode, Self) {
+        let code = match error {
+            CheckError::Invalid(_) => "bad_request",
+            CheckError::UnknownPolicy(_) => "unknown_policy",
+            CheckError::MissingDescriptor { .. } => "missing_descriptor",
+            CheckError::CostExceedsLimit { .. } => "cost_exceeds_limit",
+        };
+        (StatusCode::BAD_REQUEST, Self::new(code, error.to_string()))
+    }
+}
