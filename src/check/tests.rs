@@ -1,1 +1,158 @@
-//! placeholder
+//! Tests of the check path: selection, group decisions, failure modes, metrics.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::*;
+use crate::clock::ManualClock;
+use crate::config::parse_policies;
+use crate::store::{MemoryStore, StoreFuture};
+
+const POLICIES: &str = "
+policies:
+  - {name: per_ip, match: {path: /login}, key: [ip], algorithm: sliding_log, limit: 3, period: 1m, failure_mode: closed}
+  - {name: per_account, match: {path: /login}, key: [account], algorithm: fixed_window, limit: 5, period: 1m, failure_mode: open}
+  - {name: watch, match: {path: /login}, key: [ip], algorithm: fixed_window, limit: 1, period: 1m, shadow: true}
+";
+
+fn service_on(store: Arc<dyn RateStore>) -> CheckService {
+    let policies = parse_policies(Path::new("t.yaml"), POLICIES).expect("valid");
+    CheckService::new(policies, store, RequestLimits::default(), Metrics::new())
+}
+
+fn service() -> CheckService {
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    service_on(Arc::new(MemoryStore::new(1_000, clock, None)))
+}
+
+fn login(ip: &str, account: &str) -> CheckRequest {
+    CheckRequest {
+        policy: None,
+        descriptors: [("path", "/login"), ("ip", ip), ("account", account)]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+        cost: 1,
+        dry_run: false,
+    }
+}
+
+fn outcome_count(service: &CheckService, policy: &str, outcome: &str) -> u64 {
+    service
+        .metrics
+        .decisions
+        .with_label_values(&[policy, outcome])
+        .get()
+}
+
+#[tokio::test]
+async fn tightest_enforced_policy_decides_and_shadow_never_blocks() {
+    let service = service();
+    let first = service.check(&login("1.1.1.1", "alice")).await.expect("valid");
+    assert_eq!(first.outcome, Outcome::Allowed);
+    assert_eq!(first.evaluated.len(), 3);
+    let deciding = first.deciding.expect("a policy decided");
+    assert_eq!(deciding.policy.name(), "per_ip");
+    assert_eq!(deciding.decision.remaining, 2);
+
+    // The shadow policy (limit 1) would block now, but only reports it.
+    let second = service.check(&login("1.1.1.1", "alice")).await.expect("valid");
+    assert_eq!(second.outcome, Outcome::Allowed);
+    assert_eq!(outcome_count(&service, "watch", "shadow_denied"), 1);
+}
+
+#[tokio::test]
+async fn a_denial_spends_nothing_from_the_other_policies() {
+    let service = service();
+    for _ in 0..3 {
+        service.check(&login("1.1.1.1", "alice")).await.expect("valid");
+    }
+    let denied = service.check(&login("1.1.1.1", "alice")).await.expect("valid");
+    assert_eq!(denied.outcome, Outcome::Denied);
+    assert_eq!(denied.deciding.expect("decided").policy.name(), "per_ip");
+    // per_account spent 3 of 5, not 4: the denied request was all-or-nothing.
+    let mut probe = login("2.2.2.2", "alice");
+    probe.dry_run = true;
+    let account = service.check(&probe).await.expect("valid");
+    let part = account
+        .evaluated
+        .iter()
+        .find(|p| p.policy.name() == "per_account")
+        .expect("evaluated");
+    assert_eq!(part.decision.remaining, 1, "5 - 3 spent - 1 for this probe");
+}
+
+#[tokio::test]
+async fn explicit_policy_skips_matching_but_needs_its_key() {
+    let service = service();
+    let mut request = login("1.1.1.1", "alice");
+    request.descriptors.remove("path");
+    request.policy = Some("per_ip".into());
+    let verdict = service.check(&request).await.expect("valid");
+    assert_eq!(verdict.evaluated.len(), 1);
+    request.descriptors.remove("ip");
+    assert_eq!(
+        service.check(&request).await.unwrap_err(),
+        CheckError::MissingDescriptor {
+            policy: "per_ip".into(),
+            descriptor: "ip".into()
+        }
+    );
+    request.policy = Some("nope".into());
+    assert_eq!(
+        service.check(&request).await.unwrap_err(),
+        CheckError::UnknownPolicy("nope".into())
+    );
+}
+
+#[tokio::test]
+async fn requests_are_validated_before_anything_is_spent() {
+    let service = service();
+    let mut big = login("1.1.1.1", "alice");
+    big.cost = 4;
+    assert!(matches!(
+        service.check(&big).await.unwrap_err(),
+        CheckError::CostExceedsLimit { limit: 3, .. }
+    ));
+    let mut zero = login("1.1.1.1", "alice");
+    zero.cost = 0;
+    assert!(matches!(service.check(&zero).await, Err(CheckError::Invalid(_))));
+    let mut bad_name = login("1.1.1.1", "alice");
+    bad_name.descriptors.insert("bad name".into(), "x".into());
+    assert!(matches!(service.check(&bad_name).await, Err(CheckError::Invalid(_))));
+    let batch = vec![login("1.1.1.1", "alice"), zero];
+    assert_eq!(service.check_batch(batch).await.unwrap_err().0, 1);
+    let mut probe = login("1.1.1.1", "alice");
+    probe.dry_run = true;
+    let verdict = service.check(&probe).await.expect("valid");
+    assert_eq!(verdict.deciding.expect("decided").decision.remaining, 2);
+}
+
+/// A store that can never answer: stands in for Redis being down.
+struct DownStore;
+
+impl RateStore for DownStore {
+    fn check(&self, _: Vec<StoreCheck>, _: bool) -> StoreFuture<'_> {
+        Box::pin(std::future::ready(Err(StoreError::Timeout)))
+    }
+
+    fn name(&self) -> &'static str {
+        "down"
+    }
+}
+
+#[tokio::test]
+async fn failure_modes_apply_per_policy_when_the_store_cannot_answer() {
+    let service = service_on(Arc::new(DownStore));
+    let verdict = service.check(&login("1.1.1.1", "alice")).await.expect("valid");
+    assert_eq!(verdict.outcome, Outcome::Unavailable, "per_ip fails closed");
+    assert_eq!(verdict.deciding.expect("decided").mode, Mode::FailClosed);
+    assert_eq!(outcome_count(&service, "per_ip", "fail_closed"), 1);
+    assert_eq!(outcome_count(&service, "per_account", "fail_open"), 1);
+
+    let mut open_only = login("1.1.1.1", "alice");
+    open_only.policy = Some("per_account".into());
+    let verdict = service.check(&open_only).await.expect("valid");
+    assert_eq!(verdict.outcome, Outcome::Allowed);
+    assert_eq!(verdict.deciding.expect("decided").mode, Mode::FailOpen);
+}
