@@ -15,9 +15,13 @@ use tokio::task::JoinSet;
 
 use crate::check::CheckService;
 use crate::clock::{Clock, SystemClock};
+use crate::config::RedisSettings;
 use crate::config::{load_policies, Settings};
 use crate::limit::PolicySet;
-use crate::store::{MemoryMetrics, MemoryStore};
+use crate::store::redis::batcher::{BatchConfig, BatchMetrics};
+use crate::store::redis::conn::{RedisTarget, Timeouts};
+use crate::store::redis::{RedisOptions, RedisStore};
+use crate::store::{MemoryMetrics, MemoryStore, RateStore};
 use crate::telemetry::Metrics;
 use crate::transport::{admin, http, uds, Transport};
 
@@ -41,7 +45,7 @@ pub struct App {
     socket: Option<(UnixListener, PathBuf)>,
     admin: (TcpListener, SocketAddr),
     service: Arc<CheckService>,
-    store: Arc<MemoryStore>,
+    memory: Option<Arc<MemoryStore>>,
     metrics: Metrics,
     ready: Arc<AtomicBool>,
     grace: Duration,
@@ -65,17 +69,24 @@ impl App {
             .validate()
             .map_err(|e| StartError::Config(e.to_string()))?;
         let metrics = Metrics::new();
-        let store = Arc::new(MemoryStore::new(
-            settings.memory.max_keys,
-            clock,
-            Some(MemoryMetrics {
-                keys: metrics.memory_keys.clone(),
-                evictions: metrics.memory_evictions.clone(),
-            }),
-        ));
+        let (store, memory): (Arc<dyn RateStore>, _) = if settings.redis.enabled() {
+            let redis = RedisStore::start(redis_options(&settings.redis), batch_metrics(&metrics))
+                .map_err(|e| StartError::Config(format!("redis: {e}")))?;
+            (Arc::new(redis), None)
+        } else {
+            let memory = Arc::new(MemoryStore::new(
+                settings.memory.max_keys,
+                clock,
+                Some(MemoryMetrics {
+                    keys: metrics.memory_keys.clone(),
+                    evictions: metrics.memory_evictions.clone(),
+                }),
+            ));
+            (memory.clone(), Some(memory))
+        };
         let service = Arc::new(CheckService::new(
             policies,
-            store.clone(),
+            store,
             settings.limits.clone(),
             metrics.clone(),
         ));
@@ -124,7 +135,7 @@ impl App {
             socket,
             admin: (admin, admin_local),
             service,
-            store,
+            memory,
             metrics,
             ready: Arc::new(AtomicBool::new(true)),
             grace: settings.shutdown_grace.as_std(),
@@ -185,7 +196,10 @@ impl App {
         let admin_serve =
             axum::serve(admin_listener, admin_app).with_graceful_shutdown(until(stop_rx.clone()));
         let admin_task = tokio::spawn(async move { admin_serve.await });
-        let sweeper = tokio::spawn(sweep(self.store.clone(), until(stop_rx.clone())));
+        let sweeper = self
+            .memory
+            .clone()
+            .map(|memory| tokio::spawn(sweep(memory, until(stop_rx.clone()))));
         tracing::info!(
             store = self.service.store_name(),
             policies = self.service.policies().len(),
@@ -214,7 +228,9 @@ impl App {
         }
         let _ = stop_tx.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(1), admin_task).await;
-        let _ = sweeper.await;
+        if let Some(sweeper) = sweeper {
+            let _ = sweeper.await;
+        }
         tracing::info!("sluice stopped");
     }
 }
@@ -228,6 +244,38 @@ async fn sweep(store: Arc<MemoryStore>, stop: impl Future<Output = ()>) {
             _ = &mut stop => return,
             _ = ticker.tick() => { store.sweep(); }
         }
+    }
+}
+
+fn redis_options(settings: &RedisSettings) -> RedisOptions {
+    let target = match &settings.url {
+        Some(url) if !url.is_empty() => RedisTarget::Single(url.clone()),
+        _ => RedisTarget::Cluster(settings.cluster.clone()),
+    };
+    RedisOptions {
+        target,
+        key_prefix: settings.key_prefix.clone(),
+        timeout: settings.timeout.as_std(),
+        timeouts: Timeouts {
+            connect: settings.connect_timeout.as_std(),
+            response: settings
+                .connect_timeout
+                .as_std()
+                .max(settings.timeout.as_std()),
+        },
+        batch: BatchConfig {
+            max_batch: settings.max_batch,
+            in_flight: settings.pipelines_in_flight,
+            queue: settings.queue,
+        },
+    }
+}
+
+fn batch_metrics(metrics: &Metrics) -> BatchMetrics {
+    BatchMetrics {
+        batch_size: metrics.redis_batch_size.clone(),
+        pipeline_duration: metrics.redis_pipeline_duration.clone(),
+        errors: metrics.redis_errors.clone(),
     }
 }
 

@@ -1,8 +1,8 @@
 //! Logs (tracing) and metrics (a Prometheus registry created here and passed down, never global).
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -30,6 +30,12 @@ pub struct Metrics {
     pub memory_evictions: IntCounter,
     /// Policies currently loaded.
     pub policies_loaded: IntGauge,
+    /// Checks per Redis pipeline.
+    pub redis_batch_size: Histogram,
+    /// Time from sending a Redis pipeline to its last reply.
+    pub redis_pipeline_duration: Histogram,
+    /// Redis errors by kind (timeout, connection, noscript, readonly, oom, busy, auth, ...).
+    pub redis_errors: IntCounterVec,
 }
 
 impl Metrics {
@@ -73,6 +79,29 @@ impl Metrics {
         .expect("valid metric");
         let policies_loaded = IntGauge::new("sluice_policies_loaded", "Policies currently loaded.")
             .expect("valid metric");
+        let redis_batch_size = Histogram::with_opts(
+            HistogramOpts::new(
+                "sluice_redis_batch_size",
+                "Script calls coalesced into one Redis pipeline.",
+            )
+            .buckets(vec![
+                1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0,
+            ]),
+        )
+        .expect("valid metric");
+        let redis_pipeline_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "sluice_redis_pipeline_duration_seconds",
+                "Time from sending a Redis pipeline to its last reply.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+        )
+        .expect("valid metric");
+        let redis_errors = IntCounterVec::new(
+            Opts::new("sluice_redis_errors_total", "Redis errors by kind."),
+            &["kind"],
+        )
+        .expect("valid metric");
         let build_info = IntGauge::with_opts(
             Opts::new("sluice_build_info", "Always 1; labels carry the version.")
                 .const_label("version", env!("CARGO_PKG_VERSION")),
@@ -86,6 +115,9 @@ impl Metrics {
             Box::new(memory_keys.clone()),
             Box::new(memory_evictions.clone()),
             Box::new(policies_loaded.clone()),
+            Box::new(redis_batch_size.clone()),
+            Box::new(redis_pipeline_duration.clone()),
+            Box::new(redis_errors.clone()),
             Box::new(build_info),
             Box::new(prometheus::process_collector::ProcessCollector::for_self()),
         ] {
@@ -101,6 +133,9 @@ impl Metrics {
             memory_keys,
             memory_evictions,
             policies_loaded,
+            redis_batch_size,
+            redis_pipeline_duration,
+            redis_errors,
         }
     }
 

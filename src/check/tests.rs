@@ -48,7 +48,10 @@ fn outcome_count(service: &CheckService, policy: &str, outcome: &str) -> u64 {
 #[tokio::test]
 async fn tightest_enforced_policy_decides_and_shadow_never_blocks() {
     let service = service();
-    let first = service.check(&login("1.1.1.1", "alice")).await.expect("valid");
+    let first = service
+        .check(&login("1.1.1.1", "alice"))
+        .await
+        .expect("valid");
     assert_eq!(first.outcome, Outcome::Allowed);
     assert_eq!(first.evaluated.len(), 3);
     let deciding = first.deciding.expect("a policy decided");
@@ -56,7 +59,10 @@ async fn tightest_enforced_policy_decides_and_shadow_never_blocks() {
     assert_eq!(deciding.decision.remaining, 2);
 
     // The shadow policy (limit 1) would block now, but only reports it.
-    let second = service.check(&login("1.1.1.1", "alice")).await.expect("valid");
+    let second = service
+        .check(&login("1.1.1.1", "alice"))
+        .await
+        .expect("valid");
     assert_eq!(second.outcome, Outcome::Allowed);
     assert_eq!(outcome_count(&service, "watch", "shadow_denied"), 1);
 }
@@ -65,9 +71,15 @@ async fn tightest_enforced_policy_decides_and_shadow_never_blocks() {
 async fn a_denial_spends_nothing_from_the_other_policies() {
     let service = service();
     for _ in 0..3 {
-        service.check(&login("1.1.1.1", "alice")).await.expect("valid");
+        service
+            .check(&login("1.1.1.1", "alice"))
+            .await
+            .expect("valid");
     }
-    let denied = service.check(&login("1.1.1.1", "alice")).await.expect("valid");
+    let denied = service
+        .check(&login("1.1.1.1", "alice"))
+        .await
+        .expect("valid");
     assert_eq!(denied.outcome, Outcome::Denied);
     assert_eq!(denied.deciding.expect("decided").policy.name(), "per_ip");
     // per_account spent 3 of 5, not 4: the denied request was all-or-nothing.
@@ -116,10 +128,16 @@ async fn requests_are_validated_before_anything_is_spent() {
     ));
     let mut zero = login("1.1.1.1", "alice");
     zero.cost = 0;
-    assert!(matches!(service.check(&zero).await, Err(CheckError::Invalid(_))));
+    assert!(matches!(
+        service.check(&zero).await,
+        Err(CheckError::Invalid(_))
+    ));
     let mut bad_name = login("1.1.1.1", "alice");
     bad_name.descriptors.insert("bad name".into(), "x".into());
-    assert!(matches!(service.check(&bad_name).await, Err(CheckError::Invalid(_))));
+    assert!(matches!(
+        service.check(&bad_name).await,
+        Err(CheckError::Invalid(_))
+    ));
     let batch = vec![login("1.1.1.1", "alice"), zero];
     assert_eq!(service.check_batch(batch).await.unwrap_err().0, 1);
     let mut probe = login("1.1.1.1", "alice");
@@ -144,7 +162,10 @@ impl RateStore for DownStore {
 #[tokio::test]
 async fn failure_modes_apply_per_policy_when_the_store_cannot_answer() {
     let service = service_on(Arc::new(DownStore));
-    let verdict = service.check(&login("1.1.1.1", "alice")).await.expect("valid");
+    let verdict = service
+        .check(&login("1.1.1.1", "alice"))
+        .await
+        .expect("valid");
     assert_eq!(verdict.outcome, Outcome::Unavailable, "per_ip fails closed");
     assert_eq!(verdict.deciding.expect("decided").mode, Mode::FailClosed);
     assert_eq!(outcome_count(&service, "per_ip", "fail_closed"), 1);

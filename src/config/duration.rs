@@ -26,23 +26,24 @@ pub fn parse_duration(text: &str) -> Result<Micros, String> {
             .map_err(|_| format!("invalid duration {text:?}: number too large"))?;
         rest = &rest[digits..];
         let unit_len = rest.bytes().take_while(u8::is_ascii_alphabetic).count();
-        let scale: u64 =
-            match &rest[..unit_len] {
-                "us" => 1,
-                "ms" => 1_000,
-                "s" => 1_000_000,
-                "m" => 60_000_000,
-                "h" => 3_600_000_000,
-                "d" => 86_400_000_000,
-                "" => {
-                    return Err(format!(
-                        "invalid duration {text:?}: missing unit (us, ms, s, m, h, d)"
-                    ))
-                }
-                other => return Err(format!(
+        let scale: u64 = match &rest[..unit_len] {
+            "us" => 1,
+            "ms" => 1_000,
+            "s" => 1_000_000,
+            "m" => 60_000_000,
+            "h" => 3_600_000_000,
+            "d" => 86_400_000_000,
+            "" => {
+                return Err(format!(
+                    "invalid duration {text:?}: missing unit (us, ms, s, m, h, d)"
+                ))
+            }
+            other => {
+                return Err(format!(
                     "invalid duration {text:?}: unknown unit {other:?} (use us, ms, s, m, h, d)"
-                )),
-            };
+                ))
+            }
+        };
         rest = &rest[unit_len..];
         total = number
             .checked_mul(scale)

@@ -108,12 +108,48 @@ fn octal_mode<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::E
     })
 }
 
-/// Redis connection settings.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+/// Redis connection settings. Neither `url` nor `cluster` set: the embedded store.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisSettings {
-    /// `redis://[user:password@]host:port[/db]`; unset = embedded store.
+    /// One primary: `redis://[user:password@]host:port[/db]`.
     pub url: Option<String>,
+    /// Seed nodes of a Redis Cluster (instead of `url`).
+    pub cluster: Vec<String>,
+    /// Prefix of every key: `<prefix>:{<policy>:<partition>}`.
+    pub key_prefix: String,
+    /// Deadline of one check's Redis calls; past it the policy's failure mode answers.
+    pub timeout: HumanDuration,
+    /// Timeout of one connection attempt.
+    pub connect_timeout: HumanDuration,
+    /// Most checks coalesced into one pipeline.
+    pub max_batch: usize,
+    /// Pipelines in flight at once.
+    pub pipelines_in_flight: usize,
+    /// Checks waiting for a pipeline, at most (back-pressure beyond).
+    pub queue: usize,
+}
+
+impl Default for RedisSettings {
+    fn default() -> Self {
+        Self {
+            url: None,
+            cluster: Vec::new(),
+            key_prefix: "rl".into(),
+            timeout: HumanDuration(50_000),
+            connect_timeout: HumanDuration(1_000_000),
+            max_batch: 128,
+            pipelines_in_flight: 4,
+            queue: 10_000,
+        }
+    }
+}
+
+impl RedisSettings {
+    /// Whether Redis is configured at all.
+    pub fn enabled(&self) -> bool {
+        self.url.as_ref().is_some_and(|url| !url.is_empty()) || !self.cluster.is_empty()
+    }
 }
 
 /// Embedded store settings.
@@ -206,9 +242,10 @@ impl Settings {
             }
             None => {}
         }
-        let env = Env::prefixed("SLUICE_")
-            .split("__")
-            .filter(|key| ENV_KEYS.contains(&key.as_str().split('.').next().unwrap_or("")));
+        let env = Env::prefixed("SLUICE_").split("__").filter(|key| {
+            let top = key.as_str().split('.').next().unwrap_or("");
+            ENV_KEYS.iter().any(|known| known.eq_ignore_ascii_case(top))
+        });
         let settings: Settings = figment
             .merge(env)
             .extract()
@@ -228,13 +265,17 @@ impl Settings {
                     .into(),
             ));
         }
-        if let Some(url) = &self.redis.url {
-            if !url.is_empty() {
-                return Err(SettingsError(
-                    "redis.url: this build has only the embedded store; unset redis.url to use it"
-                        .into(),
-                ));
-            }
+        let redis = &self.redis;
+        if redis.url.as_ref().is_some_and(|url| !url.is_empty()) && !redis.cluster.is_empty() {
+            return Err(SettingsError(
+                "redis: set either redis.url (one primary) or redis.cluster (seed nodes), not both"
+                    .into(),
+            ));
+        }
+        if redis.timeout.0 == 0 || redis.connect_timeout.0 == 0 {
+            return Err(SettingsError(
+                "redis.timeout and redis.connect_timeout must be above 0".into(),
+            ));
         }
         let l = &self.limits;
         for (name, value) in [
@@ -243,6 +284,9 @@ impl Settings {
             ("limits.max_descriptors", l.max_descriptors),
             ("limits.max_value_bytes", l.max_value_bytes),
             ("memory.max_keys", self.memory.max_keys),
+            ("redis.max_batch", redis.max_batch),
+            ("redis.pipelines_in_flight", redis.pipelines_in_flight),
+            ("redis.queue", redis.queue),
         ] {
             if value == 0 {
                 return Err(SettingsError(format!("{name}: must be at least 1")));

@@ -6,8 +6,9 @@ use std::sync::Arc;
 /// Identifies one counter: a policy and the partition (e.g. one tenant's API key) within it.
 ///
 /// The partition is the policy's key descriptor values, each percent-escaped and joined with `:`.
-/// Escaping `%`, `:`, `{`, `}` and control bytes makes the encoding injective (two different value
-/// lists never give the same partition) and keeps Redis hash tags (`{...}`) under the store's control.
+/// Escaping `%`, `:`, `{`, `}`, `#` and control bytes makes the encoding injective (two different
+/// value lists never give the same partition), keeps Redis hash tags (`{...}`) under the store's
+/// control, and leaves a leading `#` free to mark hashed partitions.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Key {
     policy: Arc<str>,
@@ -47,7 +48,7 @@ impl fmt::Display for Key {
 fn escape_into(value: &str, out: &mut String) {
     for ch in value.chars() {
         match ch {
-            '%' | ':' | '{' | '}' => push_escaped(ch as u8, out),
+            '%' | ':' | '{' | '}' | '#' => push_escaped(ch as u8, out),
             c if c.is_ascii_control() => push_escaped(c as u8, out),
             c => out.push(c),
         }

@@ -1,7 +1,8 @@
-//! Where counters live: the [`RateStore`] trait, the embedded [`MemoryStore`] (default), and
-//! later Redis. The check path only ever sees the trait.
+//! Where counters live: the [`RateStore`] trait, the embedded [`MemoryStore`] (default) and the
+//! [`RedisStore`](redis::RedisStore) shared by every pod. The check path only ever sees the trait.
 
 mod memory;
+pub mod redis;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -43,7 +43,11 @@ fn a_denied_group_spends_nothing() {
     let second = store.check_now(&both, false);
     assert!(!second[1].allowed);
     // The first policy allowed, but the group was denied, so nothing was spent from it.
-    assert_eq!(store.check_now(&[roomy], true)[0].remaining, 8, "10 - 1 spent - 1 for the probe");
+    assert_eq!(
+        store.check_now(&[roomy], true)[0].remaining,
+        8,
+        "10 - 1 spent - 1 for the probe"
+    );
 }
 
 #[test]
@@ -54,7 +58,11 @@ fn shadow_denials_do_not_block_the_group() {
     store.check_now(&[enforced.clone(), shadow.clone()], false);
     let second = store.check_now(&[enforced.clone(), shadow], false);
     assert!(second[0].allowed && !second[1].allowed);
-    assert_eq!(store.check_now(&[enforced], true)[0].remaining, 7, "10 - 2 spent - 1 for the probe");
+    assert_eq!(
+        store.check_now(&[enforced], true)[0].remaining,
+        7,
+        "10 - 2 spent - 1 for the probe"
+    );
 }
 
 #[test]

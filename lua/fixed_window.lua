@@ -1,0 +1,58 @@
+-- fixed_window.lua: fixed window counter, the twin of src/limit/fixed_window.rs.
+--
+-- KEYS[1]  the counter key: the string "<window index>:<count>"
+-- ARGV[1]  limit      most units per window (integer >= 1)
+-- ARGV[2]  period_us  the window length in microseconds; windows are aligned to multiples of it
+--                     since the epoch, so every pod agrees on them (integer >= 1)
+-- ARGV[3]  cost       units this request spends (integer >= 1)
+-- ARGV[4]  commit     1: record the request if allowed; 0: decide only (dry run)
+-- ARGV[5]  now_us     TESTS ONLY: the current time; the daemon never sends it (Redis `TIME`)
+-- returns  {allowed (0|1), limit, remaining, reset_after_us, retry_after_us}
+--          retry_after_us is -1 when cost > limit (never admissible)
+--
+-- Why a script: reading the count and adding to it must be one atomic step. The window index is
+-- kept in the value (not the key name) so that the script touches only the key it was given; a
+-- count from an earlier window counts as 0. Up to 2 * limit can pass across a boundary: the
+-- documented price of the cheapest algorithm.
+-- TTL: the key expires at the end of its window.
+
+local limit = tonumber(ARGV[1])
+local period = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
+local commit = ARGV[4] == '1'
+local now
+if ARGV[5] and ARGV[5] ~= '' then
+  now = tonumber(ARGV[5])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local window = math.floor(now / period)
+local to_next = (window + 1) * period - now
+local count = 0
+local state = redis.call('GET', KEYS[1])
+if state then
+  local sep = string.find(state, ':', 1, true)
+  if tonumber(string.sub(state, 1, sep - 1)) == window then
+    count = tonumber(string.sub(state, sep + 1))
+  end
+end
+
+if count + cost <= limit then
+  if commit then
+    local value = string.format('%d:%d', window, count + cost)
+    redis.call('SET', KEYS[1], value, 'PX', math.max(1, math.floor((to_next + 999) / 1000)))
+  end
+  return {1, limit, limit - count - cost, to_next, 0}
+end
+
+local reset = 0
+if count > 0 then
+  reset = to_next
+end
+local retry = -1
+if cost <= limit then
+  retry = to_next
+end
+return {0, limit, limit - count, reset, retry}

@@ -1,0 +1,79 @@
+-- sliding_log.lua: sliding window log, the twin of src/limit/sliding_log.rs.
+--
+-- KEYS[1]  the counter key: a sorted set, one member per admitted unit, scored by its time in us
+-- ARGV[1]  limit      most units in any rolling period (integer >= 1)
+-- ARGV[2]  period_us  the window length in microseconds (integer >= 1)
+-- ARGV[3]  cost       units this request spends; recorded as that many members (integer >= 1)
+-- ARGV[4]  commit     1: record the request if allowed; 0: decide only (dry run)
+-- ARGV[5]  now_us     TESTS ONLY: the current time; the daemon never sends it (Redis `TIME`)
+-- returns  {allowed (0|1), limit, remaining, reset_after_us, retry_after_us}
+--          retry_after_us is -1 when cost > limit (never admissible)
+--
+-- Why a script: counting the window and adding the new entries must be one atomic step, or two
+-- pods would both see room for the last unit. Rejected attempts are never recorded.
+--
+-- A unit at score ts is in the window at `now` iff ts > now - period. Members need only be unique
+-- among live members: the hex of (ts mod 2*period), so distinct live times never share one, with
+-- ".<n>" for the n-th unit at the same time. ZADD NX proves it; if a clock step ever made a name
+-- clash, the unit falls back to the full time "t<ts>.<n>", which cannot clash. Members are never
+-- built with tostring() (it prints 14 significant digits; times have 16).
+-- TTL: the set expires when its newest unit leaves the window.
+
+local limit = tonumber(ARGV[1])
+local period = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
+local commit = ARGV[4] == '1'
+local now
+if ARGV[5] and ARGV[5] ~= '' then
+  now = tonumber(ARGV[5])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local key = KEYS[1]
+local floor = '(' .. string.format('%d', now - period)
+local used = redis.call('ZCOUNT', key, floor, '+inf')
+local newest = redis.call('ZRANGE', key, '+inf', floor, 'BYSCORE', 'REV', 'LIMIT', 0, 1, 'WITHSCORES')
+local newest_ts = nil
+if newest[2] then
+  newest_ts = tonumber(newest[2])
+end
+
+if used + cost <= limit then
+  -- A clock that stepped back adds to the newest entry's time, as the Rust twin does.
+  local ts = now
+  if newest_ts and newest_ts > now then
+    ts = newest_ts
+  end
+  if commit then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - period))
+    local score = string.format('%d', ts)
+    local at_ts = redis.call('ZCOUNT', key, score, score)
+    local short = string.format('%x', ts % (2 * period))
+    for i = at_ts + 1, at_ts + cost do
+      local member = short
+      if i > 1 then
+        member = short .. '.' .. i
+      end
+      if redis.call('ZADD', key, 'NX', score, member) == 0 then
+        redis.call('ZADD', key, score, 't' .. score .. '.' .. i)
+      end
+    end
+    redis.call('PEXPIRE', key, math.max(1, math.floor((ts + period - now + 999) / 1000)))
+  end
+  return {1, limit, limit - used - cost, ts + period - now, 0}
+end
+
+local reset = 0
+if newest_ts then
+  reset = newest_ts + period - now
+end
+local retry = -1
+if cost <= limit then
+  -- The request fits once the oldest `excess` units have left the window.
+  local excess = used + cost - limit
+  local oldest = redis.call('ZRANGE', key, floor, '+inf', 'BYSCORE', 'LIMIT', excess - 1, 1, 'WITHSCORES')
+  retry = tonumber(oldest[2]) + period - now
+end
+return {0, limit, limit - used, reset, retry}

@@ -1,0 +1,82 @@
+-- token_bucket.lua: GCRA token bucket, the twin of src/limit/token_bucket.rs.
+--
+-- KEYS[1]  the counter key (its hash tag decides the Cluster slot; no other key is touched)
+-- ARGV[1]  limit      tokens added per period (integer >= 1)
+-- ARGV[2]  period_us  the period in microseconds (integer >= 1)
+-- ARGV[3]  capacity   burst: most tokens held at once (integer >= 1)
+-- ARGV[4]  cost       tokens this request spends (integer >= 1)
+-- ARGV[5]  commit     1: record the request if allowed; 0: decide only (dry run)
+-- ARGV[6]  now_us     TESTS ONLY: the current time; the daemon never sends it, so every pod
+--                     shares Redis' clock (`TIME`)
+-- returns  {allowed (0|1), limit (= capacity), remaining, reset_after_us, retry_after_us}
+--          retry_after_us is -1 when cost > capacity (never admissible)
+--
+-- Why a script: read, decide and write must be one atomic step, or two pods reading the same
+-- state would both spend the last token.
+--
+-- State: the theoretical arrival time TAT = tat_us + tat_rem / limit microseconds, stored as
+-- "<tat_us>:<tat_rem>", or as the bare integer "<tat_us>" when tat_rem is 0 (Redis then keeps it
+-- as an integer object: less memory; always so when period_us is a multiple of limit). Arithmetic runs in units of 1/limit us relative to now, so every value stays
+-- an exact integer below 2^53 (config keeps capacity * period_us <= 2^52); Lua numbers are
+-- doubles, and floor() of an exact quotient below 2^53 is exact.
+-- TTL: the key expires when the bucket is full again (TAT), as an absent key means "full".
+
+local limit = tonumber(ARGV[1])
+local period = tonumber(ARGV[2])
+local capacity = tonumber(ARGV[3])
+local cost = tonumber(ARGV[4])
+local commit = ARGV[5] == '1'
+local now
+if ARGV[6] and ARGV[6] ~= '' then
+  now = tonumber(ARGV[6])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local function ceil_div(a, b)
+  return math.floor((a + b - 1) / b)
+end
+
+-- ahead: how far TAT is past now, in 1/limit us (0 when the bucket is full).
+local ahead = 0
+local state = redis.call('GET', KEYS[1])
+if state then
+  local tat_us, tat_rem = tonumber(state), 0
+  local sep = string.find(state, ':', 1, true)
+  if sep then
+    tat_us = tonumber(string.sub(state, 1, sep - 1))
+    tat_rem = tonumber(string.sub(state, sep + 1))
+  end
+  if tat_us > now then
+    ahead = (tat_us - now) * limit + tat_rem
+  elseif tat_us == now then
+    ahead = tat_rem
+  end
+end
+
+local tolerance = capacity * period
+local ahead_after = ahead + cost * period
+if ahead_after <= tolerance then
+  if commit then
+    local tat_us = now + math.floor(ahead_after / limit)
+    local tat_rem = ahead_after % limit
+    local ttl_ms = math.max(1, ceil_div(ahead_after, limit * 1000))
+    local value = string.format('%d', tat_us)
+    if tat_rem > 0 then
+      value = value .. ':' .. string.format('%d', tat_rem)
+    end
+    redis.call('SET', KEYS[1], value, 'PX', ttl_ms)
+  end
+  return {1, capacity, capacity - ceil_div(ahead_after, period), ceil_div(ahead_after, limit), 0}
+end
+
+local remaining = 0
+if tolerance > ahead then
+  remaining = math.floor((tolerance - ahead) / period)
+end
+local retry = -1
+if cost <= capacity then
+  retry = ceil_div(ahead - (capacity - cost) * period, limit)
+end
+return {0, capacity, remaining, ceil_div(ahead, limit), retry}
