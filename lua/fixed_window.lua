@@ -1,6 +1,7 @@
 -- fixed_window.lua: fixed window counter, the twin of src/limit/fixed_window.rs.
 --
--- KEYS[1]  the counter key: the string "<window index>:<count>"
+-- KEYS[1]  the counter key: the integer count * 2^20 + (window index mod 2^20), kept by Redis as
+--          an integer object (the smallest value it stores)
 -- ARGV[1]  limit      most units per window (integer >= 1)
 -- ARGV[2]  period_us  the window length in microseconds; windows are aligned to multiples of it
 --                     since the epoch, so every pod agrees on them (integer >= 1)
@@ -10,10 +11,13 @@
 -- returns  {allowed (0|1), limit, remaining, reset_after_us, retry_after_us}
 --          retry_after_us is -1 when cost > limit (never admissible)
 --
--- Why a script: reading the count and adding to it must be one atomic step. The window index is
--- kept in the value (not the key name) so that the script touches only the key it was given; a
--- count from an earlier window counts as 0. Up to 2 * limit can pass across a boundary: the
+-- Why a script: reading the count and adding to it must be one atomic step. The window's identity
+-- is kept in the value (not the key name) so that the script touches only the key it was given; a
+-- count from an earlier window counts as 0. Its low 20 bits suffice: a key lives one window, so
+-- it can only be confused with one 2^20 windows old. Up to 2 * limit can pass across a boundary: the
 -- documented price of the cheapest algorithm.
+-- With the test-only now_us, TTLs are at least a minute: real time keeps running while test time
+-- stands still, and state must not expire under a test (expiry never changes a decision).
 -- TTL: the key expires at the end of its window.
 
 local limit = tonumber(ARGV[1])
@@ -21,28 +25,29 @@ local period = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local commit = ARGV[4] == '1'
 local now
+local min_ttl_ms = 1
 if ARGV[5] and ARGV[5] ~= '' then
   now = tonumber(ARGV[5])
+  min_ttl_ms = 60000
 else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
+local tag_space = 1048576
 local window = math.floor(now / period)
+local tag = window % tag_space
 local to_next = (window + 1) * period - now
 local count = 0
-local state = redis.call('GET', KEYS[1])
-if state then
-  local sep = string.find(state, ':', 1, true)
-  if tonumber(string.sub(state, 1, sep - 1)) == window then
-    count = tonumber(string.sub(state, sep + 1))
-  end
+local state = tonumber(redis.call('GET', KEYS[1]))
+if state and state % tag_space == tag then
+  count = math.floor(state / tag_space)
 end
 
 if count + cost <= limit then
   if commit then
-    local value = string.format('%d:%d', window, count + cost)
-    redis.call('SET', KEYS[1], value, 'PX', math.max(1, math.floor((to_next + 999) / 1000)))
+    local value = string.format('%d', (count + cost) * tag_space + tag)
+    redis.call('SET', KEYS[1], value, 'PX', math.max(min_ttl_ms, math.floor((to_next + 999) / 1000)))
   end
   return {1, limit, limit - count - cost, to_next, 0}
 end

@@ -17,6 +17,8 @@
 -- ".<n>" for the n-th unit at the same time. ZADD NX proves it; if a clock step ever made a name
 -- clash, the unit falls back to the full time "t<ts>.<n>", which cannot clash. Members are never
 -- built with tostring() (it prints 14 significant digits; times have 16).
+-- With the test-only now_us, TTLs are at least a minute: real time keeps running while test time
+-- stands still, and state must not expire under a test (expiry never changes a decision).
 -- TTL: the set expires when its newest unit leaves the window.
 
 local limit = tonumber(ARGV[1])
@@ -24,8 +26,10 @@ local period = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local commit = ARGV[4] == '1'
 local now
+local min_ttl_ms = 1
 if ARGV[5] and ARGV[5] ~= '' then
   now = tonumber(ARGV[5])
+  min_ttl_ms = 60000
 else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -60,7 +64,7 @@ if used + cost <= limit then
         redis.call('ZADD', key, score, 't' .. score .. '.' .. i)
       end
     end
-    redis.call('PEXPIRE', key, math.max(1, math.floor((ts + period - now + 999) / 1000)))
+    redis.call('PEXPIRE', key, math.max(min_ttl_ms, math.floor((ts + period - now + 999) / 1000)))
   end
   return {1, limit, limit - used - cost, ts + period - now, 0}
 end

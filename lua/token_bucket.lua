@@ -19,6 +19,8 @@
 -- as an integer object: less memory; always so when period_us is a multiple of limit). Arithmetic runs in units of 1/limit us relative to now, so every value stays
 -- an exact integer below 2^53 (config keeps capacity * period_us <= 2^52); Lua numbers are
 -- doubles, and floor() of an exact quotient below 2^53 is exact.
+-- With the test-only now_us, TTLs are at least a minute: real time keeps running while test time
+-- stands still, and state must not expire under a test (expiry never changes a decision).
 -- TTL: the key expires when the bucket is full again (TAT), as an absent key means "full".
 
 local limit = tonumber(ARGV[1])
@@ -27,8 +29,10 @@ local capacity = tonumber(ARGV[3])
 local cost = tonumber(ARGV[4])
 local commit = ARGV[5] == '1'
 local now
+local min_ttl_ms = 1
 if ARGV[6] and ARGV[6] ~= '' then
   now = tonumber(ARGV[6])
+  min_ttl_ms = 60000
 else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -61,7 +65,7 @@ if ahead_after <= tolerance then
   if commit then
     local tat_us = now + math.floor(ahead_after / limit)
     local tat_rem = ahead_after % limit
-    local ttl_ms = math.max(1, ceil_div(ahead_after, limit * 1000))
+    local ttl_ms = math.max(min_ttl_ms, ceil_div(ahead_after, limit * 1000))
     local value = string.format('%d', tat_us)
     if tat_rem > 0 then
       value = value .. ':' .. string.format('%d', tat_rem)

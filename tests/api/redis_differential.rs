@@ -1,0 +1,133 @@
+//! The math exists twice on purpose (Rust in `limit/`, Lua in `lua/`): this feeds both the same
+//! random histories, using the scripts' test-only `now`, and requires identical decisions.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use proptest::prelude::*;
+use sluice::limit::{Algorithm, Decision, FixedWindow, Micros, SlidingLog, TokenBucket};
+use sluice::store::redis::scripts::{parse_reply, Scripts};
+
+use crate::redis_server::RedisServer;
+
+const START: Micros = 1_700_000_000_000_000;
+
+/// One server and connection for every case (a case takes a fresh key).
+fn redis() -> &'static Mutex<(RedisServer, redis::Connection)> {
+    static REDIS: OnceLock<Mutex<(RedisServer, redis::Connection)>> = OnceLock::new();
+    REDIS.get_or_init(|| {
+        let server = RedisServer::start();
+        let connection = server.connection();
+        Mutex::new((server, connection))
+    })
+}
+
+fn fresh_key() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!("diff:{{k{}}}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+fn run_lua(
+    conn: &mut redis::Connection,
+    algorithm: &Algorithm,
+    key: &str,
+    now: Micros,
+    cost: u64,
+    commit: bool,
+) -> Decision {
+    let call = Scripts::default().call(algorithm, key.to_owned(), cost, commit, Some(now));
+    let value: redis::Value = redis::cmd("EVAL")
+        .arg(call.script.source)
+        .arg(1)
+        .arg(&call.key)
+        .arg(&call.args)
+        .query(conn)
+        .expect("script runs");
+    parse_reply(&value).expect("script reply parses")
+}
+
+/// Replays `history` (time step, cost, dry run) on both twins and compares every decision.
+fn compare(
+    algorithm: Algorithm,
+    start: Micros,
+    history: &[(u64, u64, bool)],
+) -> Result<(), TestCaseError> {
+    let mut guard = redis().lock().unwrap_or_else(|p| p.into_inner());
+    let conn = &mut guard.1;
+    let key = fresh_key();
+    let mut state = algorithm.new_state();
+    let mut now = start;
+    for (i, &(step, cost, dry_run)) in history.iter().enumerate() {
+        now += step;
+        let rust = algorithm.decide(&state, now, cost);
+        if rust.allowed && !dry_run {
+            algorithm.admit(&mut state, now, cost);
+        }
+        let lua = run_lua(conn, &algorithm, &key, now, cost, !dry_run);
+        prop_assert_eq!(
+            rust,
+            lua,
+            "step {} of {:?}: now {} cost {} dry {}",
+            i,
+            algorithm,
+            now,
+            cost,
+            dry_run
+        );
+    }
+    Ok(())
+}
+
+fn history(limit: u64, period: u64) -> impl Strategy<Value = Vec<(u64, u64, bool)>> {
+    let step = prop_oneof![
+        3 => Just(0u64),
+        5 => 0..=period / 4 + 1,
+        2 => 0..=period * 3,
+    ];
+    prop::collection::vec((step, 1..=limit + 2, prop::bool::weighted(0.15)), 1..80)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn token_bucket_twins_agree(
+        (limit, period, capacity, history) in (1u64..60, 1u64..20_000, 1u64..40)
+            .prop_flat_map(|(l, p, c)| (Just(l), Just(p), Just(c), history(c, p))),
+        offset in 0u64..1_000_000,
+    ) {
+        let algorithm = Algorithm::TokenBucket(TokenBucket::new(limit, period, capacity).expect("valid"));
+        compare(algorithm, START + offset, &history)?;
+    }
+
+    #[test]
+    fn sliding_log_twins_agree(
+        (limit, period, history) in (1u64..30, 1u64..20_000)
+            .prop_flat_map(|(l, p)| (Just(l), Just(p), history(l, p))),
+        offset in 0u64..1_000_000,
+    ) {
+        let algorithm = Algorithm::SlidingLog(SlidingLog::new(limit, period).expect("valid"));
+        compare(algorithm, START + offset, &history)?;
+    }
+
+    #[test]
+    fn fixed_window_twins_agree(
+        (limit, period, history) in (1u64..30, 1u64..20_000)
+            .prop_flat_map(|(l, p)| (Just(l), Just(p), history(l, p))),
+        offset in 0u64..1_000_000,
+    ) {
+        let algorithm = Algorithm::FixedWindow(FixedWindow::new(limit, period).expect("valid"));
+        compare(algorithm, START + offset, &history)?;
+    }
+}
+
+#[test]
+fn the_shipped_routes_agree_at_their_real_scale() {
+    // 1000/min with a burst of 150, and 10 per 5 min: a minute of traffic at 200/s and 1/s.
+    let bucket = Algorithm::TokenBucket(TokenBucket::new(1000, 60_000_000, 150).expect("valid"));
+    let steps: Vec<(u64, u64, bool)> = (0..2_000).map(|i| (5_000, 1 + i % 3, false)).collect();
+    compare(bucket, START, &steps).expect("bucket agrees");
+    let log = Algorithm::SlidingLog(SlidingLog::new(10, 300_000_000).expect("valid"));
+    let steps: Vec<(u64, u64, bool)> = (0..600).map(|_| (1_000_000, 1, false)).collect();
+    compare(log, START, &steps).expect("log agrees");
+}
