@@ -1,0 +1,157 @@
+//! Exactness across pods: three real `sluice serve` processes share one Redis (single node, then a
+//! Cluster) and many concurrent clients hammer one key; admissions never exceed what the
+//! algorithm allows.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sluice::client::{Connection, Target};
+
+use crate::helpers::{sluice_command, ChildGuard};
+use crate::redis_server::{RedisCluster, RedisServer};
+
+const POLICIES: &str = "
+policies:
+  - {name: log, key: [ip], algorithm: sliding_log, limit: 50, period: 1h, failure_mode: closed}
+  - {name: bucket, key: [api_key], algorithm: token_bucket, limit: 20, period: 1s, burst: 30, failure_mode: closed}
+";
+
+const DAEMONS: usize = 3;
+const CLIENTS_PER_DAEMON: usize = 6;
+const REQUESTS_PER_CLIENT: usize = 40;
+
+fn free_addr() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr")
+}
+
+/// A daemon process and where it listens.
+struct Daemon {
+    _child: ChildGuard,
+    http: Target,
+}
+
+fn start_daemon(dir: &Path, index: usize, redis_toml: &str) -> Daemon {
+    let http = free_addr();
+    let admin = free_addr();
+    let settings = dir.join(format!("sluice-{index}.toml"));
+    let text = format!(
+        "policies = {policies:?}\n[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\nsocket = \"\"\n[redis]\n{redis_toml}timeout = \"2s\"\n[log]\nlevel = \"warn\"\n",
+        policies = dir.join("policies.yaml").display().to_string(),
+    );
+    std::fs::write(&settings, text).expect("write settings");
+    let child = sluice_command(dir, &["serve", "--config", &settings.display().to_string()])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn sluice serve");
+    Daemon {
+        _child: ChildGuard(Some(child)),
+        http: Target::Tcp(http),
+    }
+}
+
+/// Waits until the daemon answers and decides through Redis (its connection is made in the
+/// background).
+async fn wait_ready(daemon: &Daemon) {
+    let probe = json!({"policy": "log", "descriptors": {"ip": "probe"}, "dry_run": true});
+    let started = Instant::now();
+    loop {
+        if let Ok(mut conn) = Connection::open(&daemon.http).await {
+            if let Ok(reply) = conn.post_json("/v1/check", &probe).await {
+                if reply.status == 200 && reply.json()["mode"] == "enforced" {
+                    return;
+                }
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "daemon did not become ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Every client sends its requests as fast as it can; returns (admitted, elapsed).
+async fn hammer(daemons: &[Daemon], body: serde_json::Value) -> (usize, Duration) {
+    let started = Instant::now();
+    let mut clients = tokio::task::JoinSet::new();
+    for daemon in daemons {
+        for _ in 0..CLIENTS_PER_DAEMON {
+            let target = daemon.http.clone();
+            let body = body.clone();
+            clients.spawn(async move {
+                let mut conn = Connection::open(&target).await.expect("connect");
+                let mut admitted = 0;
+                for _ in 0..REQUESTS_PER_CLIENT {
+                    let reply = conn.post_json("/v1/check", &body).await.expect("answer");
+                    let status = reply.status.as_u16();
+                    assert!(
+                        status == 200 || status == 429,
+                        "status {status}: {}",
+                        reply.json()
+                    );
+                    admitted += usize::from(status == 200);
+                }
+                admitted
+            });
+        }
+    }
+    let mut admitted = 0;
+    while let Some(count) = clients.join_next().await {
+        admitted += count.expect("client");
+    }
+    (admitted, started.elapsed())
+}
+
+async fn exact_across_daemons(redis_toml: String, run: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("policies.yaml"), POLICIES).expect("write policies");
+    let daemons: Vec<Daemon> = (0..DAEMONS)
+        .map(|i| start_daemon(dir.path(), i, &redis_toml))
+        .collect();
+    for daemon in &daemons {
+        wait_ready(daemon).await;
+    }
+    let attempts = DAEMONS * CLIENTS_PER_DAEMON * REQUESTS_PER_CLIENT;
+
+    let (admitted, _) = hammer(
+        &daemons,
+        json!({"policy": "log", "descriptors": {"ip": run}}),
+    )
+    .await;
+    assert_eq!(
+        admitted, 50,
+        "sliding log: exactly the limit of {attempts} attempts"
+    );
+
+    let (admitted, elapsed) = hammer(
+        &daemons,
+        json!({"policy": "bucket", "descriptors": {"api_key": run}}),
+    )
+    .await;
+    // Capacity plus the refill over the whole run (20/s), rounded up.
+    let bound = 30 + (elapsed.as_micros() * 20).div_ceil(1_000_000) as usize;
+    assert!(
+        admitted <= bound,
+        "token bucket admitted {admitted} > {bound} in {elapsed:?}"
+    );
+    assert!(
+        admitted >= 30,
+        "token bucket admitted {admitted} < its burst"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_daemons_on_single_redis_never_exceed_the_limit() {
+    let redis = RedisServer::start();
+    exact_across_daemons(format!("url = \"{}\"\n", redis.url()), "single").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_daemons_on_redis_cluster_never_exceed_the_limit() {
+    let cluster = RedisCluster::start();
+    let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("{u:?}")).collect();
+    exact_across_daemons(format!("cluster = [{}]\n", nodes.join(", ")), "cluster").await;
+}
