@@ -23,6 +23,7 @@ use crate::store::redis::conn::{RedisTarget, Timeouts};
 use crate::store::redis::{RedisOptions, RedisStore};
 use crate::store::{MemoryMetrics, MemoryStore, RateStore};
 use crate::telemetry::Metrics;
+use crate::transport::serve::serve;
 use crate::transport::{admin, http, uds, Transport};
 
 /// How often idle keys are dropped from the embedded store.
@@ -176,15 +177,13 @@ impl App {
         if let Some((listener, addr)) = self.http {
             tracing::info!(%addr, "check API listening on TCP");
             let app = http::router(self.service.clone(), self.metrics.clone(), Transport::Tcp);
-            let serve = axum::serve(listener, app).with_graceful_shutdown(until(drain_rx.clone()));
-            checks.spawn(async move { serve.await });
+            checks.spawn(serve(listener, app, drain_rx.clone(), self.grace));
         }
         let socket_path = self.socket.as_ref().map(|(_, path)| path.clone());
         if let Some((listener, path)) = self.socket {
             tracing::info!(path = %path.display(), "check API listening on Unix socket");
             let app = http::router(self.service.clone(), self.metrics.clone(), Transport::Uds);
-            let serve = axum::serve(listener, app).with_graceful_shutdown(until(drain_rx.clone()));
-            checks.spawn(async move { serve.await });
+            checks.spawn(serve(listener, app, drain_rx.clone(), self.grace));
         }
         let (admin_listener, admin_addr) = self.admin;
         tracing::info!(addr = %admin_addr, "admin listening");
@@ -210,18 +209,11 @@ impl App {
         tracing::info!("shutting down: draining in-flight checks");
         self.ready.store(false, Ordering::SeqCst);
         let _ = drain_tx.send(true);
-        let drained = async {
-            while let Some(result) = checks.join_next().await {
-                match result {
-                    Ok(Ok(())) => {}
-                    Ok(Err(error)) => tracing::warn!(%error, "check listener failed"),
-                    Err(error) => tracing::warn!(%error, "check listener task failed"),
-                }
+        // Each listener closes its own leftover connections once the grace period is over.
+        while let Some(result) = checks.join_next().await {
+            if let Err(error) = result {
+                tracing::warn!(%error, "check listener task failed");
             }
-        };
-        if tokio::time::timeout(self.grace, drained).await.is_err() {
-            tracing::warn!(grace = ?self.grace, "grace period over; closing remaining connections");
-            checks.abort_all();
         }
         if let Some(path) = socket_path {
             uds::remove(&path);

@@ -41,6 +41,9 @@ pub enum CheckError {
         /// The descriptor it keys on.
         descriptor: String,
     },
+    /// A batch item failed: the reason names the item, the inner error says what failed.
+    #[error("{0}")]
+    Batch(String, Box<CheckError>),
     /// No amount of waiting would admit this cost.
     #[error("cost {cost} exceeds the most policy `{policy}` can ever allow at once ({limit})")]
     CostExceedsLimit {
@@ -51,6 +54,17 @@ pub enum CheckError {
         /// What the policy allows at most.
         limit: u64,
     },
+}
+
+impl CheckError {
+    /// The same error, its reason prefixed with the batch item it concerns.
+    fn in_batch(self, index: usize) -> Self {
+        let at = |reason: String| format!("checks[{index}]: {reason}");
+        match self {
+            Self::Invalid(reason) => Self::Invalid(at(reason)),
+            other => Self::Batch(at(other.to_string()), Box::new(other)),
+        }
+    }
 }
 
 /// How a policy's decision was reached.
@@ -171,25 +185,25 @@ impl CheckService {
     }
 
     /// Checks several independent requests; all are validated before any is checked, so a bad
-    /// one fails the batch without spending anything.
+    /// one fails the batch (the error names it) without spending anything.
     pub async fn check_batch(
         &self,
         requests: Vec<CheckRequest>,
-    ) -> Result<Vec<Verdict>, (usize, CheckError)> {
+    ) -> Result<Vec<Verdict>, CheckError> {
         if requests.len() > self.limits.max_batch {
-            return Err((
+            return Err(CheckError::Invalid(format!(
+                "a batch holds at most {} checks, got {}",
                 self.limits.max_batch,
-                CheckError::Invalid(format!(
-                    "a batch holds at most {} checks, got {}",
-                    self.limits.max_batch,
-                    requests.len()
-                )),
-            ));
+                requests.len()
+            )));
         }
         let policies = self.policies();
         let mut plans = Vec::with_capacity(requests.len());
         for (index, request) in requests.iter().enumerate() {
-            plans.push(self.plan(&policies, request).map_err(|e| (index, e))?);
+            plans.push(
+                self.plan(&policies, request)
+                    .map_err(|e| e.in_batch(index))?,
+            );
         }
         let mut verdicts = Vec::with_capacity(plans.len());
         for (request, plan) in requests.iter().zip(plans) {

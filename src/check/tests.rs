@@ -139,7 +139,8 @@ async fn requests_are_validated_before_anything_is_spent() {
         Err(CheckError::Invalid(_))
     ));
     let batch = vec![login("1.1.1.1", "alice"), zero];
-    assert_eq!(service.check_batch(batch).await.unwrap_err().0, 1);
+    let error = service.check_batch(batch).await.unwrap_err();
+    assert!(error.to_string().starts_with("checks[1]: cost"), "{error}");
     let mut probe = login("1.1.1.1", "alice");
     probe.dry_run = true;
     let verdict = service.check(&probe).await.expect("valid");

@@ -59,14 +59,13 @@ async fn batch(State(ctx): State<Ctx>, headers: HeaderMap, body: Body) -> Respon
     let started = Instant::now();
     let response = match read_json::<BatchBody>(&headers, body, &ctx).await {
         Err(response) => response,
-        Ok(body) => {
-            let requests = body.checks.into_iter().map(Into::into).collect();
-            match ctx.service.check_batch(requests).await {
-                Err((index, error)) => {
-                    let (status, mut reply) = ErrorReply::from_check_error(&error);
-                    reply.reason = format!("checks[{index}]: {}", reply.reason);
-                    error_response((status, reply))
-                }
+        Ok(body) => match body.requests() {
+            Err(reason) => error_response((
+                StatusCode::BAD_REQUEST,
+                ErrorReply::new("bad_request", format!("invalid JSON body: {reason}")),
+            )),
+            Ok(requests) => match ctx.service.check_batch(requests).await {
+                Err(error) => error_response(ErrorReply::from_check_error(&error)),
                 Ok(verdicts) => {
                     let results = verdicts
                         .iter()
@@ -75,8 +74,8 @@ async fn batch(State(ctx): State<Ctx>, headers: HeaderMap, body: Body) -> Respon
                     let headers = [(header::CACHE_CONTROL, "no-store")];
                     (StatusCode::OK, headers, Json(BatchReply { results })).into_response()
                 }
-            }
-        }
+            },
+        },
     };
     ctx.observe(started, &response);
     response

@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod http;
+pub mod serve;
 pub mod uds;
 pub mod wire;
 

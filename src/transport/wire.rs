@@ -40,12 +40,28 @@ impl From<CheckBody> for CheckRequest {
     }
 }
 
-/// `POST /v1/check/batch` body.
+/// `POST /v1/check/batch` body. Items stay raw JSON until [`BatchBody::requests`], so that an
+/// error can name the item.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct BatchBody {
     /// Independent checks, answered in the same order.
-    pub checks: Vec<CheckBody>,
+    pub checks: Vec<serde_json::Value>,
+}
+
+impl BatchBody {
+    /// Parses every item; the error names the first bad one.
+    pub fn requests(self) -> Result<Vec<CheckRequest>, String> {
+        self.checks
+            .into_iter()
+            .enumerate()
+            .map(|(index, item)| {
+                serde_json::from_value::<CheckBody>(item)
+                    .map(Into::into)
+                    .map_err(|error| format!("checks[{index}]: {error}"))
+            })
+            .collect()
+    }
 }
 
 /// `POST /v1/check/batch` answer.
@@ -137,7 +153,12 @@ impl CheckReply {
                 limit: Some(part.decision.limit),
                 remaining: Some(part.decision.remaining),
                 reset_after_ms: ceil_div(part.decision.reset_after_us, 1_000),
-                retry_after_ms: ceil_div(part.decision.retry_after_us, 1_000),
+                // A shadow policy's would-block is allowed all the same: nothing to wait for.
+                retry_after_ms: if verdict.outcome == Outcome::Allowed {
+                    0
+                } else {
+                    ceil_div(part.decision.retry_after_us, 1_000)
+                },
                 mode: part.mode.as_str().to_owned(),
                 error,
                 retry_after_sec,
@@ -204,12 +225,19 @@ impl ErrorReply {
 
     /// The status and body for a request the check service refused.
     pub fn from_check_error(error: &CheckError) -> (StatusCode, Self) {
-        let code = match error {
-            CheckError::Invalid(_) => "bad_request",
-            CheckError::UnknownPolicy(_) => "unknown_policy",
-            CheckError::MissingDescriptor { .. } => "missing_descriptor",
-            CheckError::CostExceedsLimit { .. } => "cost_exceeds_limit",
-        };
-        (StatusCode::BAD_REQUEST, Self::new(code, error.to_string()))
+        (
+            StatusCode::BAD_REQUEST,
+            Self::new(code_of(error), error.to_string()),
+        )
+    }
+}
+
+fn code_of(error: &CheckError) -> &'static str {
+    match error {
+        CheckError::Invalid(_) => "bad_request",
+        CheckError::UnknownPolicy(_) => "unknown_policy",
+        CheckError::MissingDescriptor { .. } => "missing_descriptor",
+        CheckError::CostExceedsLimit { .. } => "cost_exceeds_limit",
+        CheckError::Batch(_, inner) => code_of(inner),
     }
 }

@@ -1,0 +1,67 @@
+//! Serves a router on any listener (TCP or Unix socket) with a drain that is ours to end: on
+//! drain, stop accepting and let each connection finish its request; connections still open after
+//! the grace period are closed (axum's own `serve` cannot close them once spawned).
+
+use std::time::Duration;
+
+use axum::serve::Listener;
+use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+/// Longest a client may take to send a request's headers (slow clients hold a connection).
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves `router` on `listener` until `drain` turns true; then waits up to `grace` for open
+/// connections to finish and closes the rest.
+pub async fn serve<L: Listener>(
+    mut listener: L,
+    router: Router,
+    mut drain: watch::Receiver<bool>,
+    grace: Duration,
+) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = drained(&mut drain) => break,
+            (io, _) = listener.accept() => {
+                let service = TowerToHyperService::new(router.clone());
+                let mut drain = drain.clone();
+                connections.spawn(async move {
+                    let conn = http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(HEADER_READ_TIMEOUT)
+                        .serve_connection(TokioIo::new(io), service);
+                    tokio::pin!(conn);
+                    tokio::select! {
+                        _ = conn.as_mut() => {}
+                        _ = drained(&mut drain) => {
+                            conn.as_mut().graceful_shutdown();
+                            let _ = conn.await;
+                        }
+                    }
+                });
+            }
+            // Reap finished connections so the set does not grow with the daemon's age.
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    drop(listener);
+    let drained = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(grace, drained).await.is_err() {
+        tracing::warn!(
+            open = connections.len(),
+            ?grace,
+            "grace period over; closing connections"
+        );
+        connections.shutdown().await;
+    }
+}
+
+/// Resolves once `drain` turns true (or its sender is gone).
+async fn drained(drain: &mut watch::Receiver<bool>) {
+    let _ = drain.wait_for(|stop| *stop).await;
+}
