@@ -13,8 +13,9 @@
 -- pods would both see room for the last unit. Rejected attempts are never recorded.
 --
 -- A unit at score ts is in the window at `now` iff ts > now - period. Members need only be unique
--- among live members: the hex of (ts mod 2*period), so distinct live times never share one, with
--- ".<n>" for the n-th unit at the same time. ZADD NX proves it; if a clock step ever made a name
+-- among live members: the decimal (ts mod 2*period), so distinct live times never share one (and
+-- Redis packs an integer-looking member as an integer), with ".<n>" for the n-th unit at the same
+-- time. ZADD NX proves it; if a clock step ever made a name
 -- clash, the unit falls back to the full time "t<ts>.<n>", which cannot clash. Members are never
 -- built with tostring() (it prints 14 significant digits; times have 16).
 -- With the test-only now_us, TTLs are at least a minute: real time keeps running while test time
@@ -54,7 +55,7 @@ if used + cost <= limit then
     redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - period))
     local score = string.format('%d', ts)
     local at_ts = redis.call('ZCOUNT', key, score, score)
-    local short = string.format('%x', ts % (2 * period))
+    local short = string.format('%d', ts % (2 * period))
     for i = at_ts + 1, at_ts + cost do
       local member = short
       if i > 1 then

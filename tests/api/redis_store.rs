@@ -261,7 +261,7 @@ policies:
     let mut report = Vec::new();
     for (key, bound) in [
         ("rl:{tb:acme:key-0001}", 128),
-        ("rl:{log:203.0.113.7}", 320),
+        ("rl:{log:203.0.113.7}", 288),
         ("rl:{fw:acme:key-0001}", 128),
     ] {
         let bytes: i64 = redis::cmd("MEMORY")

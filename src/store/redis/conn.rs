@@ -7,7 +7,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::io::tcp::TcpSettings;
+use redis::io::tcp::{socket2, TcpSettings};
 use redis::{IntoConnectionInfo, Pipeline, RedisResult, Value};
 use tokio::sync::watch;
 
@@ -54,8 +54,15 @@ impl Conn {
     }
 }
 
+/// No Nagle delay (a check is one small write), and keepalive probes so that a peer that vanished
+/// without a FIN (a dead node, a dropped NAT entry) is noticed.
 fn tcp_settings() -> TcpSettings {
-    TcpSettings::default().set_nodelay(true)
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(30))
+        .with_interval(Duration::from_secs(10));
+    TcpSettings::default()
+        .set_nodelay(true)
+        .set_keepalive(keepalive)
 }
 
 /// Timeouts for connecting and for any one reply.
