@@ -13,14 +13,15 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::check::CheckService;
+use crate::check::{CheckService, LocalShare};
 use crate::clock::{Clock, SystemClock};
 use crate::config::RedisSettings;
 use crate::config::{load_policies, Settings};
 use crate::limit::PolicySet;
 use crate::store::redis::batcher::{BatchConfig, BatchMetrics};
-use crate::store::redis::conn::{RedisTarget, Timeouts};
-use crate::store::redis::{RedisOptions, RedisStore};
+use crate::store::redis::conn::{RedisTarget, SentinelTarget, Timeouts};
+use crate::store::redis::prober::Backoff;
+use crate::store::redis::{RedisMetrics, RedisOptions, RedisStore};
 use crate::store::{MemoryMetrics, MemoryStore, RateStore};
 use crate::telemetry::Metrics;
 use crate::transport::serve::serve;
@@ -46,7 +47,7 @@ pub struct App {
     socket: Option<(UnixListener, PathBuf)>,
     admin: (TcpListener, SocketAddr),
     service: Arc<CheckService>,
-    memory: Option<Arc<MemoryStore>>,
+    memory: Arc<MemoryStore>,
     metrics: Metrics,
     ready: Arc<AtomicBool>,
     grace: Duration,
@@ -70,24 +71,31 @@ impl App {
             .validate()
             .map_err(|e| StartError::Config(e.to_string()))?;
         let metrics = Metrics::new();
-        let (store, memory): (Arc<dyn RateStore>, _) = if settings.redis.enabled() {
-            let redis = RedisStore::start(redis_options(&settings.redis), batch_metrics(&metrics))
+        // The embedded store: the store itself, or the `local` failure mode's when Redis is used.
+        let memory = Arc::new(MemoryStore::new(
+            settings.memory.max_keys,
+            clock,
+            Some(MemoryMetrics {
+                keys: metrics.memory_keys.clone(),
+                evictions: metrics.memory_evictions.clone(),
+            }),
+        ));
+        let store: Arc<dyn RateStore> = if settings.redis.enabled() {
+            let redis = RedisStore::start(redis_options(&settings.redis), redis_metrics(&metrics))
                 .map_err(|e| StartError::Config(format!("redis: {e}")))?;
-            (Arc::new(redis), None)
+            Arc::new(redis)
         } else {
-            let memory = Arc::new(MemoryStore::new(
-                settings.memory.max_keys,
-                clock,
-                Some(MemoryMetrics {
-                    keys: metrics.memory_keys.clone(),
-                    evictions: metrics.memory_evictions.clone(),
-                }),
-            ));
-            (memory.clone(), Some(memory))
+            memory.clone()
         };
+        let local = LocalShare::new(
+            memory.clone(),
+            settings.local.replicas,
+            settings.local.margin_percent,
+        );
         let service = Arc::new(CheckService::new(
             policies,
             store,
+            local,
             settings.limits.clone(),
             metrics.clone(),
         ));
@@ -195,10 +203,7 @@ impl App {
         let admin_serve =
             axum::serve(admin_listener, admin_app).with_graceful_shutdown(until(stop_rx.clone()));
         let admin_task = tokio::spawn(async move { admin_serve.await });
-        let sweeper = self
-            .memory
-            .clone()
-            .map(|memory| tokio::spawn(sweep(memory, until(stop_rx.clone()))));
+        let sweeper = tokio::spawn(sweep(self.memory.clone(), until(stop_rx.clone())));
         tracing::info!(
             store = self.service.store_name(),
             policies = self.service.policies().len(),
@@ -220,9 +225,7 @@ impl App {
         }
         let _ = stop_tx.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(1), admin_task).await;
-        if let Some(sweeper) = sweeper {
-            let _ = sweeper.await;
-        }
+        let _ = sweeper.await;
         tracing::info!("sluice stopped");
     }
 }
@@ -240,8 +243,15 @@ async fn sweep(store: Arc<MemoryStore>, stop: impl Future<Output = ()>) {
 }
 
 fn redis_options(settings: &RedisSettings) -> RedisOptions {
+    let sentinel = &settings.sentinel;
     let target = match &settings.url {
         Some(url) if !url.is_empty() => RedisTarget::Single(url.clone()),
+        _ if !sentinel.nodes.is_empty() => RedisTarget::Sentinel(SentinelTarget {
+            nodes: sentinel.nodes.clone(),
+            master: sentinel.master.clone(),
+            username: sentinel.username.clone(),
+            password: sentinel.password.clone(),
+        }),
         _ => RedisTarget::Cluster(settings.cluster.clone()),
     };
     RedisOptions {
@@ -260,14 +270,23 @@ fn redis_options(settings: &RedisSettings) -> RedisOptions {
             in_flight: settings.pipelines_in_flight,
             queue: settings.queue,
         },
+        breaker_failures: settings.breaker.failures,
+        backoff: Backoff {
+            min: settings.breaker.probe_min.as_std(),
+            max: settings.breaker.probe_max.as_std(),
+        },
     }
 }
 
-fn batch_metrics(metrics: &Metrics) -> BatchMetrics {
-    BatchMetrics {
-        batch_size: metrics.redis_batch_size.clone(),
-        pipeline_duration: metrics.redis_pipeline_duration.clone(),
-        errors: metrics.redis_errors.clone(),
+fn redis_metrics(metrics: &Metrics) -> RedisMetrics {
+    RedisMetrics {
+        batch: BatchMetrics {
+            batch_size: metrics.redis_batch_size.clone(),
+            pipeline_duration: metrics.redis_pipeline_duration.clone(),
+            errors: metrics.redis_errors.clone(),
+        },
+        circuit: metrics.redis_circuit.clone(),
+        up: metrics.redis_up.clone(),
     }
 }
 

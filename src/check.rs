@@ -2,10 +2,11 @@
 //! apply, ask the store as one atomic group, apply failure modes, pick the deciding policy, count.
 
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use crate::config::RequestLimits;
-use crate::limit::{Decision, Descriptors, FailureMode, Micros, Policy, PolicySet};
-use crate::store::{RateStore, StoreCheck, StoreError};
+use crate::limit::{Algorithm, Decision, Descriptors, FailureMode, Micros, Policy, PolicySet};
+use crate::store::{MemoryStore, RateStore, StoreCheck, StoreError};
 use crate::telemetry::Metrics;
 
 /// Longest descriptor name accepted.
@@ -133,19 +134,43 @@ pub struct Verdict {
     pub evaluated: Vec<PolicyDecision>,
 }
 
+/// The `local` failure mode's state: this pod's share of each limit, in memory.
+pub struct LocalShare {
+    store: Arc<MemoryStore>,
+    replicas: u64,
+    margin_percent: u64,
+}
+
+impl LocalShare {
+    /// Shares of `(limit - margin_percent%) / replicas`, kept in `store`.
+    pub fn new(store: Arc<MemoryStore>, replicas: u64, margin_percent: u64) -> Self {
+        Self {
+            store,
+            replicas,
+            margin_percent,
+        }
+    }
+
+    fn share(&self, algorithm: &Algorithm) -> Algorithm {
+        algorithm.share(self.replicas, self.margin_percent)
+    }
+}
+
 /// Answers checks against a policy set and a store.
 pub struct CheckService {
     policies: RwLock<Arc<PolicySet>>,
     store: Arc<dyn RateStore>,
+    local: LocalShare,
     limits: RequestLimits,
     metrics: Metrics,
 }
 
 impl CheckService {
-    /// A service over `store` enforcing `policies`.
+    /// A service over `store` enforcing `policies`, with `local` for the `local` failure mode.
     pub fn new(
         policies: PolicySet,
         store: Arc<dyn RateStore>,
+        local: LocalShare,
         limits: RequestLimits,
         metrics: Metrics,
     ) -> Self {
@@ -155,6 +180,7 @@ impl CheckService {
         Self {
             policies: RwLock::new(Arc::new(policies)),
             store,
+            local,
             limits,
             metrics,
         }
@@ -177,6 +203,11 @@ impl CheckService {
     /// The store's name.
     pub fn store_name(&self) -> &'static str {
         self.store.name()
+    }
+
+    /// The store's health, for a remote store.
+    pub fn store_health(&self) -> Option<&'static str> {
+        self.store.health()
     }
 
     /// The caps requests are held to.
@@ -316,9 +347,17 @@ impl CheckService {
         }
         let (policies, checks): (Vec<Arc<Policy>>, Vec<StoreCheck>) = plan.into_iter().unzip();
         let windows: Vec<Micros> = checks.iter().map(|c| c.algorithm.window_us()).collect();
-        let limits: Vec<u64> = checks.iter().map(|c| c.algorithm.limit()).collect();
-        let answers = self.store.check(checks, request.dry_run).await;
-        let evaluated: Vec<PolicyDecision> = match answers {
+        // The most patient matched policy sets the deadline; the others' answers come with it.
+        let deadline = policies
+            .iter()
+            .filter_map(|p| p.timeout_us())
+            .max()
+            .map(Duration::from_micros);
+        let needs_local = policies
+            .iter()
+            .any(|p| p.failure_mode() == FailureMode::Local);
+        let fallback = needs_local.then(|| checks.clone());
+        let evaluated = match self.store.check(checks, request.dry_run, deadline).await {
             Ok(decisions) => policies
                 .into_iter()
                 .zip(decisions)
@@ -334,7 +373,7 @@ impl CheckService {
                     window_us,
                 })
                 .collect(),
-            Err(error) => self.degrade(policies, &limits, &windows, &error),
+            Err(error) => self.degrade(policies, fallback, &windows, &error, request.dry_run),
         };
         let verdict = decide(evaluated);
         if !request.dry_run {
@@ -343,36 +382,86 @@ impl CheckService {
         verdict
     }
 
-    /// Applies each policy's failure mode when the store could not answer.
+    /// Applies each policy's failure mode when the store could not answer: `open` allows,
+    /// `closed` refuses, `local` checks this pod's share in memory (all `local` policies of the
+    /// request as one group, recorded only if no fail-closed policy refuses the request anyway).
     fn degrade(
         &self,
         policies: Vec<Arc<Policy>>,
-        limits: &[u64],
+        fallback: Option<Vec<StoreCheck>>,
         windows: &[Micros],
         error: &StoreError,
+        dry_run: bool,
     ) -> Vec<PolicyDecision> {
         tracing::debug!(%error, store = self.store.name(), "store could not decide; applying failure modes");
+        let mode_of = |i: usize| policies[i].failure_mode();
+        let local_checks: Vec<(usize, StoreCheck)> = fallback
+            .into_iter()
+            .flatten()
+            .enumerate()
+            .filter(|(i, _)| mode_of(*i) == FailureMode::Local)
+            .map(|(i, mut check)| {
+                check.algorithm = self.local.share(&check.algorithm);
+                (i, check)
+            })
+            .collect();
+        let refused =
+            (0..policies.len()).any(|i| mode_of(i) == FailureMode::Closed && !policies[i].shadow());
+        let group: Vec<StoreCheck> = local_checks.iter().map(|(_, c)| c.clone()).collect();
+        let mut local_decisions = self
+            .local
+            .store
+            .check_now(&group, dry_run || refused)
+            .into_iter();
+        let mut local_checks = local_checks.into_iter().peekable();
         policies
             .into_iter()
-            .zip(limits.iter().zip(windows))
-            .map(|(policy, (&limit, &window_us))| {
-                let closed = policy.failure_mode() == FailureMode::Closed;
+            .enumerate()
+            .map(|(i, policy)| {
+                let limit = policy.parts().algorithm.limit();
+                let degraded = |allowed: bool, mode: Mode| {
+                    (
+                        Decision {
+                            allowed,
+                            limit,
+                            remaining: 0,
+                            reset_after_us: 0,
+                            retry_after_us: 0,
+                        },
+                        mode,
+                        windows[i],
+                    )
+                };
+                let (decision, mode, window_us) = match policy.failure_mode() {
+                    FailureMode::Open => degraded(true, Mode::FailOpen),
+                    FailureMode::Closed => degraded(false, Mode::FailClosed),
+                    FailureMode::Local => {
+                        let local = local_checks.next_if(|(j, _)| *j == i);
+                        match (local, local_decisions.next()) {
+                            (Some((_, check)), Some(decision)) => {
+                                (decision, Mode::Local, check.algorithm.window_us())
+                            }
+                            _ => degraded(false, Mode::FailClosed),
+                        }
+                    }
+                };
+                if policy.shadow() {
+                    // A shadow policy never blocks, degraded or not.
+                    let decision = Decision {
+                        allowed: true,
+                        ..decision
+                    };
+                    return PolicyDecision {
+                        policy,
+                        decision,
+                        mode: Mode::Shadow,
+                        window_us,
+                    };
+                }
                 PolicyDecision {
-                    decision: Decision {
-                        allowed: !closed,
-                        limit,
-                        remaining: 0,
-                        reset_after_us: 0,
-                        retry_after_us: 0,
-                    },
-                    // `local` needs the per-pod share from the Redis failure work; until then it
-                    // degrades like `open`, which is what `local` does when no share is known.
-                    mode: if closed {
-                        Mode::FailClosed
-                    } else {
-                        Mode::FailOpen
-                    },
                     policy,
+                    decision,
+                    mode,
                     window_us,
                 }
             })
@@ -384,7 +473,9 @@ impl CheckService {
             let outcome = match (part.mode, part.decision.allowed) {
                 (Mode::FailOpen, _) => "fail_open",
                 (Mode::FailClosed, _) => "fail_closed",
-                (Mode::Enforced | Mode::Local, false) => "denied",
+                (Mode::Local, true) => "local_allowed",
+                (Mode::Local, false) => "local_denied",
+                (Mode::Enforced, false) => "denied",
                 (Mode::Shadow, false) => {
                     tracing::info!(policy = part.policy.name(), "shadow policy would block");
                     "shadow_denied"

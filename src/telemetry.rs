@@ -18,7 +18,8 @@ pub const LATENCY_BUCKETS: [f64; 14] = [
 #[derive(Clone)]
 pub struct Metrics {
     registry: Registry,
-    /// Decisions by policy and outcome (allowed, denied, shadow_denied, fail_open, fail_closed).
+    /// Decisions by policy and outcome (allowed, denied, shadow_denied, fail_open, fail_closed,
+    /// local_allowed, local_denied).
     pub decisions: IntCounterVec,
     /// Time to answer a check request, by transport (tcp, uds).
     pub check_duration: HistogramVec,
@@ -36,6 +37,10 @@ pub struct Metrics {
     pub redis_pipeline_duration: Histogram,
     /// Redis errors by kind (timeout, connection, noscript, readonly, oom, busy, auth, ...).
     pub redis_errors: IntCounterVec,
+    /// Circuit breaker state: 0 healthy, 1 degraded, 2 open, 3 half-open.
+    pub redis_circuit: IntGauge,
+    /// 1 while checks may go to Redis (circuit not open), else 0.
+    pub redis_up: IntGauge,
 }
 
 impl Metrics {
@@ -102,6 +107,16 @@ impl Metrics {
             &["kind"],
         )
         .expect("valid metric");
+        let redis_circuit = IntGauge::new(
+            "sluice_redis_circuit_state",
+            "Redis circuit breaker: 0 healthy, 1 degraded, 2 open (checks skip Redis), 3 half-open.",
+        )
+        .expect("valid metric");
+        let redis_up = IntGauge::new(
+            "sluice_redis_up",
+            "1 while checks may go to Redis (circuit not open), else 0.",
+        )
+        .expect("valid metric");
         let build_info = IntGauge::with_opts(
             Opts::new("sluice_build_info", "Always 1; labels carry the version.")
                 .const_label("version", env!("CARGO_PKG_VERSION")),
@@ -118,6 +133,8 @@ impl Metrics {
             Box::new(redis_batch_size.clone()),
             Box::new(redis_pipeline_duration.clone()),
             Box::new(redis_errors.clone()),
+            Box::new(redis_circuit.clone()),
+            Box::new(redis_up.clone()),
             Box::new(build_info),
             Box::new(prometheus::process_collector::ProcessCollector::for_self()),
         ] {
@@ -136,6 +153,8 @@ impl Metrics {
             redis_batch_size,
             redis_pipeline_duration,
             redis_errors,
+            redis_circuit,
+            redis_up,
         }
     }
 

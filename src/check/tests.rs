@@ -16,8 +16,21 @@ policies:
 ";
 
 fn service_on(store: Arc<dyn RateStore>) -> CheckService {
-    let policies = parse_policies(Path::new("t.yaml"), POLICIES).expect("valid");
-    CheckService::new(policies, store, RequestLimits::default(), Metrics::new())
+    service_with(POLICIES, store)
+}
+
+fn service_with(policies: &str, store: Arc<dyn RateStore>) -> CheckService {
+    let policies = parse_policies(Path::new("t.yaml"), policies).expect("valid");
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    // Two replicas, no margin: each pod gets half of every limit while the store is down.
+    let local = LocalShare::new(Arc::new(MemoryStore::new(1_000, clock, None)), 2, 0);
+    CheckService::new(
+        policies,
+        store,
+        local,
+        RequestLimits::default(),
+        Metrics::new(),
+    )
 }
 
 fn service() -> CheckService {
@@ -151,7 +164,12 @@ async fn requests_are_validated_before_anything_is_spent() {
 struct DownStore;
 
 impl RateStore for DownStore {
-    fn check(&self, _: Vec<StoreCheck>, _: bool) -> StoreFuture<'_> {
+    fn check(
+        &self,
+        _: Vec<StoreCheck>,
+        _: bool,
+        _: Option<std::time::Duration>,
+    ) -> StoreFuture<'_> {
         Box::pin(std::future::ready(Err(StoreError::Timeout)))
     }
 
@@ -177,4 +195,36 @@ async fn failure_modes_apply_per_policy_when_the_store_cannot_answer() {
     let verdict = service.check(&open_only).await.expect("valid");
     assert_eq!(verdict.outcome, Outcome::Allowed);
     assert_eq!(verdict.deciding.expect("decided").mode, Mode::FailOpen);
+}
+
+#[tokio::test]
+async fn local_mode_enforces_this_pods_share_in_memory() {
+    let policies = "
+policies:
+  - {name: api, key: [user], algorithm: fixed_window, limit: 10, period: 1h, failure_mode: local}
+  - {name: beta, key: [user], algorithm: fixed_window, limit: 1, period: 1h, failure_mode: closed, shadow: true}
+";
+    let service = service_with(policies, Arc::new(DownStore));
+    let request = CheckRequest {
+        policy: None,
+        descriptors: [("user".to_owned(), "u".to_owned())].into(),
+        cost: 1,
+        dry_run: false,
+    };
+    for i in 0..5 {
+        let verdict = service.check(&request).await.expect("valid");
+        assert_eq!(
+            verdict.outcome,
+            Outcome::Allowed,
+            "request {i} within the share"
+        );
+        let deciding = verdict.deciding.expect("decided");
+        assert_eq!(deciding.mode, Mode::Local);
+        assert_eq!(deciding.decision.limit, 5, "10 / 2 replicas");
+    }
+    let verdict = service.check(&request).await.expect("valid");
+    assert_eq!(verdict.outcome, Outcome::Denied, "the share is spent");
+    assert!(verdict.deciding.expect("decided").decision.retry_after_us > 0);
+    assert_eq!(outcome_count(&service, "api", "local_allowed"), 5);
+    assert_eq!(outcome_count(&service, "api", "local_denied"), 1);
 }

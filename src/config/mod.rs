@@ -8,5 +8,6 @@ mod settings;
 pub use duration::{parse_duration, HumanDuration};
 pub use policies::{load_policies, parse_policies, PolicyFileError};
 pub use settings::{
-    LogFormat, LogSettings, MemorySettings, RedisSettings, RequestLimits, Settings, SettingsError,
+    BreakerSettings, LocalSettings, LogFormat, LogSettings, MemorySettings, RedisSettings,
+    RequestLimits, SentinelSettings, Settings, SettingsError,
 };

@@ -77,6 +77,7 @@ struct RawPolicy {
     failure_mode: FailureMode,
     #[serde(default)]
     shadow: bool,
+    timeout: Option<HumanDuration>,
     tiers: Option<RawTiers>,
 }
 
@@ -147,7 +148,18 @@ pub fn parse_policies(path: &Path, text: &str) -> Result<PolicySet, PolicyFileEr
 
 type FieldError = (&'static str, String);
 
+/// Longest store deadline a policy may set: past this a check is no longer "fast".
+pub const MAX_TIMEOUT_US: u64 = 10_000_000;
+
 fn build_policy(raw: RawPolicy) -> Result<Policy, FieldError> {
+    if let Some(timeout) = raw.timeout {
+        if timeout.0 == 0 || timeout.0 > MAX_TIMEOUT_US {
+            return Err((
+                "timeout",
+                format!("must be above 0 and at most 10s, got {timeout}"),
+            ));
+        }
+    }
     let algorithm = build_algorithm(raw.algorithm, raw.limit, raw.period, raw.burst)?;
     let tiers = match &raw.tiers {
         None => None,
@@ -182,6 +194,7 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, FieldError> {
         tiers,
         failure_mode: raw.failure_mode,
         shadow: raw.shadow,
+        timeout_us: raw.timeout.map(|t| t.0),
     })
     .map_err(|e| (e.field, e.reason))
 }

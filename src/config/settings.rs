@@ -15,11 +15,12 @@ pub const DEFAULT_SETTINGS_FILE: &str = "config/sluice.toml";
 
 /// Top-level keys that `SLUICE_*` variables may set; others (such as `SLUICE_CONFIG`) are left
 /// alone instead of failing the unknown-field check.
-const ENV_KEYS: [&str; 8] = [
+const ENV_KEYS: [&str; 9] = [
     "listen",
     "policies",
     "redis",
     "memory",
+    "local",
     "limits",
     "log",
     "shutdown_grace",
@@ -43,6 +44,8 @@ pub struct Settings {
     pub redis: RedisSettings,
     /// The embedded store.
     pub memory: MemorySettings,
+    /// The `local` failure mode.
+    pub local: LocalSettings,
     /// Caps on what a request may carry.
     pub limits: RequestLimits,
     /// Logging.
@@ -60,6 +63,7 @@ impl Default for Settings {
             policies: PathBuf::from("config/policies.yaml"),
             redis: RedisSettings::default(),
             memory: MemorySettings::default(),
+            local: LocalSettings::default(),
             limits: RequestLimits::default(),
             log: LogSettings::default(),
             shutdown_grace: HumanDuration(10_000_000),
@@ -108,17 +112,20 @@ fn octal_mode<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::E
     })
 }
 
-/// Redis connection settings. Neither `url` nor `cluster` set: the embedded store.
+/// Redis connection settings. None of `url`, `cluster`, `sentinel.nodes`: the embedded store.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisSettings {
     /// One primary: `redis://[user:password@]host:port[/db]`.
     pub url: Option<String>,
-    /// Seed nodes of a Redis Cluster (instead of `url`).
+    /// Seed nodes of a Redis Cluster.
     pub cluster: Vec<String>,
+    /// A Sentinel set watching the primary.
+    pub sentinel: SentinelSettings,
     /// Prefix of every key: `<prefix>:{<policy>:<partition>}`.
     pub key_prefix: String,
-    /// Deadline of one check's Redis calls; past it the policy's failure mode answers.
+    /// Deadline of one check's Redis calls (policies may set their own); past it the policy's
+    /// failure mode answers.
     pub timeout: HumanDuration,
     /// Timeout of one connection attempt.
     pub connect_timeout: HumanDuration,
@@ -128,6 +135,8 @@ pub struct RedisSettings {
     pub pipelines_in_flight: usize,
     /// Checks waiting for a pipeline, at most (back-pressure beyond).
     pub queue: usize,
+    /// The circuit breaker.
+    pub breaker: BreakerSettings,
 }
 
 impl Default for RedisSettings {
@@ -135,12 +144,14 @@ impl Default for RedisSettings {
         Self {
             url: None,
             cluster: Vec::new(),
+            sentinel: SentinelSettings::default(),
             key_prefix: "rl".into(),
-            timeout: HumanDuration(50_000),
+            timeout: HumanDuration(5_000),
             connect_timeout: HumanDuration(1_000_000),
             max_batch: 128,
             pipelines_in_flight: 4,
             queue: 10_000,
+            breaker: BreakerSettings::default(),
         }
     }
 }
@@ -148,7 +159,71 @@ impl Default for RedisSettings {
 impl RedisSettings {
     /// Whether Redis is configured at all.
     pub fn enabled(&self) -> bool {
-        self.url.as_ref().is_some_and(|url| !url.is_empty()) || !self.cluster.is_empty()
+        self.sources() > 0
+    }
+
+    /// How many of `url`, `cluster`, `sentinel.nodes` are set.
+    fn sources(&self) -> usize {
+        usize::from(self.url.as_ref().is_some_and(|url| !url.is_empty()))
+            + usize::from(!self.cluster.is_empty())
+            + usize::from(!self.sentinel.nodes.is_empty())
+    }
+}
+
+/// Sentinel discovery of the primary.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SentinelSettings {
+    /// Sentinel URLs (`redis://host:26379`).
+    pub nodes: Vec<String>,
+    /// The monitored primary's name.
+    pub master: String,
+    /// Username for the data nodes.
+    pub username: Option<String>,
+    /// Password for the data nodes.
+    pub password: Option<String>,
+}
+
+/// When the circuit opens and how fast the prober retries.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerSettings {
+    /// Consecutive failed checks that open the circuit (errors that mean "this node cannot
+    /// serve", such as READONLY or a refused connection, open it at once).
+    pub failures: u32,
+    /// First delay between reconnection attempts.
+    pub probe_min: HumanDuration,
+    /// Longest delay between reconnection attempts.
+    pub probe_max: HumanDuration,
+}
+
+impl Default for BreakerSettings {
+    fn default() -> Self {
+        Self {
+            failures: 5,
+            probe_min: HumanDuration(50_000),
+            probe_max: HumanDuration(500_000),
+        }
+    }
+}
+
+/// The `local` failure mode: while Redis is unreachable, each pod enforces
+/// `(limit - margin) / replicas` in memory.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LocalSettings {
+    /// Pods sharing the limit (in Kubernetes: the Deployment's replicas).
+    pub replicas: u64,
+    /// Percent of the limit held back, for the pods' uneven traffic.
+    pub margin_percent: u64,
+}
+
+impl Default for LocalSettings {
+    fn default() -> Self {
+        Self {
+            replicas: 1,
+            margin_percent: 10,
+        }
     }
 }
 
@@ -266,10 +341,26 @@ impl Settings {
             ));
         }
         let redis = &self.redis;
-        if redis.url.as_ref().is_some_and(|url| !url.is_empty()) && !redis.cluster.is_empty() {
+        if redis.sources() > 1 {
             return Err(SettingsError(
-                "redis: set either redis.url (one primary) or redis.cluster (seed nodes), not both"
+                "redis: set one of redis.url (one primary), redis.cluster (seed nodes) or \
+                 redis.sentinel.nodes (Sentinels), not several"
                     .into(),
+            ));
+        }
+        if !redis.sentinel.nodes.is_empty() && redis.sentinel.master.is_empty() {
+            return Err(SettingsError(
+                "redis.sentinel.master: name the primary the Sentinels watch".into(),
+            ));
+        }
+        if redis.breaker.probe_min.0 == 0 || redis.breaker.probe_min > redis.breaker.probe_max {
+            return Err(SettingsError(
+                "redis.breaker: need 0 < probe_min <= probe_max".into(),
+            ));
+        }
+        if self.local.replicas == 0 || self.local.margin_percent > 90 {
+            return Err(SettingsError(
+                "local: replicas must be at least 1 and margin_percent at most 90".into(),
             ));
         }
         if redis.timeout.0 == 0 || redis.connect_timeout.0 == 0 {
@@ -287,6 +378,7 @@ impl Settings {
             ("redis.max_batch", redis.max_batch),
             ("redis.pipelines_in_flight", redis.pipelines_in_flight),
             ("redis.queue", redis.queue),
+            ("redis.breaker.failures", redis.breaker.failures as usize),
         ] {
             if value == 0 {
                 return Err(SettingsError(format!("{name}: must be at least 1")));

@@ -137,6 +137,28 @@ impl Algorithm {
         }
     }
 
+    /// This pod's share of the quota while the shared store is unreachable: limit (and burst)
+    /// less `margin_percent`, divided by `replicas`, at least 1; the period is unchanged.
+    pub fn share(&self, replicas: u64, margin_percent: u64) -> Algorithm {
+        let keep = u128::from(100 - margin_percent.min(99));
+        let part = |n: u64| {
+            let share = u128::from(n) * keep / 100 / u128::from(replicas.max(1));
+            super::saturate(share).max(1)
+        };
+        let shared = match self {
+            Algorithm::TokenBucket(a) => {
+                TokenBucket::new(part(a.limit()), a.period_us(), part(a.capacity())).map(Self::from)
+            }
+            Algorithm::SlidingLog(a) => {
+                SlidingLog::new(part(a.limit()), a.period_us()).map(Self::from)
+            }
+            Algorithm::FixedWindow(a) => {
+                FixedWindow::new(part(a.limit()), a.period_us()).map(Self::from)
+            }
+        };
+        shared.unwrap_or(*self)
+    }
+
     /// Stable name for configuration, metrics and logs.
     pub fn name(&self) -> &'static str {
         match self {
@@ -166,6 +188,20 @@ mod tests {
         assert!(all()
             .iter()
             .all(|a| a.limit() == 5 && a.period_us() == 1_000));
+    }
+
+    #[test]
+    fn a_share_divides_the_quota_after_the_margin() {
+        let bucket = Algorithm::TokenBucket(TokenBucket::new(1000, 60_000_000, 150).unwrap());
+        let Algorithm::TokenBucket(share) = bucket.share(3, 10) else {
+            panic!("same algorithm");
+        };
+        assert_eq!(
+            (share.limit(), share.capacity(), share.period_us()),
+            (300, 45, 60_000_000)
+        );
+        let log = Algorithm::SlidingLog(SlidingLog::new(10, 1_000).unwrap());
+        assert_eq!(log.share(100, 0).limit(), 1, "never below 1");
     }
 
     #[test]

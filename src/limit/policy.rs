@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use super::{Algorithm, Key};
+use super::{Algorithm, Key, Micros};
 
 /// A request's attributes (tenant, api_key, ip, method, path, operation, ...), by name.
 pub type Descriptors = BTreeMap<String, String>;
@@ -101,6 +101,8 @@ pub struct PolicyParts {
     pub failure_mode: FailureMode,
     /// Evaluate and report "would block", never block.
     pub shadow: bool,
+    /// Deadline of this policy's store calls, overriding the store's default.
+    pub timeout_us: Option<Micros>,
 }
 
 /// Why a [`PolicyParts`] is not a valid policy; names the offending field.
@@ -213,6 +215,11 @@ impl Policy {
     pub fn failure_mode(&self) -> FailureMode {
         self.parts.failure_mode
     }
+
+    /// The policy's own store deadline, if it sets one.
+    pub fn timeout_us(&self) -> Option<Micros> {
+        self.parts.timeout_us
+    }
 }
 
 /// An ordered set of policies with unique names.
@@ -285,6 +292,7 @@ mod tests {
             }),
             failure_mode: FailureMode::Closed,
             shadow: false,
+            timeout_us: None,
         }
     }
 

@@ -5,6 +5,7 @@ use std::collections::hash_map::{Entry, RandomState};
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use prometheus::{IntCounter, IntGauge};
 
@@ -194,7 +195,12 @@ impl MemoryStore {
 }
 
 impl RateStore for MemoryStore {
-    fn check(&self, checks: Vec<StoreCheck>, dry_run: bool) -> StoreFuture<'_> {
+    fn check(
+        &self,
+        checks: Vec<StoreCheck>,
+        dry_run: bool,
+        _deadline: Option<Duration>,
+    ) -> StoreFuture<'_> {
         let decisions = self.check_now(&checks, dry_run);
         Box::pin(std::future::ready(Ok(decisions)))
     }

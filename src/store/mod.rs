@@ -6,6 +6,7 @@ pub mod redis;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::time::Duration;
 
 pub use memory::{MemoryMetrics, MemoryStore};
 
@@ -27,12 +28,39 @@ pub struct StoreCheck {
 /// The store could not decide; the policy's failure mode applies. A denial is never an error.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
-    /// The store did not answer in time.
+    /// The store did not answer before the check's deadline.
     #[error("store timed out")]
     Timeout,
+    /// The circuit breaker is open: the store was not asked.
+    #[error("store skipped: circuit open")]
+    CircuitOpen,
     /// The store answered with an error or is unreachable.
-    #[error("store unavailable: {0}")]
-    Unavailable(String),
+    #[error("store failed ({kind}): {detail}")]
+    Failed {
+        /// A bounded label: `connection`, `readonly`, `oom`, `busy`, `auth`, ...
+        kind: &'static str,
+        /// What happened (for logs; may not be shown to clients).
+        detail: String,
+    },
+}
+
+impl StoreError {
+    /// A bounded label for metrics and the breaker.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Timeout => "timeout",
+            Self::CircuitOpen => "circuit_open",
+            Self::Failed { kind, .. } => kind,
+        }
+    }
+
+    /// A failure of kind `kind`.
+    pub fn failed(kind: &'static str, detail: impl Into<String>) -> Self {
+        Self::Failed {
+            kind,
+            detail: detail.into(),
+        }
+    }
 }
 
 /// What [`RateStore::check`] returns: one decision per check, in order.
@@ -41,11 +69,22 @@ pub type StoreFuture<'a> =
 
 /// A place where counters live, shared by every transport.
 pub trait RateStore: Send + Sync + 'static {
-    /// Decides every check as one atomic group. Unless `dry_run`, the allowed checks are
-    /// recorded if and only if every enforced check is allowed: a request denied by one policy
-    /// spends nothing from the others.
-    fn check(&self, checks: Vec<StoreCheck>, dry_run: bool) -> StoreFuture<'_>;
+    /// Decides every check as one group. Unless `dry_run`, the allowed checks are recorded if
+    /// and only if every enforced check is allowed: a request denied by one policy spends
+    /// nothing from the others. `deadline` overrides the store's own (remote stores only).
+    fn check(
+        &self,
+        checks: Vec<StoreCheck>,
+        dry_run: bool,
+        deadline: Option<Duration>,
+    ) -> StoreFuture<'_>;
 
     /// A short name for logs and the readiness body (`memory`, `redis`).
     fn name(&self) -> &'static str;
+
+    /// The remote store's health (`healthy`, `degraded`, `open`, `half_open`); `None` for a
+    /// store that cannot fail.
+    fn health(&self) -> Option<&'static str> {
+        None
+    }
 }

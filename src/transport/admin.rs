@@ -50,11 +50,14 @@ async fn readyz(State(ctx): State<AdminCtx>) -> Response {
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    let body = json!({
+    let mut body = json!({
         "ready": ready,
         "store": ctx.service.store_name(),
         "policies": ctx.service.policies().len(),
     });
+    if let Some(health) = ctx.service.store_health() {
+        body["redis"] = health.into();
+    }
     (status, Json(body)).into_response()
 }
 

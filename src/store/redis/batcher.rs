@@ -74,7 +74,7 @@ impl Batcher {
         self.tx
             .send(Job { call, reply })
             .await
-            .map_err(|_| StoreError::Unavailable("Redis dispatcher stopped".into()))?;
+            .map_err(|_| StoreError::failed("internal", "Redis dispatcher stopped"))?;
         Ok(rx)
     }
 }
@@ -109,8 +109,9 @@ async fn dispatch(
                 None => {
                     metrics.errors.with_label_values(&["not_connected"]).inc();
                     for job in jobs {
-                        let _ = job.reply.send(Err(StoreError::Unavailable(
-                            "not connected to Redis yet".into(),
+                        let _ = job.reply.send(Err(StoreError::failed(
+                            "connection",
+                            "not connected to Redis",
                         )));
                     }
                 }
@@ -200,10 +201,10 @@ fn checked(
         Ok(values) if values.len() == expected => Ok(values),
         Ok(values) => {
             metrics.errors.with_label_values(&["protocol"]).inc();
-            Err(StoreError::Unavailable(format!(
-                "pipeline of {expected} calls got {} replies",
-                values.len()
-            )))
+            Err(StoreError::failed(
+                "protocol",
+                format!("pipeline of {expected} calls got {} replies", values.len()),
+            ))
         }
         Err(error) => {
             let kind = error_kind(&error);
@@ -211,7 +212,7 @@ fn checked(
             Err(if kind == "timeout" {
                 StoreError::Timeout
             } else {
-                StoreError::Unavailable(format!("{kind}: {error}"))
+                StoreError::failed(kind, error.to_string())
             })
         }
     }
@@ -229,7 +230,7 @@ fn answer(job: Job, value: Value, metrics: &BatchMetrics) {
             let code = error.code().to_owned();
             let kind = server_kind(&code);
             metrics.errors.with_label_values(&[kind]).inc();
-            Err(StoreError::Unavailable(format!("Redis replied {code}")))
+            Err(StoreError::failed(kind, format!("Redis replied {code}")))
         }
         value => Ok(value),
     };

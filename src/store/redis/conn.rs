@@ -1,15 +1,18 @@
-//! Connections to Redis: one primary through an auto-reconnecting multiplexed connection, or a
-//! Cluster (which follows MOVED/ASK itself). Connecting never blocks start-up: a background task
-//! connects, retrying with backoff, and publishes the connection when it has one.
+//! Connections to Redis: one primary through an auto-reconnecting multiplexed connection, the
+//! primary named by a Sentinel set (resolved again on every rebuild, never reconnecting to an old
+//! address), or a Cluster (which follows MOVED/ASK itself). Connecting never blocks start-up: the
+//! prober connects in the background and publishes the connection.
 
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::{socket2, TcpSettings};
-use redis::{IntoConnectionInfo, Pipeline, RedisResult, Value};
-use tokio::sync::watch;
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{
+    AsyncConnectionConfig, IntoConnectionInfo, Pipeline, RedisConnectionInfo, RedisResult, Value,
+};
 
 /// Where Redis is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,6 +21,21 @@ pub enum RedisTarget {
     Single(String),
     /// Seed nodes of a Cluster.
     Cluster(Vec<String>),
+    /// A Sentinel set watching a primary.
+    Sentinel(SentinelTarget),
+}
+
+/// The Sentinels, the name of the primary they watch, and the primary's credentials.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentinelTarget {
+    /// Sentinel URLs.
+    pub nodes: Vec<String>,
+    /// The monitored primary's name (`sentinel monitor <name> ...`).
+    pub master: String,
+    /// Username for the data nodes, if any.
+    pub username: Option<String>,
+    /// Password for the data nodes, if any.
+    pub password: Option<String>,
 }
 
 /// A live connection of either kind; cheap to clone (both multiplex one socket per node).
@@ -27,6 +45,8 @@ pub enum Conn {
     Single(ConnectionManager),
     /// A Cluster.
     Cluster(ClusterConnection),
+    /// The primary a Sentinel named; rebuilt through Sentinel, never reconnected in place.
+    Resolved(MultiplexedConnection),
 }
 
 impl Conn {
@@ -42,6 +62,19 @@ impl Conn {
         match self {
             Self::Single(conn) => cmd.query_async(conn).await,
             Self::Cluster(conn) => cmd.query_async(conn).await,
+            Self::Resolved(conn) => cmd.query_async(conn).await,
+        }
+    }
+
+    /// A small write that fails exactly when checks would: on a replica (READONLY), a node out of
+    /// memory (OOM), loading, or without auth. The key expires.
+    pub async fn probe(&mut self, key: &str) -> RedisResult<()> {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(key).arg(1).arg("PX").arg(10_000);
+        match self {
+            Self::Single(conn) => cmd.query_async(conn).await,
+            Self::Cluster(conn) => cmd.query_async(conn).await,
+            Self::Resolved(conn) => cmd.query_async(conn).await,
         }
     }
 
@@ -50,6 +83,7 @@ impl Conn {
         match self {
             Self::Single(conn) => pipeline.query_async(conn).await,
             Self::Cluster(conn) => pipeline.query_async(conn).await,
+            Self::Resolved(conn) => pipeline.query_async(conn).await,
         }
     }
 }
@@ -74,7 +108,8 @@ pub struct Timeouts {
     pub response: Duration,
 }
 
-async fn connect(target: &RedisTarget, timeouts: Timeouts) -> RedisResult<Conn> {
+/// Connects (for Sentinel: asks the Sentinels for the primary, which must say it is one).
+pub async fn connect(target: &RedisTarget, timeouts: Timeouts) -> RedisResult<Conn> {
     match target {
         RedisTarget::Single(url) => {
             let info = url
@@ -96,7 +131,42 @@ async fn connect(target: &RedisTarget, timeouts: Timeouts) -> RedisResult<Conn> 
                 .build()?;
             Ok(Conn::Cluster(client.get_async_connection().await?))
         }
+        RedisTarget::Sentinel(sentinel) => {
+            let mut auth = RedisConnectionInfo::default();
+            if let Some(username) = &sentinel.username {
+                auth = auth.set_username(username);
+            }
+            if let Some(password) = &sentinel.password {
+                auth = auth.set_password(password);
+            }
+            let node = SentinelNodeConnectionInfo::default()
+                .set_redis_connection_info(auth)
+                .set_tcp_settings(tcp_settings());
+            let mut client = SentinelClient::build(
+                sentinel.nodes.iter().map(String::as_str).collect(),
+                sentinel.master.clone(),
+                Some(node),
+                SentinelServerType::Master,
+            )?;
+            let primary = tokio::time::timeout(timeouts.connect, client.async_get_client())
+                .await
+                .map_err(|_| timed_out("asking Sentinel for the primary"))??;
+            let config = AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(timeouts.connect))
+                .set_response_timeout(Some(timeouts.response));
+            let conn = primary
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
+            Ok(Conn::Resolved(conn))
+        }
     }
+}
+
+fn timed_out(what: &str) -> redis::RedisError {
+    redis::RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("timed out {what}"),
+    ))
 }
 
 /// Validates `target` (URL syntax) without connecting.
@@ -104,6 +174,12 @@ pub fn validate(target: &RedisTarget) -> Result<(), String> {
     let urls = match target {
         RedisTarget::Single(url) => std::slice::from_ref(url),
         RedisTarget::Cluster(nodes) => nodes.as_slice(),
+        RedisTarget::Sentinel(sentinel) => {
+            if sentinel.master.is_empty() {
+                return Err("redis.sentinel.master names no primary".into());
+            }
+            sentinel.nodes.as_slice()
+        }
     };
     for url in urls {
         url.as_str()
@@ -113,42 +189,6 @@ pub fn validate(target: &RedisTarget) -> Result<(), String> {
     Ok(())
 }
 
-/// Starts connecting in the background; the receiver holds `Some` once connected. The `scripts`
-/// are loaded right away so that the first checks need no `NOSCRIPT` round trip.
-pub fn spawn_connector(
-    target: RedisTarget,
-    timeouts: Timeouts,
-    scripts: Vec<&'static str>,
-) -> watch::Receiver<Option<Conn>> {
-    let (tx, rx) = watch::channel(None);
-    tokio::spawn(async move {
-        let mut delay = Duration::from_millis(50);
-        loop {
-            match connect(&target, timeouts).await {
-                Ok(mut conn) => {
-                    for source in &scripts {
-                        if let Err(error) = conn.load_script(source).await {
-                            tracing::debug!(%error, "could not preload a script; NOSCRIPT will load it");
-                        }
-                    }
-                    tracing::info!(redis = %describe(&target), "Redis connection ready");
-                    let _ = tx.send(Some(conn));
-                    return;
-                }
-                Err(error) => {
-                    tracing::warn!(redis = %describe(&target), %error, retry_in = ?delay, "cannot connect to Redis");
-                    tokio::select! {
-                        _ = tokio::time::sleep(delay) => {}
-                        _ = tx.closed() => return,
-                    }
-                    delay = (delay * 2).min(Duration::from_secs(5));
-                }
-            }
-        }
-    });
-    rx
-}
-
 /// The target for logs, passwords masked.
 pub fn describe(target: &RedisTarget) -> String {
     match target {
@@ -156,6 +196,10 @@ pub fn describe(target: &RedisTarget) -> String {
         RedisTarget::Cluster(nodes) => {
             let masked: Vec<String> = nodes.iter().map(|n| mask_password(n)).collect();
             format!("cluster [{}]", masked.join(", "))
+        }
+        RedisTarget::Sentinel(sentinel) => {
+            let masked: Vec<String> = sentinel.nodes.iter().map(|n| mask_password(n)).collect();
+            format!("sentinel `{}` [{}]", sentinel.master, masked.join(", "))
         }
     }
 }

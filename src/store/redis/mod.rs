@@ -1,6 +1,8 @@
 //! The Redis store: counters shared by every pod, changed only by the Lua scripts in `lua/`, which
 //! read Redis `TIME` so that all pods share one clock. Calls are coalesced into pipelines by the
-//! [`batcher`]; a Cluster is supported with one hash tag per counter ([`keys`]).
+//! [`batcher`]; a single primary, a Sentinel-watched primary or a Cluster ([`conn`]) holds them,
+//! one hash tag per counter ([`keys`]). [`health`] keeps a circuit breaker so that an unreachable
+//! Redis costs microseconds per check, and the [`prober`] reconnects.
 //!
 //! A group of several policies is decided in two steps: every key is evaluated without recording
 //! (one pipeline), then, if no enforced policy denied, the allowed keys are recorded. The second
@@ -9,13 +11,21 @@
 
 pub mod batcher;
 pub mod conn;
+pub mod health;
 pub mod keys;
+pub mod prober;
 pub mod scripts;
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use prometheus::IntGauge;
+use tokio::sync::watch;
 
 use self::batcher::{BatchConfig, BatchMetrics, Batcher};
 use self::conn::{RedisTarget, Timeouts};
+use self::health::{Circuit, Health};
+use self::prober::{Backoff, Prober};
 use self::scripts::{parse_reply, Scripts};
 use super::{RateStore, StoreCheck, StoreError, StoreFuture};
 use crate::limit::Decision;
@@ -27,12 +37,27 @@ pub struct RedisOptions {
     pub target: RedisTarget,
     /// Prefix of every key.
     pub key_prefix: String,
-    /// Deadline of one check (all its Redis calls).
+    /// Default deadline of one check (all its Redis calls, queueing included).
     pub timeout: Duration,
     /// Connection attempt and reply backstop timeouts.
     pub timeouts: Timeouts,
     /// Pipelining limits.
     pub batch: BatchConfig,
+    /// Consecutive failures that open the circuit.
+    pub breaker_failures: u32,
+    /// Pacing of reconnection attempts.
+    pub backoff: Backoff,
+}
+
+/// Metrics the Redis store keeps.
+#[derive(Clone)]
+pub struct RedisMetrics {
+    /// Pipelining and errors.
+    pub batch: BatchMetrics,
+    /// `sluice_redis_circuit_state`.
+    pub circuit: IntGauge,
+    /// `sluice_redis_up`.
+    pub up: IntGauge,
 }
 
 /// Counters in Redis.
@@ -41,24 +66,45 @@ pub struct RedisStore {
     scripts: Scripts,
     prefix: String,
     timeout: Duration,
+    health: Arc<Health>,
+    errors: prometheus::IntCounterVec,
 }
 
 impl RedisStore {
-    /// Starts connecting in the background and returns at once; until connected, checks fail
-    /// fast with [`StoreError::Unavailable`] and the failure modes apply. Needs a Tokio runtime.
-    pub fn start(options: RedisOptions, metrics: BatchMetrics) -> Result<Self, String> {
+    /// Starts connecting in the background and returns at once. Until connected the circuit is
+    /// open: checks skip Redis and their failure modes apply. Needs a Tokio runtime.
+    pub fn start(options: RedisOptions, metrics: RedisMetrics) -> Result<Self, String> {
         conn::validate(&options.target)?;
         if options.key_prefix.contains(['{', '}']) {
             return Err("redis.key_prefix must not contain `{` or `}`".into());
         }
         tracing::info!(redis = %conn::describe(&options.target), "using the Redis store");
+        let health = Arc::new(Health::new(
+            Circuit::Open,
+            options.breaker_failures,
+            metrics.circuit,
+            metrics.up,
+        ));
         let scripts = Scripts::default();
-        let connection = conn::spawn_connector(options.target, options.timeouts, scripts.sources());
+        let (publish, connection) = watch::channel(None);
+        let prober = Prober {
+            target: options.target,
+            timeouts: options.timeouts,
+            probe_key: format!("{}:{{sluice:probe}}", options.key_prefix),
+            scripts: scripts.sources(),
+            health: Arc::clone(&health),
+            publish,
+            backoff: options.backoff,
+            errors: metrics.batch.errors.clone(),
+        };
+        tokio::spawn(prober.run());
         Ok(Self {
-            batcher: Batcher::spawn(connection, options.batch, metrics),
+            errors: metrics.batch.errors.clone(),
+            batcher: Batcher::spawn(connection, options.batch, metrics.batch),
             scripts,
             prefix: options.key_prefix,
             timeout: options.timeout,
+            health,
         })
     }
 
@@ -110,23 +156,48 @@ impl RedisStore {
         for reply in pending {
             let value = reply
                 .await
-                .map_err(|_| StoreError::Unavailable("Redis call dropped".into()))??;
-            decisions.push(parse_reply(&value).map_err(StoreError::Unavailable)?);
+                .map_err(|_| StoreError::failed("internal", "Redis call dropped"))??;
+            let decision =
+                parse_reply(&value).map_err(|detail| StoreError::failed("protocol", detail))?;
+            decisions.push(decision);
         }
         Ok(decisions)
     }
 }
 
 impl RateStore for RedisStore {
-    fn check(&self, checks: Vec<StoreCheck>, dry_run: bool) -> StoreFuture<'_> {
+    fn check(
+        &self,
+        checks: Vec<StoreCheck>,
+        dry_run: bool,
+        deadline: Option<Duration>,
+    ) -> StoreFuture<'_> {
         Box::pin(async move {
-            tokio::time::timeout(self.timeout, self.check_group(checks, dry_run))
+            if !self.health.allows_calls() {
+                return Err(StoreError::CircuitOpen);
+            }
+            let deadline = deadline.unwrap_or(self.timeout);
+            let result = tokio::time::timeout(deadline, self.check_group(checks, dry_run))
                 .await
-                .unwrap_or(Err(StoreError::Timeout))
+                .unwrap_or(Err(StoreError::Timeout));
+            match &result {
+                Ok(_) => self.health.on_success(),
+                Err(error) => {
+                    if *error == StoreError::Timeout {
+                        self.errors.with_label_values(&["deadline"]).inc();
+                    }
+                    self.health.on_failure(error.kind());
+                }
+            }
+            result
         })
     }
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+
+    fn health(&self) -> Option<&'static str> {
+        Some(self.health.circuit().as_str())
     }
 }

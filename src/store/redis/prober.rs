@@ -1,0 +1,106 @@
+//! The one background task that (re)connects: at start, and whenever the circuit opens. It builds
+//! a fresh connection (for Sentinel: asks for the primary again), proves it with a write probe,
+//! loads the scripts and publishes it; then the circuit goes half-open. Between attempts it waits
+//! a jittered, doubling delay, so a fleet of sidecars does not hammer a recovering Redis in step.
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus::IntCounterVec;
+use tokio::sync::watch;
+
+use super::batcher::error_kind;
+use super::conn::{self, Conn, RedisTarget, Timeouts};
+use super::health::{Circuit, Health};
+
+/// How the prober paces itself.
+#[derive(Debug, Clone, Copy)]
+pub struct Backoff {
+    /// First delay after a failed attempt.
+    pub min: Duration,
+    /// Longest delay between attempts.
+    pub max: Duration,
+}
+
+/// Everything the prober needs.
+pub struct Prober {
+    /// Where Redis is.
+    pub target: RedisTarget,
+    /// Connect and reply timeouts.
+    pub timeouts: Timeouts,
+    /// The key the write probe sets (in the daemon's prefix, with an expiry).
+    pub probe_key: String,
+    /// Script sources to load into a new connection.
+    pub scripts: Vec<&'static str>,
+    /// Shared health.
+    pub health: Arc<Health>,
+    /// Where new connections are published.
+    pub publish: watch::Sender<Option<Conn>>,
+    /// Pacing.
+    pub backoff: Backoff,
+    /// Error counter (by kind).
+    pub errors: IntCounterVec,
+}
+
+impl Prober {
+    /// Runs until every receiver of the published connection is gone (the store was dropped).
+    pub async fn run(self) {
+        let mut delay = Duration::ZERO;
+        let jitter = RandomState::new();
+        let mut attempt: u64 = 0;
+        loop {
+            // Wait until the circuit is open (registering interest before looking, so an opening
+            // in between is not missed).
+            let opened = self.health.opened.notified();
+            if self.health.circuit() != Circuit::Open {
+                tokio::select! {
+                    _ = opened => {}
+                    _ = self.publish.closed() => return,
+                }
+                delay = Duration::ZERO;
+                continue;
+            }
+            if !delay.is_zero() {
+                // Uniform in [delay/2, delay].
+                let spread = jitter.hash_one(attempt) % 1_000;
+                let wait = delay / 2 + delay / 2 * u32::try_from(spread).unwrap_or(0) / 1_000;
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = self.publish.closed() => return,
+                }
+            }
+            attempt += 1;
+            let budget = self.timeouts.connect * 2;
+            match tokio::time::timeout(budget, self.connect_and_probe()).await {
+                Ok(Ok(conn)) => {
+                    tracing::info!(redis = %conn::describe(&self.target), "Redis reachable; connection rebuilt");
+                    let _ = self.publish.send(Some(conn));
+                    self.health.half_open();
+                    delay = Duration::ZERO;
+                }
+                Ok(Err(error)) => {
+                    let kind = error_kind(&error);
+                    self.errors.with_label_values(&[kind]).inc();
+                    tracing::debug!(%error, kind, "Redis probe failed");
+                    delay = (delay * 2).clamp(self.backoff.min, self.backoff.max);
+                }
+                Err(_) => {
+                    self.errors.with_label_values(&["timeout"]).inc();
+                    tracing::debug!("Redis probe timed out");
+                    delay = (delay * 2).clamp(self.backoff.min, self.backoff.max);
+                }
+            }
+        }
+    }
+
+    async fn connect_and_probe(&self) -> redis::RedisResult<Conn> {
+        let mut conn = conn::connect(&self.target, self.timeouts).await?;
+        conn.probe(&self.probe_key).await?;
+        for source in &self.scripts {
+            conn.load_script(source).await?;
+        }
+        Ok(conn)
+    }
+}
