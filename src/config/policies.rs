@@ -307,6 +307,18 @@ mod tests {
     }
 
     #[test]
+    fn a_policy_may_set_its_own_store_deadline() {
+        let ok = "policies:\n  - {name: a, key: [ip], algorithm: fixed_window, limit: 5, period: 1m, timeout: 20ms}\n";
+        let set = parse(ok).expect("valid");
+        assert_eq!(set.get("a").expect("a").timeout_us(), Some(20_000));
+        let too_long = ok.replace("20ms", "11s");
+        assert!(parse(&too_long)
+            .unwrap_err()
+            .to_string()
+            .contains("field `timeout`"));
+    }
+
+    #[test]
     fn duplicate_names_and_bad_tiers_are_rejected() {
         let dup = "policies:\n  - {name: a, key: [ip], algorithm: fixed_window, limit: 5, period: 1m}\n  - {name: a, key: [ip], algorithm: fixed_window, limit: 5, period: 1m}\n";
         assert!(parse(dup)

@@ -10,6 +10,7 @@ mod helpers;
 mod policies;
 mod redis_differential;
 mod redis_exactness;
+mod redis_failures;
 mod redis_server;
 mod redis_store;
 mod shutdown;

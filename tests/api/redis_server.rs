@@ -27,7 +27,19 @@ fn free_port() -> u16 {
     panic!("no free port pair found");
 }
 
-fn spawn_server(dir: &TempDir, port: u16, extra: &[&str]) -> Child {
+/// Starts a Sentinel on `port` with the configuration file `conf` (which it rewrites).
+pub fn spawn_sentinel(conf: &std::path::Path) -> Child {
+    Command::new("redis-server")
+        .arg(conf)
+        .arg("--sentinel")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server runs in Sentinel mode")
+}
+
+/// Starts `redis-server` in `dir`.
+pub fn spawn_server(dir: &TempDir, port: u16, extra: &[&str]) -> Child {
     Command::new("redis-server")
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no"])
@@ -49,7 +61,15 @@ fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
 }
 
 fn ping(port: u16) -> bool {
-    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+    ping_auth(port, None)
+}
+
+fn ping_auth(port: u16, password: Option<&str>) -> bool {
+    let url = match password {
+        Some(password) => format!("redis://:{password}@127.0.0.1:{port}"),
+        None => format!("redis://127.0.0.1:{port}"),
+    };
+    redis::Client::open(url)
         .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
         .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
         .is_ok()
@@ -57,24 +77,89 @@ fn ping(port: u16) -> bool {
 
 /// One `redis-server`.
 pub struct RedisServer {
-    child: Child,
+    child: Option<Child>,
     /// Its port.
     pub port: u16,
-    _dir: TempDir,
+    dir: TempDir,
+    extra: Vec<String>,
 }
 
 impl RedisServer {
     /// Starts a server and waits until it answers PING.
     pub fn start() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let port = free_port();
-        let child = spawn_server(&dir, port, &[]);
-        wait_until("redis-server", || ping(port));
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra `redis-server` arguments.
+    pub fn start_with(extra: &[&str]) -> Self {
+        let mut server = Self::stopped(free_port(), extra);
+        server.restart();
+        server
+    }
+
+    /// A server that is not running yet (start it with [`RedisServer::restart`]); its port is
+    /// free now.
+    pub fn stopped(port: u16, extra: &[&str]) -> Self {
         Self {
-            child,
+            child: None,
             port,
-            _dir: dir,
+            dir: tempfile::tempdir().expect("tempdir"),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
         }
+    }
+
+    /// A free port for a server started later.
+    pub fn free_port() -> u16 {
+        free_port()
+    }
+
+    /// (Re)starts the server on its port, with no data, and waits until it answers.
+    pub fn restart(&mut self) {
+        self.kill();
+        let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+        self.child = Some(spawn_server(&self.dir, self.port, &extra));
+        let port = self.port;
+        let password = self.password();
+        wait_until("redis-server", || ping_auth(port, password.as_deref()));
+    }
+
+    /// `kill -9`: no goodbye, no persistence.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Sends a signal (`STOP`, `CONT`) to the server process.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id();
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -{signal} {pid}");
+    }
+
+    /// Waits for the process to exit by itself (after `SHUTDOWN`).
+    pub fn wait_exit(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let started = Instant::now();
+            while child.try_wait().ok().flatten().is_none() {
+                if started.elapsed() > START_TIMEOUT {
+                    let _ = child.kill();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = child.wait();
+        }
+    }
+
+    fn password(&self) -> Option<String> {
+        let at = self.extra.iter().position(|a| a == "--requirepass")?;
+        self.extra.get(at + 1).cloned()
     }
 
     /// Its URL.
@@ -84,7 +169,11 @@ impl RedisServer {
 
     /// A synchronous connection, for inspecting state.
     pub fn connection(&self) -> redis::Connection {
-        redis::Client::open(self.url())
+        let url = match self.password() {
+            Some(password) => format!("redis://:{password}@127.0.0.1:{}", self.port),
+            None => self.url(),
+        };
+        redis::Client::open(url)
             .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
             .expect("connect to test redis")
     }
@@ -92,8 +181,14 @@ impl RedisServer {
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(child) = self.child.as_ref() {
+            // A stopped process cannot die until continued.
+            let _ = Command::new("kill")
+                .arg("-CONT")
+                .arg(child.id().to_string())
+                .status();
+        }
+        self.kill();
     }
 }
 

@@ -245,6 +245,8 @@ fn is_noscript(value: &Value) -> bool {
 pub fn error_kind(error: &RedisError) -> &'static str {
     if error.is_timeout() {
         "timeout"
+    } else if error.kind() == redis::ErrorKind::AuthenticationFailed {
+        "auth"
     } else if error.is_connection_dropped() || error.is_connection_refusal() || error.is_io_error()
     {
         "connection"

@@ -117,9 +117,12 @@ pub async fn connect(target: &RedisTarget, timeouts: Timeouts) -> RedisResult<Co
                 .into_connection_info()?
                 .set_tcp_settings(tcp_settings());
             let client = redis::Client::open(info)?;
+            // One attempt per (re)connection: the prober does the retrying, with its own pacing,
+            // and sees every error (NOAUTH, refused, ...) instead of a retry loop's timeout.
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(timeouts.connect))
-                .set_response_timeout(Some(timeouts.response));
+                .set_response_timeout(Some(timeouts.response))
+                .set_number_of_retries(0);
             let manager = ConnectionManager::new_lazy_with_config(client, config)?;
             Ok(Conn::Single(manager))
         }
