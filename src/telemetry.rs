@@ -31,6 +31,13 @@ pub struct Metrics {
     pub memory_evictions: IntCounter,
     /// Policies currently loaded.
     pub policies_loaded: IntGauge,
+    /// Policy file reloads by result (`ok`, `unchanged`, `invalid`).
+    pub policy_reloads: IntCounterVec,
+    /// The loaded policy file's version: the low 32 bits of its content's SHA-1.
+    pub policies_version: IntGauge,
+    /// Checks answered by the local layer (a partition known to be over its limit) without the
+    /// store, by policy.
+    pub local_layer_hits: IntCounterVec,
     /// Checks per Redis pipeline.
     pub redis_batch_size: Histogram,
     /// Time from sending a Redis pipeline to its last reply.
@@ -117,6 +124,27 @@ impl Metrics {
             "1 while checks may go to Redis (circuit not open), else 0.",
         )
         .expect("valid metric");
+        let policy_reloads = IntCounterVec::new(
+            Opts::new(
+                "sluice_policy_reloads_total",
+                "Policy file reloads by result: ok, unchanged, invalid (the old set keeps serving).",
+            ),
+            &["result"],
+        )
+        .expect("valid metric");
+        let policies_version = IntGauge::new(
+            "sluice_policies_version",
+            "Version of the loaded policy file: the low 32 bits of its content's SHA-1.",
+        )
+        .expect("valid metric");
+        let local_layer_hits = IntCounterVec::new(
+            Opts::new(
+                "sluice_local_layer_hits_total",
+                "Checks denied by the local layer (partition known to be over its limit) without asking the store.",
+            ),
+            &["policy"],
+        )
+        .expect("valid metric");
         let build_info = IntGauge::with_opts(
             Opts::new("sluice_build_info", "Always 1; labels carry the version.")
                 .const_label("version", env!("CARGO_PKG_VERSION")),
@@ -130,6 +158,9 @@ impl Metrics {
             Box::new(memory_keys.clone()),
             Box::new(memory_evictions.clone()),
             Box::new(policies_loaded.clone()),
+            Box::new(policy_reloads.clone()),
+            Box::new(policies_version.clone()),
+            Box::new(local_layer_hits.clone()),
             Box::new(redis_batch_size.clone()),
             Box::new(redis_pipeline_duration.clone()),
             Box::new(redis_errors.clone()),
@@ -150,6 +181,9 @@ impl Metrics {
             memory_keys,
             memory_evictions,
             policies_loaded,
+            policy_reloads,
+            policies_version,
+            local_layer_hits,
             redis_batch_size,
             redis_pipeline_duration,
             redis_errors,
