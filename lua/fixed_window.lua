@@ -19,45 +19,46 @@
 -- With the test-only now_us, TTLs are at least a minute: real time keeps running while test time
 -- stands still, and state must not expire under a test (expiry never changes a decision).
 -- TTL: the key expires at the end of its window.
+--
+-- Everything above the `sluice:entry` line is also used by group.lua.
 
-local limit = tonumber(ARGV[1])
-local period = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3])
-local commit = ARGV[4] == '1'
-local now
-local min_ttl_ms = 1
+local function fixed_window(key, now, min_ttl_ms, commit, limit, period, cost)
+  local tag_space = 1048576
+  local window = math.floor(now / period)
+  local tag = window % tag_space
+  local to_next = (window + 1) * period - now
+  local count = 0
+  local state = tonumber(redis.call('GET', key))
+  if state and state % tag_space == tag then
+    count = math.floor(state / tag_space)
+  end
+
+  if count + cost <= limit then
+    if commit then
+      local value = string.format('%d', (count + cost) * tag_space + tag)
+      redis.call('SET', key, value, 'PX', math.max(min_ttl_ms, math.floor((to_next + 999) / 1000)))
+    end
+    return {1, limit, limit - count - cost, to_next, 0}
+  end
+
+  local reset = 0
+  if count > 0 then
+    reset = to_next
+  end
+  local retry = -1
+  if cost <= limit then
+    retry = to_next
+  end
+  return {0, limit, limit - count, reset, retry}
+end
+
+-- sluice:entry
+local now, min_ttl_ms
 if ARGV[5] and ARGV[5] ~= '' then
-  now = tonumber(ARGV[5])
-  min_ttl_ms = 60000
+  now, min_ttl_ms = tonumber(ARGV[5]), 60000
 else
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now, min_ttl_ms = tonumber(t[1]) * 1000000 + tonumber(t[2]), 1
 end
-
-local tag_space = 1048576
-local window = math.floor(now / period)
-local tag = window % tag_space
-local to_next = (window + 1) * period - now
-local count = 0
-local state = tonumber(redis.call('GET', KEYS[1]))
-if state and state % tag_space == tag then
-  count = math.floor(state / tag_space)
-end
-
-if count + cost <= limit then
-  if commit then
-    local value = string.format('%d', (count + cost) * tag_space + tag)
-    redis.call('SET', KEYS[1], value, 'PX', math.max(min_ttl_ms, math.floor((to_next + 999) / 1000)))
-  end
-  return {1, limit, limit - count - cost, to_next, 0}
-end
-
-local reset = 0
-if count > 0 then
-  reset = to_next
-end
-local retry = -1
-if cost <= limit then
-  retry = to_next
-end
-return {0, limit, limit - count, reset, retry}
+return fixed_window(KEYS[1], now, min_ttl_ms, ARGV[4] == '1',
+  tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]))

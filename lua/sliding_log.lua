@@ -21,64 +21,64 @@
 -- With the test-only now_us, TTLs are at least a minute: real time keeps running while test time
 -- stands still, and state must not expire under a test (expiry never changes a decision).
 -- TTL: the set expires when its newest unit leaves the window.
+--
+-- Everything above the `sluice:entry` line is also used by group.lua.
 
-local limit = tonumber(ARGV[1])
-local period = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3])
-local commit = ARGV[4] == '1'
-local now
-local min_ttl_ms = 1
+local function sliding_log(key, now, min_ttl_ms, commit, limit, period, cost)
+  local floor = '(' .. string.format('%d', now - period)
+  local used = redis.call('ZCOUNT', key, floor, '+inf')
+  local newest = redis.call('ZRANGE', key, '+inf', floor, 'BYSCORE', 'REV', 'LIMIT', 0, 1, 'WITHSCORES')
+  local newest_ts = nil
+  if newest[2] then
+    newest_ts = tonumber(newest[2])
+  end
+
+  if used + cost <= limit then
+    -- A clock that stepped back adds to the newest entry's time, as the Rust twin does.
+    local ts = now
+    if newest_ts and newest_ts > now then
+      ts = newest_ts
+    end
+    if commit then
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - period))
+      local score = string.format('%d', ts)
+      local at_ts = redis.call('ZCOUNT', key, score, score)
+      local short = string.format('%d', ts % (2 * period))
+      for i = at_ts + 1, at_ts + cost do
+        local member = short
+        if i > 1 then
+          member = short .. '.' .. i
+        end
+        if redis.call('ZADD', key, 'NX', score, member) == 0 then
+          redis.call('ZADD', key, score, 't' .. score .. '.' .. i)
+        end
+      end
+      redis.call('PEXPIRE', key, math.max(min_ttl_ms, math.floor((ts + period - now + 999) / 1000)))
+    end
+    return {1, limit, limit - used - cost, ts + period - now, 0}
+  end
+
+  local reset = 0
+  if newest_ts then
+    reset = newest_ts + period - now
+  end
+  local retry = -1
+  if cost <= limit then
+    -- The request fits once the oldest `excess` units have left the window.
+    local excess = used + cost - limit
+    local oldest = redis.call('ZRANGE', key, floor, '+inf', 'BYSCORE', 'LIMIT', excess - 1, 1, 'WITHSCORES')
+    retry = tonumber(oldest[2]) + period - now
+  end
+  return {0, limit, limit - used, reset, retry}
+end
+
+-- sluice:entry
+local now, min_ttl_ms
 if ARGV[5] and ARGV[5] ~= '' then
-  now = tonumber(ARGV[5])
-  min_ttl_ms = 60000
+  now, min_ttl_ms = tonumber(ARGV[5]), 60000
 else
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now, min_ttl_ms = tonumber(t[1]) * 1000000 + tonumber(t[2]), 1
 end
-
-local key = KEYS[1]
-local floor = '(' .. string.format('%d', now - period)
-local used = redis.call('ZCOUNT', key, floor, '+inf')
-local newest = redis.call('ZRANGE', key, '+inf', floor, 'BYSCORE', 'REV', 'LIMIT', 0, 1, 'WITHSCORES')
-local newest_ts = nil
-if newest[2] then
-  newest_ts = tonumber(newest[2])
-end
-
-if used + cost <= limit then
-  -- A clock that stepped back adds to the newest entry's time, as the Rust twin does.
-  local ts = now
-  if newest_ts and newest_ts > now then
-    ts = newest_ts
-  end
-  if commit then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - period))
-    local score = string.format('%d', ts)
-    local at_ts = redis.call('ZCOUNT', key, score, score)
-    local short = string.format('%d', ts % (2 * period))
-    for i = at_ts + 1, at_ts + cost do
-      local member = short
-      if i > 1 then
-        member = short .. '.' .. i
-      end
-      if redis.call('ZADD', key, 'NX', score, member) == 0 then
-        redis.call('ZADD', key, score, 't' .. score .. '.' .. i)
-      end
-    end
-    redis.call('PEXPIRE', key, math.max(min_ttl_ms, math.floor((ts + period - now + 999) / 1000)))
-  end
-  return {1, limit, limit - used - cost, ts + period - now, 0}
-end
-
-local reset = 0
-if newest_ts then
-  reset = newest_ts + period - now
-end
-local retry = -1
-if cost <= limit then
-  -- The request fits once the oldest `excess` units have left the window.
-  local excess = used + cost - limit
-  local oldest = redis.call('ZRANGE', key, floor, '+inf', 'BYSCORE', 'LIMIT', excess - 1, 1, 'WITHSCORES')
-  retry = tonumber(oldest[2]) + period - now
-end
-return {0, limit, limit - used, reset, retry}
+return sliding_log(KEYS[1], now, min_ttl_ms, ARGV[4] == '1',
+  tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]))

@@ -16,71 +16,72 @@
 --
 -- State: the theoretical arrival time TAT = tat_us + tat_rem / limit microseconds, stored as
 -- "<tat_us>:<tat_rem>", or as the bare integer "<tat_us>" when tat_rem is 0 (Redis then keeps it
--- as an integer object: less memory; always so when period_us is a multiple of limit). Arithmetic runs in units of 1/limit us relative to now, so every value stays
--- an exact integer below 2^53 (config keeps capacity * period_us <= 2^52); Lua numbers are
--- doubles, and floor() of an exact quotient below 2^53 is exact.
+-- as an integer object: less memory; always so when period_us is a multiple of limit).
+-- Arithmetic runs in units of 1/limit us relative to now, so every value stays an exact integer
+-- below 2^53 (config keeps capacity * period_us <= 2^52); Lua numbers are doubles, and floor()
+-- of an exact quotient below 2^53 is exact.
 -- With the test-only now_us, TTLs are at least a minute: real time keeps running while test time
 -- stands still, and state must not expire under a test (expiry never changes a decision).
 -- TTL: the key expires when the bucket is full again (TAT), as an absent key means "full".
-
-local limit = tonumber(ARGV[1])
-local period = tonumber(ARGV[2])
-local capacity = tonumber(ARGV[3])
-local cost = tonumber(ARGV[4])
-local commit = ARGV[5] == '1'
-local now
-local min_ttl_ms = 1
-if ARGV[6] and ARGV[6] ~= '' then
-  now = tonumber(ARGV[6])
-  min_ttl_ms = 60000
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+--
+-- Everything above the `sluice:entry` line is also used by group.lua.
 
 local function ceil_div(a, b)
   return math.floor((a + b - 1) / b)
 end
 
--- ahead: how far TAT is past now, in 1/limit us (0 when the bucket is full).
-local ahead = 0
-local state = redis.call('GET', KEYS[1])
-if state then
-  local tat_us, tat_rem = tonumber(state), 0
-  local sep = string.find(state, ':', 1, true)
-  if sep then
-    tat_us = tonumber(string.sub(state, 1, sep - 1))
-    tat_rem = tonumber(string.sub(state, sep + 1))
-  end
-  if tat_us > now then
-    ahead = (tat_us - now) * limit + tat_rem
-  elseif tat_us == now then
-    ahead = tat_rem
-  end
-end
-
-local tolerance = capacity * period
-local ahead_after = ahead + cost * period
-if ahead_after <= tolerance then
-  if commit then
-    local tat_us = now + math.floor(ahead_after / limit)
-    local tat_rem = ahead_after % limit
-    local ttl_ms = math.max(min_ttl_ms, ceil_div(ahead_after, limit * 1000))
-    local value = string.format('%d', tat_us)
-    if tat_rem > 0 then
-      value = value .. ':' .. string.format('%d', tat_rem)
+local function token_bucket(key, now, min_ttl_ms, commit, limit, period, capacity, cost)
+  -- ahead: how far TAT is past now, in 1/limit us (0 when the bucket is full).
+  local ahead = 0
+  local state = redis.call('GET', key)
+  if state then
+    local tat_us, tat_rem = tonumber(state), 0
+    local sep = string.find(state, ':', 1, true)
+    if sep then
+      tat_us = tonumber(string.sub(state, 1, sep - 1))
+      tat_rem = tonumber(string.sub(state, sep + 1))
     end
-    redis.call('SET', KEYS[1], value, 'PX', ttl_ms)
+    if tat_us > now then
+      ahead = (tat_us - now) * limit + tat_rem
+    elseif tat_us == now then
+      ahead = tat_rem
+    end
   end
-  return {1, capacity, capacity - ceil_div(ahead_after, period), ceil_div(ahead_after, limit), 0}
+
+  local tolerance = capacity * period
+  local ahead_after = ahead + cost * period
+  if ahead_after <= tolerance then
+    if commit then
+      local tat_us = now + math.floor(ahead_after / limit)
+      local tat_rem = ahead_after % limit
+      local ttl_ms = math.max(min_ttl_ms, ceil_div(ahead_after, limit * 1000))
+      local value = string.format('%d', tat_us)
+      if tat_rem > 0 then
+        value = value .. ':' .. string.format('%d', tat_rem)
+      end
+      redis.call('SET', key, value, 'PX', ttl_ms)
+    end
+    return {1, capacity, capacity - ceil_div(ahead_after, period), ceil_div(ahead_after, limit), 0}
+  end
+
+  local remaining = 0
+  if tolerance > ahead then
+    remaining = math.floor((tolerance - ahead) / period)
+  end
+  local retry = -1
+  if cost <= capacity then
+    retry = ceil_div(ahead - (capacity - cost) * period, limit)
+  end
+  return {0, capacity, remaining, ceil_div(ahead, limit), retry}
 end
 
-local remaining = 0
-if tolerance > ahead then
-  remaining = math.floor((tolerance - ahead) / period)
+-- sluice:entry
+local now, min_ttl_ms
+if ARGV[6] and ARGV[6] ~= '' then
+  now, min_ttl_ms = tonumber(ARGV[6]), 60000
+else
+  local t = redis.call('TIME')
+  now, min_ttl_ms = tonumber(t[1]) * 1000000 + tonumber(t[2]), 1
 end
-local retry = -1
-if cost <= capacity then
-  retry = ceil_div(ahead - (capacity - cost) * period, limit)
-end
-return {0, capacity, remaining, ceil_div(ahead, limit), retry}
+return token_bucket(KEYS[1], now, min_ttl_ms, ARGV[5] == '1',
+  tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]))

@@ -1,6 +1,6 @@
-//! The command line: `sluice serve`, `sluice check`, `sluice config check`. Exit codes: 0 ok /
-//! allowed, 1 denied or runtime failure, 2 limiter unavailable, 64 bad usage or configuration,
-//! 69 daemon unreachable.
+//! The command line: `sluice serve`, `sluice check`, `sluice config check`, `sluice inject`.
+//! Exit codes: 0 ok / allowed, 1 denied or runtime failure, 2 limiter unavailable, 64 bad usage or
+//! configuration, 69 daemon unreachable.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -40,6 +40,8 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    /// Add the sluice native sidecar to Kubernetes YAML (stdin or a file) and print it.
+    Inject(crate::inject::InjectArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -88,6 +90,7 @@ pub fn main() -> ExitCode {
         Command::Config {
             command: ConfigCommand::Check { file },
         } => config_check(&file),
+        Command::Inject(args) => crate::inject::run(args),
     }
 }
 

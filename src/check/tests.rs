@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::*;
 use crate::clock::ManualClock;
 use crate::config::parse_policies;
-use crate::store::{MemoryStore, StoreFuture};
+use crate::store::{MemoryStore, StoreCheck, StoreError, StoreFuture};
 
 const POLICIES: &str = "
 policies:

@@ -3,11 +3,14 @@
 
 mod duration;
 mod policies;
+mod redis_settings;
 mod settings;
 
 pub use duration::{parse_duration, HumanDuration};
+pub use policies::policy_file_version;
 pub use policies::{load_policies, parse_policies, PolicyFileError};
+pub use redis_settings::{BreakerSettings, RedisSettings, SentinelSettings};
 pub use settings::{
-    BreakerSettings, LocalSettings, LogFormat, LogSettings, MemorySettings, RedisSettings,
-    RequestLimits, SentinelSettings, Settings, SettingsError,
+    LocalLayerSettings, LocalSettings, LogFormat, LogSettings, MemorySettings, RequestLimits,
+    Settings, SettingsError, TenantSettings,
 };

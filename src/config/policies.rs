@@ -9,8 +9,8 @@ use serde::Deserialize;
 
 use super::HumanDuration;
 use crate::limit::{
-    Algorithm, FailureMode, FixedWindow, Pattern, Policy, PolicyParts, PolicySet, SlidingLog,
-    Tiers, TokenBucket,
+    Algorithm, CostTable, FailureMode, FixedWindow, Pattern, Policy, PolicyParts, PolicySet,
+    SlidingLog, Tiers, TokenBucket,
 };
 
 /// Largest limit or burst accepted (keeps all integer math far from overflow, in Lua too).
@@ -18,6 +18,8 @@ pub const MAX_LIMIT: u64 = 1_000_000_000;
 /// Largest sliding-log limit: the log keeps one entry per admitted unit, so memory grows with it.
 /// Use a token bucket for higher rates.
 pub const MAX_LOG_LIMIT: u64 = 10_000;
+/// Largest burst x period (in us) of a token bucket: keeps its Lua arithmetic exact.
+pub const MAX_BURST_TIMES_PERIOD: u128 = 1 << 52;
 /// Shortest period accepted.
 pub const MIN_PERIOD_US: u64 = 1_000;
 /// Longest period accepted (one year).
@@ -68,6 +70,7 @@ struct RawPolicy {
     description: String,
     #[serde(default, rename = "match")]
     conditions: BTreeMap<String, String>,
+    group: Option<String>,
     key: Vec<String>,
     algorithm: AlgorithmName,
     limit: u64,
@@ -77,8 +80,23 @@ struct RawPolicy {
     failure_mode: FailureMode,
     #[serde(default)]
     shadow: bool,
+    #[serde(default = "all_percent")]
+    enforce_percent: u8,
     timeout: Option<HumanDuration>,
     tiers: Option<RawTiers>,
+    cost: Option<RawCost>,
+}
+
+fn all_percent() -> u8 {
+    100
+}
+
+/// `cost: {descriptor: operation, table: {search: 40}}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCost {
+    descriptor: String,
+    table: BTreeMap<String, u64>,
 }
 
 fn default_failure_mode() -> FailureMode {
@@ -104,6 +122,13 @@ struct RawTier {
     multiplier: Option<u64>,
     limit: Option<u64>,
     burst: Option<u64>,
+}
+
+/// The version of a policy file's content: the low 32 bits of its SHA-1 (exported as
+/// `sluice_policies_version`, so operators can see every pod runs the same file).
+pub fn policy_file_version(text: &str) -> u32 {
+    let digest = sha1_smol::Sha1::from(text.as_bytes()).digest().bytes();
+    u32::from_be_bytes([digest[16], digest[17], digest[18], digest[19]])
 }
 
 /// Reads and validates the policy file at `path`.
@@ -178,22 +203,40 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, FieldError> {
             })
         }
     };
+    let conditions = raw
+        .conditions
+        .into_iter()
+        .map(|(name, text)| Pattern::parse(&text).map(|pattern| (name, pattern)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|reason| ("match", reason))?;
+    let cost = match raw.cost {
+        None => None,
+        Some(table) => {
+            let limit = algorithm.limit();
+            if let Some((value, cost)) = table.table.iter().find(|(_, c)| **c == 0 || **c > limit) {
+                return Err((
+                    "cost",
+                    format!("`{value}` costs {cost}: each cost must be 1 to the limit ({limit})"),
+                ));
+            }
+            Some(CostTable {
+                descriptor: table.descriptor,
+                costs: table.table,
+            })
+        }
+    };
     Policy::new(PolicyParts {
         name: raw.name,
         description: raw.description,
-        conditions: raw
-            .conditions
-            .into_iter()
-            .map(|(name, pattern)| {
-                let pattern = Pattern::parse(&pattern);
-                (name, pattern)
-            })
-            .collect(),
+        conditions,
+        group: raw.group,
         key: raw.key,
         algorithm,
         tiers,
+        cost,
         failure_mode: raw.failure_mode,
         shadow: raw.shadow,
+        enforce_percent: raw.enforce_percent,
         timeout_us: raw.timeout.map(|t| t.0),
     })
     .map_err(|e| (e.field, e.reason))
@@ -248,6 +291,13 @@ fn build_algorithm(
             if capacity == 0 || capacity > MAX_LIMIT {
                 return Err(("burst", format!("must be 1 to {MAX_LIMIT}, got {capacity}")));
             }
+            // The Lua twin works in 1/limit us units; burst x period must stay far below 2^53.
+            if u128::from(capacity) * u128::from(period_us) > MAX_BURST_TIMES_PERIOD {
+                return Err((
+                    "burst",
+                    format!("burst x period must be at most 2^52 us (e.g. 1,000,000 per hour); got {capacity} x {period}"),
+                ));
+            }
             TokenBucket::new(limit, period_us, capacity).map(Algorithm::TokenBucket)
         }
         (_, Some(_)) => return Err(("burst", "applies only to algorithm token_bucket".to_owned())),
@@ -275,13 +325,13 @@ mod tests {
     fn shipped_example_is_valid_and_matches_the_design() {
         let set = parse(SHIPPED).expect("shipped policies are valid");
         let api = set.get("public_api").expect("public_api");
-        assert_eq!(api.algorithm_for(&Default::default()).limit(), 150);
+        assert_eq!(api.algorithm_for(&Default::default(), None).limit(), 150);
         assert_eq!(api.failure_mode(), FailureMode::Open);
         let enterprise = [("tier".to_owned(), "enterprise".to_owned())].into();
-        assert_eq!(api.algorithm_for(&enterprise).limit(), 1500);
+        assert_eq!(api.algorithm_for(&enterprise, None).limit(), 1500);
         let login = set.get("login").expect("login");
         assert_eq!(login.failure_mode(), FailureMode::Closed);
-        assert_eq!(login.algorithm_for(&Default::default()).limit(), 10);
+        assert_eq!(login.algorithm_for(&Default::default(), None).limit(), 10);
         assert_eq!(login.parts().key, vec!["ip".to_owned()]);
     }
 

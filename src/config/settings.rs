@@ -8,6 +8,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Deserializer, Serialize};
 
+use super::redis_settings::RedisSettings;
 use super::HumanDuration;
 
 /// The settings file used when none is given and it exists.
@@ -15,9 +16,12 @@ pub const DEFAULT_SETTINGS_FILE: &str = "config/sluice.toml";
 
 /// Top-level keys that `SLUICE_*` variables may set; others (such as `SLUICE_CONFIG`) are left
 /// alone instead of failing the unknown-field check.
-const ENV_KEYS: [&str; 9] = [
+const ENV_KEYS: [&str; 12] = [
     "listen",
     "policies",
+    "policies_poll",
+    "tenants",
+    "local_layer",
     "redis",
     "memory",
     "local",
@@ -46,6 +50,12 @@ pub struct Settings {
     pub memory: MemorySettings,
     /// The `local` failure mode.
     pub local: LocalSettings,
+    /// The tenant tier table.
+    pub tenants: TenantSettings,
+    /// The local layer (hot partitions) in front of Redis.
+    pub local_layer: LocalLayerSettings,
+    /// How often the policy file is checked for changes (SIGHUP reloads at once).
+    pub policies_poll: HumanDuration,
     /// Caps on what a request may carry.
     pub limits: RequestLimits,
     /// Logging.
@@ -64,6 +74,9 @@ impl Default for Settings {
             redis: RedisSettings::default(),
             memory: MemorySettings::default(),
             local: LocalSettings::default(),
+            tenants: TenantSettings::default(),
+            local_layer: LocalLayerSettings::default(),
+            policies_poll: HumanDuration(1_000_000),
             limits: RequestLimits::default(),
             log: LogSettings::default(),
             shutdown_grace: HumanDuration(10_000_000),
@@ -112,97 +125,44 @@ fn octal_mode<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::E
     })
 }
 
-/// Redis connection settings. None of `url`, `cluster`, `sentinel.nodes`: the embedded store.
+/// The per-tenant tier table.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct RedisSettings {
-    /// One primary: `redis://[user:password@]host:port[/db]`.
-    pub url: Option<String>,
-    /// Seed nodes of a Redis Cluster.
-    pub cluster: Vec<String>,
-    /// A Sentinel set watching the primary.
-    pub sentinel: SentinelSettings,
-    /// Prefix of every key: `<prefix>:{<policy>:<partition>}`.
-    pub key_prefix: String,
-    /// Deadline of one check's Redis calls (policies may set their own); past it the policy's
-    /// failure mode answers.
-    pub timeout: HumanDuration,
-    /// Timeout of one connection attempt.
-    pub connect_timeout: HumanDuration,
-    /// Most checks coalesced into one pipeline.
-    pub max_batch: usize,
-    /// Pipelines in flight at once.
-    pub pipelines_in_flight: usize,
-    /// Checks waiting for a pipeline, at most (back-pressure beyond).
-    pub queue: usize,
-    /// The circuit breaker.
-    pub breaker: BreakerSettings,
+pub struct TenantSettings {
+    /// With the embedded store: a YAML file `tenants: {acme: enterprise}` (unset: no table).
+    /// With Redis the table is the hash `<key_prefix>:tenant-tiers`.
+    pub file: Option<PathBuf>,
+    /// How long a tenant's tier is cached; a change is seen everywhere within it.
+    pub refresh: HumanDuration,
+    /// Most tenants cached.
+    pub cache_size: u64,
 }
 
-impl Default for RedisSettings {
+impl Default for TenantSettings {
     fn default() -> Self {
         Self {
-            url: None,
-            cluster: Vec::new(),
-            sentinel: SentinelSettings::default(),
-            key_prefix: "rl".into(),
-            timeout: HumanDuration(5_000),
-            connect_timeout: HumanDuration(1_000_000),
-            max_batch: 128,
-            pipelines_in_flight: 4,
-            queue: 10_000,
-            breaker: BreakerSettings::default(),
+            file: None,
+            refresh: HumanDuration(10_000_000),
+            cache_size: 100_000,
         }
     }
 }
 
-impl RedisSettings {
-    /// Whether Redis is configured at all.
-    pub fn enabled(&self) -> bool {
-        self.sources() > 0
-    }
-
-    /// How many of `url`, `cluster`, `sentinel.nodes` are set.
-    fn sources(&self) -> usize {
-        usize::from(self.url.as_ref().is_some_and(|url| !url.is_empty()))
-            + usize::from(!self.cluster.is_empty())
-            + usize::from(!self.sentinel.nodes.is_empty())
-    }
-}
-
-/// Sentinel discovery of the primary.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SentinelSettings {
-    /// Sentinel URLs (`redis://host:26379`).
-    pub nodes: Vec<String>,
-    /// The monitored primary's name.
-    pub master: String,
-    /// Username for the data nodes.
-    pub username: Option<String>,
-    /// Password for the data nodes.
-    pub password: Option<String>,
-}
-
-/// When the circuit opens and how fast the prober retries.
+/// The local layer in front of Redis.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct BreakerSettings {
-    /// Consecutive failed checks that open the circuit (errors that mean "this node cannot
-    /// serve", such as READONLY or a refused connection, open it at once).
-    pub failures: u32,
-    /// First delay between reconnection attempts.
-    pub probe_min: HumanDuration,
-    /// Longest delay between reconnection attempts.
-    pub probe_max: HumanDuration,
+pub struct LocalLayerSettings {
+    /// Remember partitions Redis denied until they could pass again, answering them locally.
+    pub enabled: bool,
+    /// Most partitions remembered.
+    pub max_keys: u64,
 }
 
-impl Default for BreakerSettings {
+impl Default for LocalLayerSettings {
     fn default() -> Self {
         Self {
-            failures: 5,
-            probe_min: HumanDuration(50_000),
-            probe_max: HumanDuration(500_000),
+            enabled: true,
+            max_keys: 100_000,
         }
     }
 }
@@ -356,6 +316,11 @@ impl Settings {
         if redis.breaker.probe_min.0 == 0 || redis.breaker.probe_min > redis.breaker.probe_max {
             return Err(SettingsError(
                 "redis.breaker: need 0 < probe_min <= probe_max".into(),
+            ));
+        }
+        if self.policies_poll.0 == 0 || self.tenants.refresh.0 == 0 {
+            return Err(SettingsError(
+                "policies_poll and tenants.refresh must be above 0".into(),
             ));
         }
         if self.local.replicas == 0 || self.local.margin_percent > 90 {

@@ -37,6 +37,27 @@ impl Key {
     pub fn partition(&self) -> &str {
         &self.partition
     }
+
+    /// A stable number in 0..100 for this key, the same in every process and release: rollouts
+    /// by percentage pick the same partitions everywhere.
+    pub fn bucket_of_100(&self) -> u8 {
+        (self.stable_hash() % 100) as u8
+    }
+
+    /// A short stable fingerprint (16 hex digits), for logs that must not show the raw values.
+    pub fn fingerprint(&self) -> String {
+        format!("{:016x}", self.stable_hash())
+    }
+
+    /// FNV-1a over policy and partition: stable across processes, unlike `std`'s hasher.
+    fn stable_hash(&self) -> u64 {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in self.policy.bytes().chain([0]).chain(self.partition.bytes()) {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+        hash
+    }
 }
 
 impl fmt::Display for Key {

@@ -18,7 +18,9 @@ mod algorithm;
 mod decision;
 mod fixed_window;
 mod key;
+mod matcher;
 mod policy;
+mod policy_set;
 mod sliding_log;
 mod token_bucket;
 
@@ -31,10 +33,11 @@ pub use algorithm::{Algorithm, State};
 pub use decision::{Decision, Micros, NEVER};
 pub use fixed_window::{FixedWindow, WindowState};
 pub use key::Key;
+pub use matcher::{Captures, Pattern, Segment};
 pub use policy::{
-    Descriptors, FailureMode, Pattern, Policy, PolicyError, PolicyParts, PolicySet, Tiers,
-    MAX_POLICY_NAME,
+    CostTable, Descriptors, FailureMode, Policy, PolicyError, PolicyParts, Tiers, MAX_POLICY_NAME,
 };
+pub use policy_set::{Applicable, PolicySet};
 pub use sliding_log::{LogState, SlidingLog};
 pub use token_bucket::{BucketState, TokenBucket};
 

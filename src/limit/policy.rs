@@ -1,54 +1,14 @@
-//! Policies: which requests a limit applies to, which counter they spend from, and what quota.
+//! Policies: which requests a limit applies to, which counter they spend from, what quota (tier
+//! included) and what cost.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::sync::Arc;
 
+use super::matcher::{Captures, Pattern};
 use super::{Algorithm, Key, Micros};
 
 /// A request's attributes (tenant, api_key, ip, method, path, operation, ...), by name.
 pub type Descriptors = BTreeMap<String, String>;
-
-/// How a descriptor value is matched.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Pattern {
-    /// `*`: the descriptor must be present, any value.
-    Any,
-    /// `/v1/*`: the value must start with the text before the final `*`.
-    Prefix(String),
-    /// Anything else: the value must be exactly this.
-    Exact(String),
-}
-
-impl Pattern {
-    /// Reads the pattern syntax used in policy files.
-    pub fn parse(text: &str) -> Self {
-        match text.strip_suffix('*') {
-            Some("") => Self::Any,
-            Some(prefix) => Self::Prefix(prefix.to_owned()),
-            None => Self::Exact(text.to_owned()),
-        }
-    }
-
-    /// Whether `value` fits this pattern.
-    pub fn matches(&self, value: &str) -> bool {
-        match self {
-            Self::Any => true,
-            Self::Prefix(prefix) => value.starts_with(prefix.as_str()),
-            Self::Exact(exact) => value == exact,
-        }
-    }
-}
-
-impl fmt::Display for Pattern {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Any => f.write_str("*"),
-            Self::Prefix(prefix) => write!(f, "{prefix}*"),
-            Self::Exact(exact) => f.write_str(exact),
-        }
-    }
-}
 
 /// What a policy does when its store cannot answer (Redis down or too slow).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -73,13 +33,22 @@ impl FailureMode {
     }
 }
 
-/// Per-tier quotas: the tier is read from a descriptor (e.g. `tier: enterprise`).
+/// Per-tier quotas: the tier comes from the tenant override table or a descriptor.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tiers {
-    /// The descriptor that names the tier.
+    /// The descriptor that names the tier when no override does.
     pub descriptor: String,
     /// The algorithm (with its quota) for each named tier; unnamed tiers use the policy's own.
     pub levels: BTreeMap<String, Algorithm>,
+}
+
+/// Costs per descriptor value, e.g. GraphQL operation name -> complexity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CostTable {
+    /// The descriptor looked up (e.g. `operation`).
+    pub descriptor: String,
+    /// Cost per value; values not listed cost what the request says.
+    pub costs: BTreeMap<String, u64>,
 }
 
 /// The parts of a [`Policy`], checked by [`Policy::new`].
@@ -91,16 +60,24 @@ pub struct PolicyParts {
     pub description: String,
     /// Conditions on descriptors; all must hold for the policy to apply.
     pub conditions: Vec<(String, Pattern)>,
-    /// The descriptors whose values make the partition key, in order (e.g. tenant, api_key).
+    /// Among matching policies of one group only the most specific applies.
+    pub group: Option<String>,
+    /// The descriptors whose values make the partition key, in order (e.g. tenant, api_key);
+    /// path template parameters count as descriptors.
     pub key: Vec<String>,
     /// The algorithm and quota for requests without a listed tier.
     pub algorithm: Algorithm,
     /// Optional per-tier quotas.
     pub tiers: Option<Tiers>,
+    /// Optional costs per descriptor value.
+    pub cost: Option<CostTable>,
     /// What to do when the store cannot answer.
     pub failure_mode: FailureMode,
     /// Evaluate and report "would block", never block.
     pub shadow: bool,
+    /// Percent of partitions enforced (the rest behave as shadow): a gradual rollout. The choice
+    /// is a stable hash of the partition, so a client is either in or out.
+    pub enforce_percent: u8,
     /// Deadline of this policy's store calls, overriding the store's default.
     pub timeout_us: Option<Micros>,
 }
@@ -115,15 +92,16 @@ pub struct PolicyError {
     pub reason: String,
 }
 
+/// The longest policy name accepted.
+pub const MAX_POLICY_NAME: usize = 64;
+
 /// A validated rate-limit policy.
 #[derive(Debug, Clone)]
 pub struct Policy {
     name: Arc<str>,
+    specificity: (u32, usize),
     parts: PolicyParts,
 }
-
-/// The longest policy name accepted.
-pub const MAX_POLICY_NAME: usize = 64;
 
 impl Policy {
     /// Validates `parts` into a policy.
@@ -147,8 +125,17 @@ impl Policy {
                 return err("key", format!("descriptor `{name}` is listed twice"));
             }
         }
+        if parts.enforce_percent > 100 {
+            return err("enforce_percent", "must be 0 to 100".into());
+        }
+        let specificity = parts
+            .conditions
+            .iter()
+            .map(|(_, pattern)| pattern.specificity())
+            .fold((0, 0), |(rank, len), (r, l)| (rank + u32::from(r), len + l));
         Ok(Self {
             name: Arc::from(parts.name.as_str()),
+            specificity,
             parts,
         })
     }
@@ -163,47 +150,97 @@ impl Policy {
         &self.parts
     }
 
-    /// Whether the policy applies to a request that did not name a policy: every condition
-    /// holds and every key descriptor is present.
-    pub fn matches(&self, descriptors: &Descriptors) -> bool {
-        self.missing_key_descriptor(descriptors).is_none()
-            && self.parts.conditions.iter().all(|(name, pattern)| {
+    /// Whether the conditions hold; if so, the template parameters captured.
+    pub fn conditions_hold(&self, descriptors: &Descriptors) -> Option<Captures> {
+        let mut captures = Vec::new();
+        self.parts
+            .conditions
+            .iter()
+            .all(|(name, pattern)| {
                 descriptors
                     .get(name)
-                    .is_some_and(|value| pattern.matches(value))
+                    .is_some_and(|value| pattern.matches(value, &mut captures))
             })
+            .then_some(captures)
     }
 
-    /// The first key descriptor the request lacks, if any.
-    pub fn missing_key_descriptor(&self, descriptors: &Descriptors) -> Option<&str> {
+    /// Whether the policy applies to a request that did not name a policy: every condition
+    /// holds and every key descriptor is present. Returns the captured template parameters.
+    pub fn matches(&self, descriptors: &Descriptors) -> Option<Captures> {
+        let captures = self.conditions_hold(descriptors)?;
+        self.missing_key_descriptor(descriptors, &captures)
+            .is_none()
+            .then_some(captures)
+    }
+
+    /// The first key descriptor neither the request nor the captures provide.
+    pub fn missing_key_descriptor(
+        &self,
+        descriptors: &Descriptors,
+        captures: &Captures,
+    ) -> Option<&str> {
         self.parts
             .key
             .iter()
-            .find(|name| !descriptors.contains_key(name.as_str()))
+            .find(|name| lookup(descriptors, captures, name).is_none())
             .map(String::as_str)
     }
 
-    /// The algorithm and quota for this request (its tier's, when it names a listed tier).
-    pub fn algorithm_for(&self, descriptors: &Descriptors) -> &Algorithm {
-        self.parts
-            .tiers
-            .as_ref()
-            .and_then(|tiers| {
-                let tier = descriptors.get(&tiers.descriptor)?;
-                tiers.levels.get(tier)
-            })
+    /// How specific the conditions are (for precedence within a group).
+    pub fn specificity(&self) -> (u32, usize) {
+        self.specificity
+    }
+
+    /// The tier this request is in: `tier_override` (the tenant table's answer) wins over the
+    /// tier descriptor.
+    pub fn tier_of<'a>(
+        &'a self,
+        descriptors: &'a Descriptors,
+        tier_override: Option<&'a str>,
+    ) -> Option<&'a str> {
+        let tiers = self.parts.tiers.as_ref()?;
+        tier_override.or_else(|| descriptors.get(&tiers.descriptor).map(String::as_str))
+    }
+
+    /// The algorithm and quota for this request (its tier's, when it is in a listed tier).
+    pub fn algorithm_for(
+        &self,
+        descriptors: &Descriptors,
+        tier_override: Option<&str>,
+    ) -> &Algorithm {
+        self.tier_of(descriptors, tier_override)
+            .and_then(|tier| self.parts.tiers.as_ref()?.levels.get(tier))
             .unwrap_or(&self.parts.algorithm)
     }
 
+    /// What this request costs under this policy: the cost table's entry, else `requested`.
+    pub fn cost_for(&self, descriptors: &Descriptors, requested: u64) -> u64 {
+        self.parts
+            .cost
+            .as_ref()
+            .and_then(|table| table.costs.get(descriptors.get(&table.descriptor)?))
+            .copied()
+            .unwrap_or(requested)
+    }
+
     /// The counter this request spends from, or `None` when a key descriptor is missing.
-    pub fn key_for(&self, descriptors: &Descriptors) -> Option<Key> {
+    pub fn key_for(&self, descriptors: &Descriptors, captures: &Captures) -> Option<Key> {
         let values: Option<Vec<&str>> = self
             .parts
             .key
             .iter()
-            .map(|name| descriptors.get(name).map(String::as_str))
+            .map(|name| lookup(descriptors, captures, name))
             .collect();
         Some(Key::new(Arc::clone(&self.name), values?))
+    }
+
+    /// Whether this partition is enforced (not shadow, and inside the rollout percentage).
+    pub fn enforces(&self, key: &Key) -> bool {
+        if self.parts.shadow {
+            return false;
+        }
+        let percent = self.parts.enforce_percent;
+        percent >= 100 || key.bucket_of_100() < percent
     }
 
     /// Whether the policy only reports and never blocks.
@@ -222,128 +259,15 @@ impl Policy {
     }
 }
 
-/// An ordered set of policies with unique names.
-#[derive(Debug, Clone, Default)]
-pub struct PolicySet {
-    policies: Vec<Arc<Policy>>,
-}
-
-impl PolicySet {
-    /// Builds a set; fails with the first duplicated name.
-    pub fn new(policies: Vec<Policy>) -> Result<Self, String> {
-        for (i, policy) in policies.iter().enumerate() {
-            if policies[..i].iter().any(|p| p.name() == policy.name()) {
-                return Err(policy.name().to_owned());
-            }
-        }
-        Ok(Self {
-            policies: policies.into_iter().map(Arc::new).collect(),
-        })
-    }
-
-    /// The policy with this name.
-    pub fn get(&self, name: &str) -> Option<&Arc<Policy>> {
-        self.policies.iter().find(|p| p.name() == name)
-    }
-
-    /// Every policy that applies to a request that did not name one, in file order.
-    pub fn matching<'a>(
-        &'a self,
-        descriptors: &'a Descriptors,
-    ) -> impl Iterator<Item = &'a Arc<Policy>> + 'a {
-        self.policies.iter().filter(|p| p.matches(descriptors))
-    }
-
-    /// All policies, in file order.
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<Policy>> {
-        self.policies.iter()
-    }
-
-    /// How many policies there are.
-    pub fn len(&self) -> usize {
-        self.policies.len()
-    }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.policies.is_empty()
-    }
+/// A descriptor's value from the request, else from the template captures.
+fn lookup<'a>(descriptors: &'a Descriptors, captures: &'a Captures, name: &str) -> Option<&'a str> {
+    descriptors.get(name).map(String::as_str).or_else(|| {
+        captures
+            .iter()
+            .find(|(captured, _)| captured == name)
+            .map(|(_, value)| value.as_str())
+    })
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::limit::FixedWindow;
-
-    fn window(limit: u64) -> Algorithm {
-        Algorithm::FixedWindow(FixedWindow::new(limit, 1_000_000).expect("valid"))
-    }
-
-    fn parts(name: &str) -> PolicyParts {
-        PolicyParts {
-            name: name.into(),
-            description: String::new(),
-            conditions: vec![("path".into(), Pattern::parse("/login"))],
-            key: vec!["ip".into()],
-            algorithm: window(10),
-            tiers: Some(Tiers {
-                descriptor: "tier".into(),
-                levels: [("gold".to_owned(), window(100))].into(),
-            }),
-            failure_mode: FailureMode::Closed,
-            shadow: false,
-            timeout_us: None,
-        }
-    }
-
-    fn descriptors(pairs: &[(&str, &str)]) -> Descriptors {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
-    #[test]
-    fn patterns() {
-        assert!(Pattern::parse("*").matches("anything"));
-        assert!(Pattern::parse("/v1/*").matches("/v1/orders"));
-        assert!(!Pattern::parse("/v1/*").matches("/v2/orders"));
-        assert!(Pattern::parse("GET").matches("GET"));
-        assert!(!Pattern::parse("GET").matches("GETX"));
-    }
-
-    #[test]
-    fn matching_needs_conditions_and_key_descriptors() {
-        let policy = Policy::new(parts("login")).expect("valid");
-        assert!(policy.matches(&descriptors(&[("path", "/login"), ("ip", "1.2.3.4")])));
-        assert!(!policy.matches(&descriptors(&[("path", "/login")])));
-        assert!(!policy.matches(&descriptors(&[("path", "/other"), ("ip", "1.2.3.4")])));
-        assert_eq!(policy.missing_key_descriptor(&descriptors(&[])), Some("ip"));
-    }
-
-    #[test]
-    fn tiers_pick_their_quota() {
-        let policy = Policy::new(parts("login")).expect("valid");
-        let gold = descriptors(&[("tier", "gold")]);
-        let other = descriptors(&[("tier", "bronze")]);
-        assert_eq!(policy.algorithm_for(&gold).limit(), 100);
-        assert_eq!(policy.algorithm_for(&other).limit(), 10);
-    }
-
-    #[test]
-    fn invalid_parts_are_rejected_with_the_field() {
-        assert_eq!(Policy::new(parts("Bad Name")).unwrap_err().field, "name");
-        let mut no_key = parts("ok");
-        no_key.key.clear();
-        assert_eq!(Policy::new(no_key).unwrap_err().field, "key");
-    }
-
-    #[test]
-    fn duplicate_names_are_rejected() {
-        let a = Policy::new(parts("a")).expect("valid");
-        assert_eq!(
-            PolicySet::new(vec![a.clone(), a]).unwrap_err(),
-            "a".to_owned()
-        );
-    }
-}
+pub(crate) mod tests;

@@ -4,13 +4,16 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use axum::body::Body;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 
+use super::wire::{CheckBody, ErrorReply};
 use crate::check::CheckService;
 use crate::config::HumanDuration;
 use crate::limit::{Algorithm, Policy};
@@ -30,6 +33,7 @@ pub fn router(service: Arc<CheckService>, metrics: Metrics, ready: Arc<AtomicBoo
         .route("/readyz", get(readyz))
         .route("/metrics", get(render_metrics))
         .route("/v1/policies", get(policies))
+        .route("/v1/explain", post(explain))
         .with_state(AdminCtx {
             service,
             metrics,
@@ -72,9 +76,26 @@ async fn render_metrics(State(ctx): State<AdminCtx>) -> Response {
         .into_response()
 }
 
+/// What the check API would answer for this request body, policy by policy: which apply and
+/// why the others do not, partitions, tiers, costs, current state. Nothing is spent.
+async fn explain(State(ctx): State<AdminCtx>, headers: HeaderMap, body: Body) -> Response {
+    let cap = ctx.service.limits().max_body_bytes;
+    let body = match super::http::read_json::<CheckBody>(&headers, body, cap).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    match ctx.service.explain(&body.into()).await {
+        Ok(explanation) => Json(explanation).into_response(),
+        Err(error) => super::http::error_response(ErrorReply::from_check_error(&error)),
+    }
+}
+
 async fn policies(State(ctx): State<AdminCtx>) -> Json<Value> {
     let set = ctx.service.policies();
-    Json(json!({ "policies": set.iter().map(|p| dump(p)).collect::<Vec<_>>() }))
+    Json(json!({
+        "version": format!("{:08x}", ctx.metrics.policies_version.get()),
+        "policies": set.iter().map(|p| dump(p)).collect::<Vec<_>>(),
+    }))
 }
 
 fn dump(policy: &Policy) -> Value {
@@ -89,9 +110,15 @@ fn dump(policy: &Policy) -> Value {
         "description": parts.description,
         "match": conditions,
         "key": parts.key,
+        "group": parts.group,
         "failure_mode": parts.failure_mode.as_str(),
         "shadow": parts.shadow,
+        "enforce_percent": parts.enforce_percent,
+        "timeout": parts.timeout_us.map(|us| HumanDuration(us).to_string()),
     });
+    if let Some(cost) = &parts.cost {
+        value["cost"] = json!({ "descriptor": cost.descriptor, "table": cost.costs });
+    }
     merge(&mut value, quota(&parts.algorithm));
     if let Some(tiers) = &parts.tiers {
         let levels: serde_json::Map<String, Value> = tiers

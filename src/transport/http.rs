@@ -41,7 +41,8 @@ pub fn router(service: Arc<CheckService>, metrics: Metrics, transport: Transport
 
 async fn check(State(ctx): State<Ctx>, headers: HeaderMap, body: Body) -> Response {
     let started = Instant::now();
-    let response = match read_json::<CheckBody>(&headers, body, &ctx).await {
+    let cap = ctx.service.limits().max_body_bytes;
+    let response = match read_json::<CheckBody>(&headers, body, cap).await {
         Err(response) => response,
         Ok(body) => match ctx.service.check(&body.into()).await {
             Err(error) => error_response(ErrorReply::from_check_error(&error)),
@@ -57,7 +58,8 @@ async fn check(State(ctx): State<Ctx>, headers: HeaderMap, body: Body) -> Respon
 
 async fn batch(State(ctx): State<Ctx>, headers: HeaderMap, body: Body) -> Response {
     let started = Instant::now();
-    let response = match read_json::<BatchBody>(&headers, body, &ctx).await {
+    let cap = ctx.service.limits().max_body_bytes;
+    let response = match read_json::<BatchBody>(&headers, body, cap).await {
         Err(response) => response,
         Ok(body) => match body.requests() {
             Err(reason) => error_response((
@@ -97,12 +99,11 @@ impl Ctx {
 
 /// Reads a capped body and parses it; any failure is a 4xx with a JSON reason. The content type
 /// is not insisted on (`curl -d` sends a form type), the body must be JSON all the same.
-async fn read_json<T: DeserializeOwned>(
+pub(crate) async fn read_json<T: DeserializeOwned>(
     headers: &HeaderMap,
     body: Body,
-    ctx: &Ctx,
+    cap: usize,
 ) -> Result<T, Response> {
-    let cap = ctx.service.limits().max_body_bytes;
     let too_large = || {
         error_response((
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -142,7 +143,7 @@ async fn read_json<T: DeserializeOwned>(
     })
 }
 
-fn error_response((status, reply): (StatusCode, ErrorReply)) -> Response {
+pub(crate) fn error_response((status, reply): (StatusCode, ErrorReply)) -> Response {
     (status, Json(reply)).into_response()
 }
 

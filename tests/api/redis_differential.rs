@@ -5,8 +5,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use proptest::prelude::*;
+use sluice::clock::ManualClock;
+use sluice::limit::Key;
 use sluice::limit::{Algorithm, Decision, FixedWindow, Micros, SlidingLog, TokenBucket};
-use sluice::store::redis::scripts::{parse_reply, Scripts};
+use sluice::store::redis::scripts::{parse_group_reply, parse_reply, ScriptCall, Scripts};
+use sluice::store::{MemoryStore, StoreCheck};
 
 use crate::redis_server::RedisServer;
 
@@ -36,14 +39,17 @@ fn run_lua(
     commit: bool,
 ) -> Decision {
     let call = Scripts::default().call(algorithm, key.to_owned(), cost, commit, Some(now));
-    let value: redis::Value = redis::cmd("EVAL")
-        .arg(call.script.source)
-        .arg(1)
-        .arg(&call.key)
+    parse_reply(&eval(conn, &call)).expect("script reply parses")
+}
+
+fn eval(conn: &mut redis::Connection, call: &ScriptCall) -> redis::Value {
+    redis::cmd("EVAL")
+        .arg(&*call.script.source)
+        .arg(call.keys.len())
+        .arg(&call.keys)
         .arg(&call.args)
         .query(conn)
-        .expect("script runs");
-    parse_reply(&value).expect("script reply parses")
+        .expect("script runs")
 }
 
 /// Replays `history` (time step, cost, dry run) on both twins and compares every decision.
@@ -118,6 +124,83 @@ proptest! {
     ) {
         let algorithm = Algorithm::FixedWindow(FixedWindow::new(limit, period).expect("valid"));
         compare(algorithm, START + offset, &history)?;
+    }
+}
+
+/// The group script against the embedded store's group semantics (decide all; record the allowed
+/// ones only if every enforced one allowed), on the same histories.
+fn compare_group(
+    algorithms: &[(Algorithm, bool)],
+    start: Micros,
+    history: &[(u64, u64, bool)],
+) -> Result<(), TestCaseError> {
+    let mut guard = redis().lock().unwrap_or_else(|p| p.into_inner());
+    let conn = &mut guard.1;
+    let clock = std::sync::Arc::new(ManualClock::new(start));
+    let memory = MemoryStore::new(1_000, clock.clone(), None);
+    let base = fresh_key();
+    let checks = |cost: u64| -> Vec<StoreCheck> {
+        algorithms
+            .iter()
+            .enumerate()
+            .map(|(i, (algorithm, enforce))| StoreCheck {
+                key: Key::new(std::sync::Arc::from("g"), [format!("{base}{i}").as_str()]),
+                algorithm: *algorithm,
+                cost: cost.min(algorithm.limit()),
+                enforce: *enforce,
+            })
+            .collect()
+    };
+    let mut now = start;
+    for (step_no, &(step, cost, dry_run)) in history.iter().enumerate() {
+        now += step;
+        clock.set(now);
+        let group = checks(cost);
+        let rust = memory.check_now(&group, dry_run);
+        let keyed: Vec<(String, &StoreCheck)> = group
+            .iter()
+            .map(|c| (format!("{{{base}}}{}", c.key.partition()), c))
+            .collect();
+        let call = Scripts::default().group_call(&keyed, !dry_run, Some(now));
+        let lua = parse_group_reply(&eval(conn, &call), keyed.len()).expect("group reply parses");
+        prop_assert_eq!(
+            rust,
+            lua,
+            "step {}: now {} cost {} dry {}",
+            step_no,
+            now,
+            cost,
+            dry_run
+        );
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn group_script_agrees_with_the_embedded_group(
+        (limits, period, history) in (prop::collection::vec(1u64..12, 2..4), 1u64..20_000)
+            .prop_flat_map(|(limits, p)| {
+                let max = limits.iter().copied().max().unwrap_or(1);
+                (Just(limits), Just(p), history(max, p))
+            }),
+        shadow in prop::bool::weighted(0.3),
+    ) {
+        let algorithms: Vec<(Algorithm, bool)> = limits
+            .iter()
+            .enumerate()
+            .map(|(i, &limit)| {
+                let algorithm = match i % 3 {
+                    0 => Algorithm::TokenBucket(TokenBucket::new(limit, period, limit).expect("valid")),
+                    1 => Algorithm::SlidingLog(SlidingLog::new(limit, period).expect("valid")),
+                    _ => Algorithm::FixedWindow(FixedWindow::new(limit, period).expect("valid")),
+                };
+                (algorithm, !(shadow && i == 1))
+            })
+            .collect();
+        compare_group(&algorithms, START, &history)?;
     }
 }
 

@@ -116,10 +116,12 @@ async fn dispatch(
                     }
                 }
                 Some(conn) if conn.is_cluster() => {
-                    // Cluster pipelines must stay in one slot: one pipeline per key.
+                    // Cluster pipelines must stay in one slot: one pipeline per (first) key; a
+                    // call's keys share one slot already.
                     let mut by_key: HashMap<String, Vec<Job>> = HashMap::new();
                     for job in jobs {
-                        by_key.entry(job.call.key.clone()).or_default().push(job);
+                        let key = job.call.keys.first().cloned().unwrap_or_default();
+                        by_key.entry(key).or_default().push(job);
                     }
                     let mut tasks = tokio::task::JoinSet::new();
                     for group in by_key.into_values() {
@@ -150,10 +152,10 @@ fn pipeline(jobs: &[Job], send: Send) -> Pipeline {
     for job in jobs {
         let call = &job.call;
         let cmd = match send {
-            Send::Sha => pipe.cmd("EVALSHA").arg(&call.script.sha),
-            Send::Source => pipe.cmd("EVAL").arg(call.script.source),
+            Send::Sha => pipe.cmd("EVALSHA").arg(&*call.script.sha),
+            Send::Source => pipe.cmd("EVAL").arg(&*call.script.source),
         };
-        cmd.arg(1).arg(&call.key).arg(&call.args);
+        cmd.arg(call.keys.len()).arg(&call.keys).arg(&call.args);
     }
     pipe
 }

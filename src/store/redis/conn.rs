@@ -66,6 +66,17 @@ impl Conn {
         }
     }
 
+    /// `HGET key field`.
+    pub async fn hash_get(&mut self, key: &str, field: &str) -> RedisResult<Option<String>> {
+        let mut cmd = redis::cmd("HGET");
+        cmd.arg(key).arg(field);
+        match self {
+            Self::Single(conn) => cmd.query_async(conn).await,
+            Self::Cluster(conn) => cmd.query_async(conn).await,
+            Self::Resolved(conn) => cmd.query_async(conn).await,
+        }
+    }
+
     /// A small write that fails exactly when checks would: on a replica (READONLY), a node out of
     /// memory (OOM), loading, or without auth. The key expires.
     pub async fn probe(&mut self, key: &str) -> RedisResult<()> {

@@ -24,6 +24,35 @@ pub fn redis_key(prefix: &str, key: &Key) -> String {
     }
 }
 
+/// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag (the text between the
+/// first `{` and the next `}`, when not empty) or of the whole key, modulo 16384.
+pub fn slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let hashed = key
+        .find('{')
+        .and_then(|open| {
+            let close = key[open + 1..].find('}')?;
+            (close > 0).then(|| &bytes[open + 1..open + 1 + close])
+        })
+        .unwrap_or(bytes);
+    crc16(hashed) % 16_384
+}
+
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in bytes {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -41,6 +70,20 @@ mod tests {
         assert_eq!(hostile.matches('{').count(), 1, "{hostile}");
         assert_eq!(hostile.matches('}').count(), 1, "{hostile}");
         assert!(hostile.ends_with('}'));
+    }
+
+    #[test]
+    fn slots_follow_the_cluster_spec() {
+        // Reference values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(slot("foo"), 12182);
+        assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
+        assert_eq!(slot("foo{}{bar}"), slot("foo{}{bar}"));
+        assert_eq!(
+            slot("{}x"),
+            crc16(b"{}x") % 16_384,
+            "an empty tag hashes the whole key"
+        );
     }
 
     #[test]

@@ -4,10 +4,12 @@
 //! one hash tag per counter ([`keys`]). [`health`] keeps a circuit breaker so that an unreachable
 //! Redis costs microseconds per check, and the [`prober`] reconnects.
 //!
-//! A group of several policies is decided in two steps: every key is evaluated without recording
-//! (one pipeline), then, if no enforced policy denied, the allowed keys are recorded. The second
-//! step re-decides atomically per key, so a race can still deny there after another key of the
-//! group was spent; a single-policy check (the common case) is one atomic script call.
+//! A group of several policies (per-IP and per-account on login) is one atomic call of the group
+//! script, recording every allowed key or none, whenever its keys can be in one script: always on
+//! a single primary, and in a Cluster when they share a hash slot. Keys in different Cluster slots
+//! are decided in two steps: every key evaluated without recording, then, if no enforced policy
+//! denied, each allowed key recorded by its own (atomic, re-deciding) call; a race can then deny
+//! in the second step after another key was spent. A single-policy check is one script call.
 
 pub mod batcher;
 pub mod conn;
@@ -62,7 +64,9 @@ pub struct RedisMetrics {
 
 /// Counters in Redis.
 pub struct RedisStore {
+    cluster: bool,
     batcher: Batcher,
+    connection: watch::Receiver<Option<conn::Conn>>,
     scripts: Scripts,
     prefix: String,
     timeout: Duration,
@@ -86,6 +90,7 @@ impl RedisStore {
             metrics.up,
         ));
         let scripts = Scripts::default();
+        let cluster = matches!(options.target, RedisTarget::Cluster(_));
         let (publish, connection) = watch::channel(None);
         let prober = Prober {
             target: options.target,
@@ -99,8 +104,10 @@ impl RedisStore {
         };
         tokio::spawn(prober.run());
         Ok(Self {
+            cluster,
             errors: metrics.batch.errors.clone(),
-            batcher: Batcher::spawn(connection, options.batch, metrics.batch),
+            batcher: Batcher::spawn(connection.clone(), options.batch, metrics.batch),
+            connection,
             scripts,
             prefix: options.key_prefix,
             timeout: options.timeout,
@@ -108,23 +115,55 @@ impl RedisStore {
         })
     }
 
+    /// `HGET <prefix>:<name> <field>` on the current connection (for small shared tables such as
+    /// tenant tiers); fails fast while the circuit is open.
+    pub async fn hash_get(&self, name: &str, field: &str) -> Result<Option<String>, StoreError> {
+        if !self.health.allows_calls() {
+            return Err(StoreError::CircuitOpen);
+        }
+        let current = self.connection.borrow().clone();
+        let Some(mut conn) = current else {
+            return Err(StoreError::failed("connection", "not connected to Redis"));
+        };
+        let key = format!("{}:{name}", self.prefix);
+        conn.hash_get(&key, field)
+            .await
+            .map_err(|e| StoreError::failed(batcher::error_kind(&e), e.to_string()))
+    }
+
     async fn check_group(
         &self,
         checks: Vec<StoreCheck>,
         dry_run: bool,
     ) -> Result<Vec<Decision>, StoreError> {
-        let single = checks.len() == 1;
-        let mut decisions = self
-            .run(checks.iter().map(|c| (c, single && !dry_run)))
-            .await?;
-        if single || dry_run {
-            return Ok(decisions);
+        if checks.len() == 1 {
+            return self.run(checks.iter().map(|c| (c, !dry_run))).await;
         }
+        let keyed: Vec<(String, &StoreCheck)> = checks
+            .iter()
+            .map(|c| (keys::redis_key(&self.prefix, &c.key), c))
+            .collect();
+        let one_slot = keyed
+            .windows(2)
+            .all(|w| keys::slot(&w[0].0) == keys::slot(&w[1].0));
+        if !self.cluster || one_slot {
+            let call = self.scripts.group_call(&keyed, !dry_run, None);
+            let value = self
+                .batcher
+                .submit(call)
+                .await?
+                .await
+                .map_err(|_| StoreError::failed("internal", "Redis call dropped"))??;
+            return scripts::parse_group_reply(&value, keyed.len())
+                .map_err(|detail| StoreError::failed("protocol", detail));
+        }
+        // Different Cluster slots: evaluate all, then record the allowed ones one by one.
+        let mut decisions = self.run(checks.iter().map(|c| (c, false))).await?;
         let group_allowed = checks
             .iter()
             .zip(&decisions)
             .all(|(check, decision)| decision.allowed || !check.enforce);
-        if !group_allowed {
+        if dry_run || !group_allowed {
             return Ok(decisions);
         }
         let allowed: Vec<usize> = (0..checks.len())

@@ -33,7 +33,7 @@ pub struct Prober {
     /// The key the write probe sets (in the daemon's prefix, with an expiry).
     pub probe_key: String,
     /// Script sources to load into a new connection.
-    pub scripts: Vec<&'static str>,
+    pub scripts: Vec<std::sync::Arc<str>>,
     /// Shared health.
     pub health: Arc<Health>,
     /// Where new connections are published.

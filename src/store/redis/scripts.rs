@@ -1,67 +1,97 @@
-//! The Lua scripts (one per algorithm, from `lua/`), their SHA-1s, the arguments each takes and
-//! how their integer replies become [`Decision`]s.
+//! The Lua scripts (one per algorithm from `lua/`, plus the group script composed of their
+//! functions and `lua/group.lua`), their SHA-1s, the arguments each takes and how their integer
+//! replies become [`Decision`]s.
+
+use std::sync::Arc;
 
 use redis::Value;
 
 use crate::limit::{Algorithm, Decision, Micros, NEVER};
+use crate::store::StoreCheck;
+
+const TOKEN_BUCKET: &str = include_str!("../../../lua/token_bucket.lua");
+const SLIDING_LOG: &str = include_str!("../../../lua/sliding_log.lua");
+const FIXED_WINDOW: &str = include_str!("../../../lua/fixed_window.lua");
+const GROUP: &str = include_str!("../../../lua/group.lua");
+
+/// The line that separates an algorithm script's reusable functions from its own entry point.
+const ENTRY_MARKER: &str = "-- sluice:entry";
 
 /// A script's source and its SHA-1 (what `EVALSHA` names).
 #[derive(Debug, Clone)]
 pub struct Script {
     /// Lua source, sent with `EVAL` when a node answers `NOSCRIPT`.
-    pub source: &'static str,
+    pub source: Arc<str>,
     /// Hex SHA-1 of the source.
-    pub sha: String,
+    pub sha: Arc<str>,
 }
 
 impl Script {
-    fn new(source: &'static str) -> Self {
+    fn new(source: String) -> Self {
+        let sha = sha1_smol::Sha1::from(source.as_bytes())
+            .digest()
+            .to_string();
         Self {
-            source,
-            sha: sha1_smol::Sha1::from(source.as_bytes())
-                .digest()
-                .to_string(),
+            source: Arc::from(source),
+            sha: Arc::from(sha),
         }
     }
 }
 
-/// The three algorithm scripts.
+/// The algorithm scripts and the group script.
 #[derive(Debug, Clone)]
 pub struct Scripts {
     token_bucket: Script,
     sliding_log: Script,
     fixed_window: Script,
+    group: Script,
+}
+
+/// The part of an algorithm script before its entry point: its functions.
+fn functions(source: &str) -> &str {
+    source.split(ENTRY_MARKER).next().unwrap_or(source)
 }
 
 impl Default for Scripts {
     fn default() -> Self {
+        let group = [
+            functions(TOKEN_BUCKET),
+            functions(SLIDING_LOG),
+            functions(FIXED_WINDOW),
+            GROUP,
+        ]
+        .join("\n");
         Self {
-            token_bucket: Script::new(include_str!("../../../lua/token_bucket.lua")),
-            sliding_log: Script::new(include_str!("../../../lua/sliding_log.lua")),
-            fixed_window: Script::new(include_str!("../../../lua/fixed_window.lua")),
+            token_bucket: Script::new(TOKEN_BUCKET.to_owned()),
+            sliding_log: Script::new(SLIDING_LOG.to_owned()),
+            fixed_window: Script::new(FIXED_WINDOW.to_owned()),
+            group: Script::new(group),
         }
     }
 }
 
-/// One script invocation on one key.
+/// One script invocation.
 #[derive(Debug, Clone)]
 pub struct ScriptCall {
     /// The script to run.
     pub script: Script,
-    /// `KEYS[1]`.
-    pub key: String,
+    /// `KEYS`.
+    pub keys: Vec<String>,
     /// `ARGV`, as integers.
     pub args: Vec<u64>,
 }
 
 impl Scripts {
-    /// Every script's source.
-    pub fn sources(&self) -> Vec<&'static str> {
-        vec![
-            self.token_bucket.source,
-            self.sliding_log.source,
-            self.fixed_window.source,
+    /// Every script's source, to preload.
+    pub fn sources(&self) -> Vec<Arc<str>> {
+        [
+            &self.token_bucket,
+            &self.sliding_log,
+            &self.fixed_window,
+            &self.group,
         ]
+        .map(|s| Arc::clone(&s.source))
+        .to_vec()
     }
 
     /// The script for `algorithm`.
@@ -92,7 +122,33 @@ impl Scripts {
         args.extend(now);
         ScriptCall {
             script: self.for_algorithm(algorithm).clone(),
-            key,
+            keys: vec![key],
+            args,
+        }
+    }
+
+    /// The group call over `checks` (with their Redis keys): all allowed ones are recorded (with
+    /// `commit`) if every enforced one allows, else none. `now` as in [`Scripts::call`]; `None`
+    /// is sent as 0, the group script's "read TIME".
+    pub fn group_call(
+        &self,
+        checks: &[(String, &StoreCheck)],
+        commit: bool,
+        now: Option<Micros>,
+    ) -> ScriptCall {
+        let mut args = vec![u64::from(commit), now.unwrap_or(0)];
+        for (_, check) in checks {
+            let (kind, limit, period, capacity) = match check.algorithm {
+                Algorithm::TokenBucket(b) => (1, b.limit(), b.period_us(), Some(b.capacity())),
+                Algorithm::SlidingLog(l) => (2, l.limit(), l.period_us(), None),
+                Algorithm::FixedWindow(w) => (3, w.limit(), w.period_us(), None),
+            };
+            args.extend([kind, u64::from(check.enforce), check.cost, limit, period]);
+            args.extend(capacity);
+        }
+        ScriptCall {
+            script: self.group.clone(),
+            keys: checks.iter().map(|(key, _)| key.clone()).collect(),
             args,
         }
     }
@@ -123,57 +179,19 @@ pub fn parse_reply(value: &Value) -> Result<Decision, String> {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::limit::TokenBucket;
-
-    #[test]
-    fn every_script_documents_its_contract() {
-        let scripts = Scripts::default();
-        for script in [
-            &scripts.token_bucket,
-            &scripts.sliding_log,
-            &scripts.fixed_window,
-        ] {
-            for part in [
-                "KEYS[1]",
-                "ARGV[1]",
-                "returns",
-                "now_us",
-                "TESTS ONLY",
-                "TTL",
-            ] {
-                assert!(script.source.contains(part), "missing {part}");
-            }
-            assert_eq!(script.sha.len(), 40);
-            let mut code = script
-                .source
-                .lines()
-                .filter(|l| !l.trim_start().starts_with("--"));
-            assert!(
-                code.all(|line| !line.contains("tostring(")),
-                "tostring prints 14 significant digits; times have 16"
-            );
-        }
+/// Reads a group reply: one decision per key.
+pub fn parse_group_reply(value: &Value, keys: usize) -> Result<Vec<Decision>, String> {
+    let Value::Array(items) = value else {
+        return Err("unexpected group reply".into());
+    };
+    if items.len() != keys {
+        return Err(format!(
+            "group reply has {} results for {keys} keys",
+            items.len()
+        ));
     }
-
-    #[test]
-    fn arguments_follow_the_script_headers() {
-        let bucket =
-            Algorithm::TokenBucket(TokenBucket::new(1000, 60_000_000, 150).expect("valid"));
-        let call = Scripts::default().call(&bucket, "k".into(), 2, true, None);
-        assert_eq!(call.args, vec![1000, 60_000_000, 150, 2, 1]);
-        let call = Scripts::default().call(&bucket, "k".into(), 2, false, Some(7));
-        assert_eq!(call.args, vec![1000, 60_000_000, 150, 2, 0, 7]);
-    }
-
-    #[test]
-    fn replies_parse_and_never_maps_from_minus_one() {
-        let reply = Value::Array([0, 10, 0, 5, -1].map(Value::Int).to_vec());
-        let decision = parse_reply(&reply).expect("parses");
-        assert!(!decision.allowed);
-        assert_eq!(decision.retry_after_us, NEVER);
-        assert!(parse_reply(&Value::Int(1)).is_err());
-    }
+    items.iter().map(parse_reply).collect()
 }
+
+#[cfg(test)]
+mod tests;

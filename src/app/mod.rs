@@ -13,16 +13,14 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::check::{CheckService, LocalShare};
+mod stores;
+
+use crate::check::CheckService;
 use crate::clock::{Clock, SystemClock};
-use crate::config::RedisSettings;
-use crate::config::{load_policies, Settings};
+use crate::config::{parse_policies, policy_file_version, Settings};
 use crate::limit::PolicySet;
-use crate::store::redis::batcher::{BatchConfig, BatchMetrics};
-use crate::store::redis::conn::{RedisTarget, SentinelTarget, Timeouts};
-use crate::store::redis::prober::Backoff;
-use crate::store::redis::{RedisMetrics, RedisOptions, RedisStore};
-use crate::store::{MemoryMetrics, MemoryStore, RateStore};
+use crate::reload::Reloader;
+use crate::store::MemoryStore;
 use crate::telemetry::Metrics;
 use crate::transport::serve::serve;
 use crate::transport::{admin, http, uds, Transport};
@@ -51,14 +49,29 @@ pub struct App {
     metrics: Metrics,
     ready: Arc<AtomicBool>,
     grace: Duration,
+    reloader: Option<(Reloader, Duration)>,
 }
 
 impl App {
-    /// Loads the policy file named by `settings` and builds on the system clock.
+    /// Loads the policy file named by `settings`, builds on the system clock, and watches the
+    /// file for changes (and SIGHUP) while running.
     pub async fn build(settings: &Settings) -> Result<Self, StartError> {
+        let path = &settings.policies;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| StartError::Config(format!("{}: cannot read: {e}", path.display())))?;
         let policies =
-            load_policies(&settings.policies).map_err(|e| StartError::Config(e.to_string()))?;
-        Self::build_with(settings, policies, Arc::new(SystemClock::new())).await
+            parse_policies(path, &text).map_err(|e| StartError::Config(e.to_string()))?;
+        let mut app = Self::build_with(settings, policies, Arc::new(SystemClock::new())).await?;
+        app.reloader = Some((
+            Reloader::new(
+                path.clone(),
+                app.service.clone(),
+                app.metrics.clone(),
+                policy_file_version(&text),
+            ),
+            settings.policies_poll.as_std(),
+        ));
+        Ok(app)
     }
 
     /// Builds with the given policies and clock and binds every listener.
@@ -71,34 +84,8 @@ impl App {
             .validate()
             .map_err(|e| StartError::Config(e.to_string()))?;
         let metrics = Metrics::new();
-        // The embedded store: the store itself, or the `local` failure mode's when Redis is used.
-        let memory = Arc::new(MemoryStore::new(
-            settings.memory.max_keys,
-            clock,
-            Some(MemoryMetrics {
-                keys: metrics.memory_keys.clone(),
-                evictions: metrics.memory_evictions.clone(),
-            }),
-        ));
-        let store: Arc<dyn RateStore> = if settings.redis.enabled() {
-            let redis = RedisStore::start(redis_options(&settings.redis), redis_metrics(&metrics))
-                .map_err(|e| StartError::Config(format!("redis: {e}")))?;
-            Arc::new(redis)
-        } else {
-            memory.clone()
-        };
-        let local = LocalShare::new(
-            memory.clone(),
-            settings.local.replicas,
-            settings.local.margin_percent,
-        );
-        let service = Arc::new(CheckService::new(
-            policies,
-            store,
-            local,
-            settings.limits.clone(),
-            metrics.clone(),
-        ));
+        let (service, memory) = stores::service(settings, policies, clock, &metrics)?;
+        let service = Arc::new(service);
         let bind_err = |what: &str, target: &dyn std::fmt::Display, e: std::io::Error| {
             StartError::Bind(format!("cannot bind {what} {target}: {e}"))
         };
@@ -143,11 +130,12 @@ impl App {
             http,
             socket,
             admin: (admin, admin_local),
-            service,
             memory,
+            service,
             metrics,
             ready: Arc::new(AtomicBool::new(true)),
             grace: settings.shutdown_grace.as_std(),
+            reloader: None,
         })
     }
 
@@ -204,6 +192,9 @@ impl App {
             axum::serve(admin_listener, admin_app).with_graceful_shutdown(until(stop_rx.clone()));
         let admin_task = tokio::spawn(async move { admin_serve.await });
         let sweeper = tokio::spawn(sweep(self.memory.clone(), until(stop_rx.clone())));
+        let reloader = self
+            .reloader
+            .map(|(reloader, poll)| tokio::spawn(reloader.run(poll, until(stop_rx.clone()))));
         tracing::info!(
             store = self.service.store_name(),
             policies = self.service.policies().len(),
@@ -226,6 +217,9 @@ impl App {
         let _ = stop_tx.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(1), admin_task).await;
         let _ = sweeper.await;
+        if let Some(reloader) = reloader {
+            let _ = reloader.await;
+        }
         tracing::info!("sluice stopped");
     }
 }
@@ -239,54 +233,6 @@ async fn sweep(store: Arc<MemoryStore>, stop: impl Future<Output = ()>) {
             _ = &mut stop => return,
             _ = ticker.tick() => { store.sweep(); }
         }
-    }
-}
-
-fn redis_options(settings: &RedisSettings) -> RedisOptions {
-    let sentinel = &settings.sentinel;
-    let target = match &settings.url {
-        Some(url) if !url.is_empty() => RedisTarget::Single(url.clone()),
-        _ if !sentinel.nodes.is_empty() => RedisTarget::Sentinel(SentinelTarget {
-            nodes: sentinel.nodes.clone(),
-            master: sentinel.master.clone(),
-            username: sentinel.username.clone(),
-            password: sentinel.password.clone(),
-        }),
-        _ => RedisTarget::Cluster(settings.cluster.clone()),
-    };
-    RedisOptions {
-        target,
-        key_prefix: settings.key_prefix.clone(),
-        timeout: settings.timeout.as_std(),
-        timeouts: Timeouts {
-            connect: settings.connect_timeout.as_std(),
-            response: settings
-                .connect_timeout
-                .as_std()
-                .max(settings.timeout.as_std()),
-        },
-        batch: BatchConfig {
-            max_batch: settings.max_batch,
-            in_flight: settings.pipelines_in_flight,
-            queue: settings.queue,
-        },
-        breaker_failures: settings.breaker.failures,
-        backoff: Backoff {
-            min: settings.breaker.probe_min.as_std(),
-            max: settings.breaker.probe_max.as_std(),
-        },
-    }
-}
-
-fn redis_metrics(metrics: &Metrics) -> RedisMetrics {
-    RedisMetrics {
-        batch: BatchMetrics {
-            batch_size: metrics.redis_batch_size.clone(),
-            pipeline_duration: metrics.redis_pipeline_duration.clone(),
-            errors: metrics.redis_errors.clone(),
-        },
-        circuit: metrics.redis_circuit.clone(),
-        up: metrics.redis_up.clone(),
     }
 }
 

@@ -1,0 +1,137 @@
+//! Builds the check service from settings: the store (embedded, or Redis with its tenant tier
+//! table and local layer), the `local` failure mode's share, and the tenant table for the
+//! embedded store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::StartError;
+use crate::check::{CheckService, HotKeys, LocalShare};
+use crate::clock::Clock;
+use crate::config::{RedisSettings, Settings};
+use crate::limit::PolicySet;
+use crate::store::redis::batcher::{BatchConfig, BatchMetrics};
+use crate::store::redis::conn::{RedisTarget, SentinelTarget, Timeouts};
+use crate::store::redis::prober::Backoff;
+use crate::store::redis::{RedisMetrics, RedisOptions, RedisStore};
+use crate::store::{MemoryMetrics, MemoryStore};
+use crate::telemetry::Metrics;
+use crate::tenants::{FileTiers, RedisTiers, TenantTiers, TierSource};
+
+/// The check service, and the embedded store (to be swept) that it uses as its store or for the
+/// `local` failure mode.
+pub(super) fn service(
+    settings: &Settings,
+    policies: PolicySet,
+    clock: Arc<dyn Clock>,
+    metrics: &Metrics,
+) -> Result<(CheckService, Arc<MemoryStore>), StartError> {
+    let memory = Arc::new(MemoryStore::new(
+        settings.memory.max_keys,
+        clock,
+        Some(MemoryMetrics {
+            keys: metrics.memory_keys.clone(),
+            evictions: metrics.memory_evictions.clone(),
+        }),
+    ));
+    let local = LocalShare::new(
+        memory.clone(),
+        settings.local.replicas,
+        settings.local.margin_percent,
+    );
+    let tenants = &settings.tenants;
+    let tiers = |source: Arc<dyn TierSource>, timeout: Duration| {
+        TenantTiers::new(
+            source,
+            tenants.cache_size,
+            tenants.refresh.as_std(),
+            timeout,
+        )
+    };
+    let service = if settings.redis.enabled() {
+        let redis = RedisStore::start(redis_options(&settings.redis), redis_metrics(metrics))
+            .map_err(|e| StartError::Config(format!("redis: {e}")))?;
+        let redis = Arc::new(redis);
+        let table = tiers(
+            Arc::new(RedisTiers::new(redis.clone())),
+            settings.redis.timeout.as_std(),
+        );
+        let mut service = CheckService::new(
+            policies,
+            redis,
+            local,
+            settings.limits.clone(),
+            metrics.clone(),
+        )
+        .with_tenant_tiers(table);
+        if settings.local_layer.enabled {
+            service = service.with_local_layer(HotKeys::new(settings.local_layer.max_keys));
+        }
+        service
+    } else {
+        let service = CheckService::new(
+            policies,
+            memory.clone(),
+            local,
+            settings.limits.clone(),
+            metrics.clone(),
+        );
+        match &tenants.file {
+            Some(path) => {
+                let source = FileTiers::new(path.clone(), tenants.refresh.as_std())
+                    .map_err(|e| StartError::Config(format!("tenants.file: {e}")))?;
+                service.with_tenant_tiers(tiers(Arc::new(source), Duration::from_secs(1)))
+            }
+            None => service,
+        }
+    };
+    Ok((service, memory))
+}
+
+fn redis_options(settings: &RedisSettings) -> RedisOptions {
+    let sentinel = &settings.sentinel;
+    let target = match &settings.url {
+        Some(url) if !url.is_empty() => RedisTarget::Single(url.clone()),
+        _ if !sentinel.nodes.is_empty() => RedisTarget::Sentinel(SentinelTarget {
+            nodes: sentinel.nodes.clone(),
+            master: sentinel.master.clone(),
+            username: sentinel.username.clone(),
+            password: sentinel.password.clone(),
+        }),
+        _ => RedisTarget::Cluster(settings.cluster.clone()),
+    };
+    RedisOptions {
+        target,
+        key_prefix: settings.key_prefix.clone(),
+        timeout: settings.timeout.as_std(),
+        timeouts: Timeouts {
+            connect: settings.connect_timeout.as_std(),
+            response: settings
+                .connect_timeout
+                .as_std()
+                .max(settings.timeout.as_std()),
+        },
+        batch: BatchConfig {
+            max_batch: settings.max_batch,
+            in_flight: settings.pipelines_in_flight,
+            queue: settings.queue,
+        },
+        breaker_failures: settings.breaker.failures,
+        backoff: Backoff {
+            min: settings.breaker.probe_min.as_std(),
+            max: settings.breaker.probe_max.as_std(),
+        },
+    }
+}
+
+fn redis_metrics(metrics: &Metrics) -> RedisMetrics {
+    RedisMetrics {
+        batch: BatchMetrics {
+            batch_size: metrics.redis_batch_size.clone(),
+            pipeline_duration: metrics.redis_pipeline_duration.clone(),
+            errors: metrics.redis_errors.clone(),
+        },
+        circuit: metrics.redis_circuit.clone(),
+        up: metrics.redis_up.clone(),
+    }
+}

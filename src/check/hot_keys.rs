@@ -1,0 +1,148 @@
+//! The local layer: partitions the store recently denied, remembered until the instant the same
+//! request could pass again, so that a client hammering far over its limit is answered here
+//! instead of costing Redis a script call each time.
+//!
+//! Correctness first: it only ever denies, and only what the store would deny. A denial of cost
+//! `c` with retry-after `r` means no request of cost `>= c` can pass before `r` has elapsed
+//! (other pods only spend more), so it is remembered for that long, measured from before the
+//! store was asked, and applies to requests of cost `>= c` only.
+
+use std::time::{Duration, Instant};
+
+use moka::sync::Cache;
+
+use crate::limit::{Decision, Key, NEVER};
+
+#[derive(Clone)]
+struct Denial {
+    until: Instant,
+    cost: u64,
+    decision: Decision,
+}
+
+struct UntilRetry;
+
+impl moka::Expiry<Key, Denial> for UntilRetry {
+    fn expire_after_create(
+        &self,
+        _: &Key,
+        denial: &Denial,
+        created_at: Instant,
+    ) -> Option<Duration> {
+        Some(denial.until.saturating_duration_since(created_at))
+    }
+}
+
+/// Recent denials, bounded in size.
+pub struct HotKeys {
+    cache: Cache<Key, Denial>,
+}
+
+impl HotKeys {
+    /// Remembers at most `capacity` partitions.
+    pub fn new(capacity: u64) -> Self {
+        Self {
+            cache: Cache::builder()
+                .max_capacity(capacity)
+                .expire_after(UntilRetry)
+                .build(),
+        }
+    }
+
+    /// The store denied `cost` on `key`; `asked` is when the store was asked.
+    pub fn remember(&self, key: &Key, cost: u64, decision: &Decision, asked: Instant) {
+        if decision.allowed || decision.retry_after_us == 0 || decision.retry_after_us == NEVER {
+            return;
+        }
+        let until = asked + Duration::from_micros(decision.retry_after_us);
+        self.cache.insert(
+            key.clone(),
+            Denial {
+                until,
+                cost,
+                decision: *decision,
+            },
+        );
+    }
+
+    /// A denial for `cost` on `key` that the store would give too, if one is remembered.
+    pub fn denial(&self, key: &Key, cost: u64, now: Instant) -> Option<Decision> {
+        let denial = self.cache.get(key)?;
+        if now >= denial.until || cost < denial.cost {
+            return None;
+        }
+        let left = denial.until - now;
+        let elapsed = denial.decision.retry_after_us.saturating_sub(micros(left));
+        Some(Decision {
+            retry_after_us: micros(left).max(1),
+            reset_after_us: denial.decision.reset_after_us.saturating_sub(elapsed),
+            ..denial.decision
+        })
+    }
+
+    /// Forgets everything (the policies changed).
+    pub fn clear(&self) {
+        self.cache.invalidate_all();
+    }
+}
+
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn denied(retry_after_us: u64) -> Decision {
+        Decision {
+            allowed: false,
+            limit: 10,
+            remaining: 0,
+            reset_after_us: 5_000_000,
+            retry_after_us,
+        }
+    }
+
+    #[test]
+    fn remembers_until_the_retry_instant_and_only_for_costs_as_large() {
+        let hot = HotKeys::new(100);
+        let key = Key::new(Arc::from("p"), ["k"]);
+        let asked = Instant::now();
+        hot.remember(&key, 2, &denied(1_000_000), asked);
+        let half = asked + Duration::from_millis(500);
+        let local = hot.denial(&key, 2, half).expect("still denied");
+        assert!(!local.allowed);
+        assert_eq!(local.retry_after_us, 500_000);
+        assert_eq!(local.reset_after_us, 4_500_000);
+        assert!(
+            hot.denial(&key, 1, half).is_none(),
+            "a smaller cost may pass: ask the store"
+        );
+        assert!(
+            hot.denial(&key, 2, asked + Duration::from_secs(1))
+                .is_none(),
+            "retry instant reached"
+        );
+    }
+
+    #[test]
+    fn allowed_and_never_admissible_are_not_remembered() {
+        let hot = HotKeys::new(100);
+        let key = Key::new(Arc::from("p"), ["k"]);
+        let now = Instant::now();
+        hot.remember(
+            &key,
+            1,
+            &Decision {
+                allowed: true,
+                ..denied(0)
+            },
+            now,
+        );
+        hot.remember(&key, 1, &denied(NEVER), now);
+        assert!(hot.denial(&key, 1, now).is_none());
+    }
+}

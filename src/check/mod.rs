@@ -1,0 +1,261 @@
+//! The one decision path every transport calls: validate the request and plan its policies
+//! ([`plan`]), answer from the local layer when the store recently denied the same partition
+//! ([`hot_keys`]), ask the store as one group, apply failure modes when it cannot answer
+//! ([`degrade`]), pick the deciding policy ([`verdict`]), count and log.
+
+mod degrade;
+mod explain;
+mod hot_keys;
+mod plan;
+mod request;
+mod verdict;
+
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+pub use degrade::LocalShare;
+pub use explain::{Explanation, PolicyExplanation};
+pub use hot_keys::HotKeys;
+pub use plan::{Planned, TENANT_DESCRIPTOR};
+pub use request::{CheckError, CheckRequest, MAX_DESCRIPTOR_NAME};
+pub use verdict::{Mode, Outcome, PolicyDecision, Verdict};
+
+use crate::config::RequestLimits;
+use crate::limit::PolicySet;
+use crate::store::RateStore;
+use crate::telemetry::Metrics;
+use crate::tenants::TenantTiers;
+
+/// Answers checks against a policy set and a store.
+pub struct CheckService {
+    policies: RwLock<Arc<PolicySet>>,
+    store: Arc<dyn RateStore>,
+    local: LocalShare,
+    tiers: Option<TenantTiers>,
+    hot: Option<HotKeys>,
+    limits: RequestLimits,
+    metrics: Metrics,
+}
+
+impl CheckService {
+    /// A service over `store` enforcing `policies`, with `local` for the `local` failure mode.
+    pub fn new(
+        policies: PolicySet,
+        store: Arc<dyn RateStore>,
+        local: LocalShare,
+        limits: RequestLimits,
+        metrics: Metrics,
+    ) -> Self {
+        metrics
+            .policies_loaded
+            .set(i64::try_from(policies.len()).unwrap_or(i64::MAX));
+        Self {
+            policies: RwLock::new(Arc::new(policies)),
+            store,
+            local,
+            tiers: None,
+            hot: None,
+            limits,
+            metrics,
+        }
+    }
+
+    /// Consults `tiers` for tenants' tiers.
+    pub fn with_tenant_tiers(mut self, tiers: TenantTiers) -> Self {
+        self.tiers = Some(tiers);
+        self
+    }
+
+    /// Answers partitions the store recently denied from `hot` (for a remote store).
+    pub fn with_local_layer(mut self, hot: HotKeys) -> Self {
+        self.hot = Some(hot);
+        self
+    }
+
+    /// The policy set in force.
+    pub fn policies(&self) -> Arc<PolicySet> {
+        let guard = self.policies.read().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(&guard)
+    }
+
+    /// Replaces the policy set atomically; checks in flight finish with the old one.
+    pub fn replace_policies(&self, policies: PolicySet) {
+        self.metrics
+            .policies_loaded
+            .set(i64::try_from(policies.len()).unwrap_or(i64::MAX));
+        *self.policies.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policies);
+        if let Some(hot) = &self.hot {
+            hot.clear();
+        }
+    }
+
+    /// The store's name.
+    pub fn store_name(&self) -> &'static str {
+        self.store.name()
+    }
+
+    /// The store's health, for a remote store.
+    pub fn store_health(&self) -> Option<&'static str> {
+        self.store.health()
+    }
+
+    /// The caps requests are held to.
+    pub fn limits(&self) -> &RequestLimits {
+        &self.limits
+    }
+
+    /// Checks one request.
+    pub async fn check(&self, request: &CheckRequest) -> Result<Verdict, CheckError> {
+        let planned = self.plan(&self.policies(), request).await?;
+        Ok(self.run(request.dry_run, planned).await)
+    }
+
+    /// Checks several independent requests; all are validated and planned before any is
+    /// checked, so a bad one fails the batch (the error names it) without spending anything.
+    pub async fn check_batch(
+        &self,
+        requests: Vec<CheckRequest>,
+    ) -> Result<Vec<Verdict>, CheckError> {
+        if requests.len() > self.limits.max_batch {
+            return Err(CheckError::Invalid(format!(
+                "a batch holds at most {} checks, got {}",
+                self.limits.max_batch,
+                requests.len()
+            )));
+        }
+        let policies = self.policies();
+        let mut plans = Vec::with_capacity(requests.len());
+        for (index, request) in requests.iter().enumerate() {
+            let planned = self.plan(&policies, request).await;
+            plans.push(planned.map_err(|e| e.in_batch(index))?);
+        }
+        let mut verdicts = Vec::with_capacity(plans.len());
+        for (request, planned) in requests.iter().zip(plans) {
+            verdicts.push(self.run(request.dry_run, planned).await);
+        }
+        Ok(verdicts)
+    }
+
+    async fn plan(
+        &self,
+        policies: &PolicySet,
+        request: &CheckRequest,
+    ) -> Result<Vec<Planned>, CheckError> {
+        plan::plan(policies, &self.limits, self.tiers.as_ref(), request).await
+    }
+
+    async fn run(&self, dry_run: bool, planned: Vec<Planned>) -> Verdict {
+        if planned.is_empty() {
+            return Verdict::unlimited();
+        }
+        if let Some(verdict) = self.answer_locally(&planned) {
+            if !dry_run {
+                self.record(&verdict);
+            }
+            return verdict;
+        }
+        // The most patient matched policy sets the deadline; the others' answers come with it.
+        let deadline = planned
+            .iter()
+            .filter_map(|p| p.policy.timeout_us())
+            .max()
+            .map(Duration::from_micros);
+        let checks = planned.iter().map(|p| p.check.clone()).collect();
+        let asked = Instant::now();
+        let evaluated = match self.store.check(checks, dry_run, deadline).await {
+            Ok(decisions) => planned
+                .into_iter()
+                .zip(decisions)
+                .map(|(p, decision)| {
+                    if p.check.enforce {
+                        if let Some(hot) = &self.hot {
+                            hot.remember(&p.check.key, p.check.cost, &decision, asked);
+                        }
+                    }
+                    PolicyDecision {
+                        mode: if p.check.enforce {
+                            Mode::Enforced
+                        } else {
+                            Mode::Shadow
+                        },
+                        window_us: p.check.algorithm.window_us(),
+                        policy: p.policy,
+                        key: p.check.key,
+                        decision,
+                    }
+                })
+                .collect(),
+            Err(error) => {
+                tracing::debug!(%error, store = self.store.name(), "store could not decide; applying failure modes");
+                self.local.degrade(planned, dry_run)
+            }
+        };
+        let verdict = verdict::decide(evaluated);
+        if !dry_run {
+            self.record(&verdict);
+        }
+        verdict
+    }
+
+    /// A denial from the local layer, when an enforced policy's partition is known to be over
+    /// its limit for this cost; nothing is asked of the store (and nothing would be spent).
+    fn answer_locally(&self, planned: &[Planned]) -> Option<Verdict> {
+        let hot = self.hot.as_ref()?;
+        let now = Instant::now();
+        let denied: Vec<PolicyDecision> = planned
+            .iter()
+            .filter(|p| p.check.enforce)
+            .filter_map(|p| {
+                let decision = hot.denial(&p.check.key, p.check.cost, now)?;
+                self.metrics
+                    .local_layer_hits
+                    .with_label_values(&[p.policy.name()])
+                    .inc();
+                Some(PolicyDecision {
+                    policy: Arc::clone(&p.policy),
+                    key: p.check.key.clone(),
+                    decision,
+                    mode: Mode::Enforced,
+                    window_us: p.check.algorithm.window_us(),
+                })
+            })
+            .collect();
+        (!denied.is_empty()).then(|| verdict::decide(denied))
+    }
+
+    fn record(&self, verdict: &Verdict) {
+        for part in &verdict.evaluated {
+            let outcome = match (part.mode, part.decision.allowed) {
+                (Mode::FailOpen, _) => "fail_open",
+                (Mode::FailClosed, _) => "fail_closed",
+                (Mode::Local, true) => "local_allowed",
+                (Mode::Local, false) => "local_denied",
+                (Mode::Enforced, false) => "denied",
+                (Mode::Shadow, false) => {
+                    // The partition's fingerprint correlates lines without logging raw values
+                    // (keys, tenants, IPs) at info level.
+                    tracing::info!(
+                        policy = part.policy.name(),
+                        partition = %part.key.fingerprint(),
+                        retry_after_ms = part.decision.retry_after_us.div_ceil(1_000),
+                        "would block (shadow)"
+                    );
+                    tracing::debug!(
+                        policy = part.policy.name(),
+                        partition = part.key.partition(),
+                        "would block (shadow): raw partition"
+                    );
+                    "shadow_denied"
+                }
+                (_, true) => "allowed",
+            };
+            self.metrics
+                .decisions
+                .with_label_values(&[part.policy.name(), outcome])
+                .inc();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,98 @@
+//! Turns a request into store checks: which policies apply (named, or by match with group
+//! precedence), each one's tier (tenant override table first, then the tier descriptor), cost
+//! (cost table or the request's), counter key and whether it is enforced (shadow, rollout).
+
+use std::sync::Arc;
+
+use super::request::{validate, CheckError, CheckRequest};
+use crate::config::RequestLimits;
+use crate::limit::{Applicable, Policy, PolicySet};
+use crate::store::StoreCheck;
+use crate::tenants::TenantTiers;
+
+/// The descriptor that names a request's tenant (the override table is keyed by it).
+pub const TENANT_DESCRIPTOR: &str = "tenant";
+
+/// One policy's part in a check, ready for the store.
+#[derive(Debug, Clone)]
+pub struct Planned {
+    /// The policy.
+    pub policy: Arc<Policy>,
+    /// The counter, quota, cost and enforcement.
+    pub check: StoreCheck,
+    /// The tier whose quota applies, if the policy has tiers and the request is in a listed one.
+    pub tier: Option<String>,
+}
+
+/// Validates `request` and plans its store checks. Nothing is spent.
+pub(crate) async fn plan(
+    policies: &PolicySet,
+    limits: &RequestLimits,
+    tiers: Option<&TenantTiers>,
+    request: &CheckRequest,
+) -> Result<Vec<Planned>, CheckError> {
+    validate(limits, request)?;
+    let descriptors = &request.descriptors;
+    let applicable = match &request.policy {
+        Some(name) => {
+            let policy = policies
+                .get(name)
+                .ok_or_else(|| CheckError::UnknownPolicy(name.clone()))?;
+            let captures = policy.conditions_hold(descriptors).unwrap_or_default();
+            if let Some(missing) = policy.missing_key_descriptor(descriptors, &captures) {
+                return Err(CheckError::MissingDescriptor {
+                    policy: name.clone(),
+                    descriptor: missing.to_owned(),
+                });
+            }
+            vec![Applicable {
+                policy: Arc::clone(policy),
+                captures,
+            }]
+        }
+        None => policies.matching(descriptors),
+    };
+    let tenant_tier = match (tiers, descriptors.get(TENANT_DESCRIPTOR)) {
+        (Some(tiers), Some(tenant))
+            if applicable.iter().any(|a| a.policy.parts().tiers.is_some()) =>
+        {
+            tiers.tier_of(tenant).await
+        }
+        _ => None,
+    };
+    applicable
+        .into_iter()
+        .map(|Applicable { policy, captures }| {
+            let algorithm = *policy.algorithm_for(descriptors, tenant_tier.as_deref());
+            let cost = policy.cost_for(descriptors, request.cost);
+            if cost > algorithm.limit() {
+                return Err(CheckError::CostExceedsLimit {
+                    policy: policy.name().to_owned(),
+                    cost,
+                    limit: algorithm.limit(),
+                });
+            }
+            let key = policy.key_for(descriptors, &captures).ok_or_else(|| {
+                CheckError::Invalid(format!("policy `{}` lacks a key descriptor", policy.name()))
+            })?;
+            let tier = policy
+                .tier_of(descriptors, tenant_tier.as_deref())
+                .filter(|tier| {
+                    let levels = policy.parts().tiers.as_ref().map(|t| &t.levels);
+                    levels.is_some_and(|levels| levels.contains_key(*tier))
+                })
+                .map(str::to_owned);
+            let enforce = policy.enforces(&key);
+            Ok(Planned {
+                check: StoreCheck {
+                    key,
+                    algorithm,
+                    cost,
+                    enforce,
+                },
+                policy,
+                tier,
+            })
+        })
+        .collect()
+}

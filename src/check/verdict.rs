@@ -1,0 +1,111 @@
+//! Per-policy decisions, the overall verdict, and how the deciding policy is chosen.
+
+use std::sync::Arc;
+
+use crate::limit::{Decision, Key, Micros, Policy};
+
+/// How a policy's decision was reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// By the store, and it counts.
+    Enforced,
+    /// By the store, but only reported: a shadow policy (or a partition outside its rollout
+    /// percentage) never blocks.
+    Shadow,
+    /// The store could not answer; the policy fails open.
+    FailOpen,
+    /// The store could not answer; decided by this pod's local share.
+    Local,
+    /// The store could not answer; the policy fails closed (503).
+    FailClosed,
+}
+
+impl Mode {
+    /// The name used in answers.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Enforced => "enforced",
+            Self::Shadow => "shadow",
+            Self::FailOpen => "fail_open",
+            Self::Local => "local",
+            Self::FailClosed => "fail_closed",
+        }
+    }
+}
+
+/// The overall answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Go ahead (200).
+    Allowed,
+    /// Over the limit (429).
+    Denied,
+    /// A fail-closed policy could not be checked (503).
+    Unavailable,
+}
+
+/// One policy's part in a verdict.
+#[derive(Debug, Clone)]
+pub struct PolicyDecision {
+    /// The policy.
+    pub policy: Arc<Policy>,
+    /// The counter it spent from.
+    pub key: Key,
+    /// Its decision (for fail-closed policies that could not be checked: a denial with no retry).
+    pub decision: Decision,
+    /// How it was reached.
+    pub mode: Mode,
+    /// The window of the quota, for `RateLimit-Policy` (for a token bucket: the time to refill
+    /// from empty, so `limit` per window is exactly the refill rate).
+    pub window_us: Micros,
+}
+
+/// The answer to a check.
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    /// The overall answer.
+    pub outcome: Outcome,
+    /// The policy whose figures the client should see: the denying one with the longest wait,
+    /// else the enforced one with the least remaining. `None` when no policy applied.
+    pub deciding: Option<PolicyDecision>,
+    /// Every policy evaluated, in policy-file order.
+    pub evaluated: Vec<PolicyDecision>,
+}
+
+impl Verdict {
+    /// The verdict when no policy applies.
+    pub fn unlimited() -> Self {
+        Self {
+            outcome: Outcome::Allowed,
+            deciding: None,
+            evaluated: Vec::new(),
+        }
+    }
+}
+
+/// Combines per-policy decisions: any enforced denial denies (the longest wait decides), else any
+/// fail-closed policy makes the answer unavailable, else the tightest enforced policy decides.
+pub fn decide(evaluated: Vec<PolicyDecision>) -> Verdict {
+    let enforced = || evaluated.iter().filter(|p| p.mode != Mode::Shadow);
+    let denied = enforced()
+        .filter(|p| !p.decision.allowed && p.mode != Mode::FailClosed)
+        .max_by_key(|p| p.decision.retry_after_us);
+    let unavailable = enforced().find(|p| p.mode == Mode::FailClosed);
+    let (outcome, deciding) = if let Some(p) = denied {
+        (Outcome::Denied, Some(p.clone()))
+    } else if let Some(p) = unavailable {
+        (Outcome::Unavailable, Some(p.clone()))
+    } else {
+        let tightest = |it: &mut dyn Iterator<Item = &PolicyDecision>| {
+            it.min_by_key(|p| p.decision.remaining).cloned()
+        };
+        let deciding = tightest(&mut enforced()).or_else(|| tightest(&mut evaluated.iter()));
+        (Outcome::Allowed, deciding)
+    };
+    Verdict {
+        outcome,
+        deciding,
+        evaluated,
+    }
+}

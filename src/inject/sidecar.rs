@@ -1,0 +1,171 @@
+//! What `sluice inject` adds to a pod: the native sidecar container, its volumes, and the socket
+//! mount and environment of the application containers. The same shape as `deploy/k8s/base`.
+
+use serde_yaml::Value;
+
+/// Name of the sidecar container (an init container with `restartPolicy: Always`).
+pub const CONTAINER: &str = "sluice";
+/// The `emptyDir` volume shared by the sidecar and the application containers.
+pub const SOCKET_VOLUME: &str = "sluice-socket";
+/// The ConfigMap volume holding `policies.yaml`.
+pub const POLICIES_VOLUME: &str = "sluice-policies";
+/// Where the socket directory is mounted in every container.
+pub const SOCKET_DIR: &str = "/var/run/sluice";
+/// The socket the application containers call (`SLUICE_SOCKET`).
+pub const SOCKET_PATH: &str = "/var/run/sluice/sluice.sock";
+/// The TCP check API, loopback only (`SLUICE_URL`).
+pub const CHECK_URL: &str = "http://127.0.0.1:7070";
+/// The admin port: probes and Prometheus reach it on the pod IP.
+pub const ADMIN_PORT: u16 = 7071;
+/// Pod label that marks injected pods (the PodMonitor selects it).
+pub const LABEL: &str = "sluice.io/injected";
+
+/// Knobs of the injected sidecar.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// Container image of the daemon.
+    pub image: String,
+    /// ConfigMap with a `policies.yaml` key.
+    pub policies_configmap: String,
+    /// Secret whose keys are `SLUICE_*` variables (the Redis address); optional at run time.
+    pub redis_secret: String,
+    /// `local.replicas`; `None`: the workload's `spec.replicas`, else 1.
+    pub replicas: Option<u64>,
+    /// Replace a `sluice` container, volume, mount or variable whose settings differ.
+    pub overwrite: bool,
+    /// Copy documents of unknown kinds unchanged instead of refusing them.
+    pub skip_unknown: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            image: default_image(),
+            policies_configmap: "sluice-policies".into(),
+            redis_secret: "sluice-redis".into(),
+            replicas: None,
+            overwrite: false,
+            skip_unknown: false,
+        }
+    }
+}
+
+/// `sluice:<version of this binary>`, the tag the Dockerfile's README instructions build.
+pub fn default_image() -> String {
+    format!("sluice:{}", env!("CARGO_PKG_VERSION"))
+}
+
+/// A YAML scalar for `text`: JSON strings are valid YAML double-quoted scalars.
+fn quoted(text: &str) -> String {
+    serde_json::Value::String(text.to_owned()).to_string()
+}
+
+fn parse(text: &str) -> Value {
+    // The templates below are fixed text with JSON-quoted values: they always parse.
+    serde_yaml::from_str(text).unwrap_or_else(|e| panic!("sidecar template: {e}\n{text}"))
+}
+
+/// The sidecar container for a pod whose limit is shared by `replicas` pods.
+pub fn container(options: &Options, replicas: u64) -> Value {
+    parse(&format!(
+        r#"
+name: {CONTAINER}
+image: {image}
+imagePullPolicy: IfNotPresent
+restartPolicy: Always
+args: [serve]
+env:
+  - {{name: SLUICE_LISTEN__HTTP, value: "127.0.0.1:7070"}}
+  - {{name: SLUICE_LISTEN__SOCKET, value: "{SOCKET_PATH}"}}
+  - {{name: SLUICE_LISTEN__SOCKET_MODE, value: "0666"}}
+  - {{name: SLUICE_LISTEN__ADMIN, value: "0.0.0.0:{ADMIN_PORT}"}}
+  - {{name: SLUICE_POLICIES, value: /etc/sluice/policies/policies.yaml}}
+  - {{name: SLUICE_LOCAL__REPLICAS, value: "{replicas}"}}
+  - {{name: SLUICE_LOG__FORMAT, value: json}}
+envFrom:
+  - secretRef: {{name: {secret}, optional: true}}
+ports:
+  - {{name: sluice-admin, containerPort: {ADMIN_PORT}, protocol: TCP}}
+startupProbe:
+  httpGet: {{path: /readyz, port: sluice-admin}}
+  periodSeconds: 1
+  failureThreshold: 30
+livenessProbe:
+  httpGet: {{path: /livez, port: sluice-admin}}
+  periodSeconds: 10
+  timeoutSeconds: 1
+  failureThreshold: 3
+readinessProbe:
+  httpGet: {{path: /readyz, port: sluice-admin}}
+  periodSeconds: 5
+  timeoutSeconds: 1
+  failureThreshold: 2
+resources:
+  requests: {{cpu: 50m, memory: 32Mi}}
+  limits: {{memory: 128Mi}}
+securityContext:
+  runAsNonRoot: true
+  runAsUser: 65532
+  runAsGroup: 65532
+  readOnlyRootFilesystem: true
+  allowPrivilegeEscalation: false
+  capabilities: {{drop: [ALL]}}
+  seccompProfile: {{type: RuntimeDefault}}
+volumeMounts:
+  - {{name: {SOCKET_VOLUME}, mountPath: {SOCKET_DIR}}}
+  - {{name: {POLICIES_VOLUME}, mountPath: /etc/sluice/policies, readOnly: true}}
+"#,
+        image = quoted(&options.image),
+        secret = quoted(&options.redis_secret),
+    ))
+}
+
+/// The pod volumes the sidecar needs, in the order they are added.
+pub fn volumes(options: &Options) -> Vec<Value> {
+    vec![
+        parse(&format!(
+            "{{name: {SOCKET_VOLUME}, emptyDir: {{medium: Memory, sizeLimit: 1Mi}}}}"
+        )),
+        parse(&format!(
+            "{{name: {POLICIES_VOLUME}, configMap: {{name: {}}}}}",
+            quoted(&options.policies_configmap)
+        )),
+    ]
+}
+
+/// The mount every application container gets.
+pub fn app_mount() -> Value {
+    parse(&format!(
+        "{{name: {SOCKET_VOLUME}, mountPath: {SOCKET_DIR}}}"
+    ))
+}
+
+/// The variables every application container gets, telling clients where the daemon is.
+pub fn app_env() -> Vec<Value> {
+    vec![
+        parse(&format!("{{name: SLUICE_SOCKET, value: {SOCKET_PATH}}}")),
+        parse(&format!("{{name: SLUICE_URL, value: \"{CHECK_URL}\"}}")),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_parse_and_quote_hostile_values() {
+        let options = Options {
+            image: "reg.example/sluice:1\"\n: x".into(),
+            redis_secret: "a: b".into(),
+            ..Options::default()
+        };
+        let c = container(&options, 3);
+        assert_eq!(c["image"].as_str(), Some("reg.example/sluice:1\"\n: x"));
+        assert_eq!(c["envFrom"][0]["secretRef"]["name"].as_str(), Some("a: b"));
+        assert_eq!(c["restartPolicy"].as_str(), Some("Always"));
+        assert_eq!(c["env"][5]["value"].as_str(), Some("3"));
+        assert_eq!(volumes(&options).len(), 2);
+        assert_eq!(app_env()[1]["value"].as_str(), Some(CHECK_URL));
+        assert_eq!(app_mount()["mountPath"].as_str(), Some(SOCKET_DIR));
+    }
+}

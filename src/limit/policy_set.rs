@@ -1,0 +1,150 @@
+//! The policy set in force: unique names, file order, and which policies apply to a request.
+//!
+//! Precedence: every matching policy applies (each is its own limit and all must pass), except
+//! that among matching policies of the same `group` only the most specific one applies (more and
+//! stricter conditions win: exact > path template > longer prefix > `*`; a tie goes to the one
+//! earlier in the file). A group lets a specific route replace a broad default instead of
+//! stacking on it.
+
+use std::sync::Arc;
+
+use super::matcher::Captures;
+use super::{Descriptors, Policy};
+
+/// An ordered set of policies with unique names.
+#[derive(Debug, Clone, Default)]
+pub struct PolicySet {
+    policies: Vec<Arc<Policy>>,
+}
+
+/// A policy that applies, with the template parameters its conditions captured.
+#[derive(Debug, Clone)]
+pub struct Applicable {
+    /// The policy.
+    pub policy: Arc<Policy>,
+    /// Captured path parameters.
+    pub captures: Captures,
+}
+
+impl PolicySet {
+    /// Builds a set; fails with the first duplicated name.
+    pub fn new(policies: Vec<Policy>) -> Result<Self, String> {
+        for (i, policy) in policies.iter().enumerate() {
+            if policies[..i].iter().any(|p| p.name() == policy.name()) {
+                return Err(policy.name().to_owned());
+            }
+        }
+        Ok(Self {
+            policies: policies.into_iter().map(Arc::new).collect(),
+        })
+    }
+
+    /// The policy with this name.
+    pub fn get(&self, name: &str) -> Option<&Arc<Policy>> {
+        self.policies.iter().find(|p| p.name() == name)
+    }
+
+    /// Every policy that applies to a request that did not name one, in file order, with group
+    /// precedence applied.
+    pub fn matching(&self, descriptors: &Descriptors) -> Vec<Applicable> {
+        let matched: Vec<Applicable> = self
+            .policies
+            .iter()
+            .filter_map(|policy| {
+                let captures = policy.matches(descriptors)?;
+                Some(Applicable {
+                    policy: Arc::clone(policy),
+                    captures,
+                })
+            })
+            .collect();
+        matched
+            .iter()
+            .enumerate()
+            .filter(|(i, candidate)| {
+                let Some(group) = &candidate.policy.parts().group else {
+                    return true;
+                };
+                // Beaten by a more specific member of its group, or an equal one earlier.
+                !matched.iter().enumerate().any(|(j, other)| {
+                    other.policy.parts().group.as_ref() == Some(group)
+                        && (other.policy.specificity() > candidate.policy.specificity()
+                            || (other.policy.specificity() == candidate.policy.specificity()
+                                && j < *i))
+                })
+            })
+            .map(|(_, applicable)| applicable.clone())
+            .collect()
+    }
+
+    /// All policies, in file order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Policy>> {
+        self.policies.iter()
+    }
+
+    /// How many policies there are.
+    pub fn len(&self) -> usize {
+        self.policies.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.policies.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::policy::tests::parts;
+    use crate::limit::Pattern;
+
+    fn policy(name: &str, group: Option<&str>, path: &str) -> Policy {
+        let mut p = parts(name);
+        p.group = group.map(str::to_owned);
+        p.conditions = vec![("path".into(), Pattern::parse(path).expect("valid"))];
+        Policy::new(p).expect("valid")
+    }
+
+    fn names(set: &PolicySet, path: &str) -> Vec<String> {
+        let request: Descriptors = [("path", path), ("ip", "1.1.1.1")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        set.matching(&request)
+            .into_iter()
+            .map(|a| a.policy.name().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn ungrouped_policies_stack_and_the_most_specific_of_a_group_wins() {
+        let set = PolicySet::new(vec![
+            policy("all", None, "*"),
+            policy("default", Some("api"), "/v1/*"),
+            policy("search", Some("api"), "/v1/search"),
+            policy("orders", Some("api"), "/v1/orders/{id}"),
+        ])
+        .expect("unique");
+        assert_eq!(names(&set, "/v1/search"), ["all", "search"]);
+        assert_eq!(names(&set, "/v1/orders/9"), ["all", "orders"]);
+        assert_eq!(names(&set, "/v1/other"), ["all", "default"]);
+        assert_eq!(names(&set, "/v2"), ["all"]);
+    }
+
+    #[test]
+    fn ties_go_to_the_earlier_policy() {
+        let set = PolicySet::new(vec![
+            policy("first", Some("g"), "/x"),
+            policy("second", Some("g"), "/x"),
+        ])
+        .expect("unique");
+        assert_eq!(names(&set, "/x"), ["first"]);
+    }
+
+    #[test]
+    fn duplicate_names_are_rejected() {
+        let a = policy("a", None, "*");
+        assert_eq!(PolicySet::new(vec![a.clone(), a]).unwrap_err(), "a");
+    }
+}

@@ -1,0 +1,67 @@
+//! Tests of script contracts, arguments and reply parsing.
+
+use super::*;
+use crate::limit::{Key, TokenBucket};
+
+#[test]
+fn every_script_documents_its_contract() {
+    for source in [TOKEN_BUCKET, SLIDING_LOG, FIXED_WINDOW, GROUP] {
+        for part in [
+            "KEYS[",
+            "ARGV[1]",
+            "returns",
+            "now_us",
+            "TESTS ONLY",
+            "TTL",
+            "Why",
+        ] {
+            assert!(source.contains(part), "missing {part}");
+        }
+        let mut code = source.lines().filter(|l| !l.trim_start().starts_with("--"));
+        assert!(
+            code.all(|line| !line.contains("tostring(")),
+            "tostring prints 14 significant digits; times have 16"
+        );
+    }
+    for source in [TOKEN_BUCKET, SLIDING_LOG, FIXED_WINDOW] {
+        let functions = functions(source);
+        assert!(source.contains(ENTRY_MARKER));
+        assert!(
+            !functions.contains("KEYS[")
+                || functions
+                    .lines()
+                    .all(|l| l.trim_start().starts_with("--") || !l.contains("KEYS["))
+        );
+    }
+    assert_eq!(Scripts::default().group.sha.len(), 40);
+}
+
+#[test]
+fn arguments_follow_the_script_headers() {
+    let bucket = Algorithm::TokenBucket(TokenBucket::new(1000, 60_000_000, 150).expect("valid"));
+    let scripts = Scripts::default();
+    let call = scripts.call(&bucket, "k".into(), 2, true, None);
+    assert_eq!(call.args, vec![1000, 60_000_000, 150, 2, 1]);
+    let call = scripts.call(&bucket, "k".into(), 2, false, Some(7));
+    assert_eq!(call.args, vec![1000, 60_000_000, 150, 2, 0, 7]);
+    let check = StoreCheck {
+        key: Key::new(Arc::from("p"), ["x"]),
+        algorithm: bucket,
+        cost: 3,
+        enforce: false,
+    };
+    let call = scripts.group_call(&[("k".into(), &check)], true, Some(9));
+    assert_eq!(call.args, vec![1, 9, 1, 0, 3, 1000, 60_000_000, 150]);
+}
+
+#[test]
+fn replies_parse_and_never_maps_from_minus_one() {
+    let reply = Value::Array([0, 10, 0, 5, -1].map(Value::Int).to_vec());
+    let decision = parse_reply(&reply).expect("parses");
+    assert!(!decision.allowed);
+    assert_eq!(decision.retry_after_us, NEVER);
+    assert!(parse_reply(&Value::Int(1)).is_err());
+    let group = Value::Array(vec![reply.clone(), reply]);
+    assert_eq!(parse_group_reply(&group, 2).expect("parses").len(), 2);
+    assert!(parse_group_reply(&group, 3).is_err());
+}
