@@ -64,7 +64,7 @@ fn place_sidecar(spec: &mut Mapping, options: &Options, replicas: u64) -> Result
             init.insert(0, desired);
             Ok(true)
         }
-        Some(index) if init[index] == desired => Ok(false),
+        Some(index) if equivalent(&init[index], &desired) => Ok(false),
         Some(index) if options.overwrite => {
             init[index] = desired;
             Ok(true)
@@ -148,7 +148,7 @@ fn upsert_named(
             items.push(item);
             Ok(true)
         }
-        Some(index) if items[index] == item => Ok(false),
+        Some(index) if equivalent(&items[index], &item) => Ok(false),
         Some(index) if overwrite => {
             items[index] = item;
             Ok(true)
@@ -183,6 +183,33 @@ fn remove_named(items: &mut Vec<Value>, name: &str) {
     items.retain(|item| item.get("name").and_then(Value::as_str) != Some(name));
 }
 
+/// Equal once lists of named objects (env, ports, mounts) are put in name order: kustomize's
+/// strategic merge moves patched items first, which changes nothing for Kubernetes.
+fn equivalent(a: &Value, b: &Value) -> bool {
+    a == b || normalized(a) == normalized(b)
+}
+
+fn normalized(value: &Value) -> Value {
+    match value {
+        Value::Mapping(map) => Value::Mapping(
+            map.iter()
+                .map(|(k, v)| (k.clone(), normalized(v)))
+                .collect(),
+        ),
+        Value::Sequence(items) => {
+            let mut items: Vec<Value> = items.iter().map(normalized).collect();
+            if items
+                .iter()
+                .all(|i| i.get("name").and_then(Value::as_str).is_some())
+            {
+                items.sort_by(|x, y| x["name"].as_str().cmp(&y["name"].as_str()));
+            }
+            Value::Sequence(items)
+        }
+        other => other.clone(),
+    }
+}
+
 /// Top-level fields whose values differ, for a conflict message.
 fn differing_fields(current: &Value, desired: &Value) -> Vec<String> {
     let (Some(current), Some(desired)) = (current.as_mapping(), desired.as_mapping()) else {
@@ -190,7 +217,7 @@ fn differing_fields(current: &Value, desired: &Value) -> Vec<String> {
     };
     let mut fields: Vec<String> = desired
         .iter()
-        .filter(|(k, v)| current.get(*k) != Some(*v))
+        .filter(|(k, v)| !current.get(*k).is_some_and(|c| equivalent(c, v)))
         .chain(current.iter().filter(|(k, _)| !desired.contains_key(*k)))
         .filter_map(|(k, _)| k.as_str().map(str::to_owned))
         .collect();

@@ -389,3 +389,11 @@ pub fn is_complete(bytes: &[u8]) -> bool {
     });
     length.is_some_and(|length| body.len() >= length)
 }
+
+/// A daemon started by a test itself (for instance from a policy file), by its addresses.
+pub struct ChildlessApp {
+    /// The admin listener.
+    pub admin: Target,
+    /// The check API over TCP.
+    pub tcp: Target,
+}
