@@ -42,6 +42,8 @@ enum Command {
     },
     /// Add the sluice native sidecar to Kubernetes YAML (stdin or a file) and print it.
     Inject(crate::inject::InjectArgs),
+    /// Benchmark: own Redis and daemon, load through both transports and raw-Redis baselines.
+    Bench(crate::bench::BenchArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -91,6 +93,7 @@ pub fn main() -> ExitCode {
             command: ConfigCommand::Check { file },
         } => config_check(&file),
         Command::Inject(args) => crate::inject::run(args),
+        Command::Bench(args) => crate::bench::run(args),
     }
 }
 

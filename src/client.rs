@@ -123,6 +123,25 @@ impl Connection {
         })
     }
 
+    /// POSTs a ready JSON body (no copy: for load generators).
+    pub async fn post_bytes(&mut self, path: &str, body: Bytes) -> Result<Reply, ClientError> {
+        let request = Request::builder()
+            .method(Method::POST)
+            .uri(path)
+            .header("host", "sluice")
+            .header("content-type", "application/json")
+            .body(Full::new(body))?;
+        self.sender.ready().await?;
+        let response = self.sender.send_request(request).await?;
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await?.to_bytes();
+        Ok(Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        })
+    }
+
     /// POSTs a JSON value.
     pub async fn post_json(
         &mut self,

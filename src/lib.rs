@@ -6,6 +6,7 @@
 //! leaves that the others may use; [`tenants`] (the tenant tier table) sits beside `store`.
 
 pub mod app;
+pub mod bench;
 pub mod check;
 pub mod cli;
 pub mod client;

@@ -25,6 +25,9 @@ impl Reloader {
     /// `loaded` is the version of the content the service started with.
     pub fn new(path: PathBuf, service: Arc<CheckService>, metrics: Metrics, loaded: u32) -> Self {
         metrics.policies_version.set(i64::from(loaded));
+        for result in ["ok", "unchanged", "invalid"] {
+            metrics.policy_reloads.with_label_values(&[result]);
+        }
         Self {
             path,
             service,
@@ -104,7 +107,7 @@ impl Reloader {
                     .policy_reloads
                     .with_label_values(&["invalid"])
                     .inc();
-                tracing::warn!(version = format_args!("{version:08x}"), %error, "policy file rejected; the policies in force keep serving");
+                tracing::warn!(version, %error, "policy file rejected; the policies in force keep serving");
             }
         }
     }

@@ -8,6 +8,7 @@ mod explain;
 mod hot_keys;
 mod plan;
 mod request;
+mod shadow_log;
 mod verdict;
 
 use std::sync::{Arc, RwLock};
@@ -26,6 +27,17 @@ use crate::store::RateStore;
 use crate::telemetry::Metrics;
 use crate::tenants::TenantTiers;
 
+/// Every value of the `outcome` label of `sluice_decisions_total`.
+pub const OUTCOMES: [&str; 7] = [
+    "allowed",
+    "denied",
+    "shadow_denied",
+    "fail_open",
+    "fail_closed",
+    "local_allowed",
+    "local_denied",
+];
+
 /// Answers checks against a policy set and a store.
 pub struct CheckService {
     policies: RwLock<Arc<PolicySet>>,
@@ -33,6 +45,7 @@ pub struct CheckService {
     local: LocalShare,
     tiers: Option<TenantTiers>,
     hot: Option<HotKeys>,
+    shadow_log: shadow_log::ShadowLog,
     limits: RequestLimits,
     metrics: Metrics,
 }
@@ -46,18 +59,18 @@ impl CheckService {
         limits: RequestLimits,
         metrics: Metrics,
     ) -> Self {
-        metrics
-            .policies_loaded
-            .set(i64::try_from(policies.len()).unwrap_or(i64::MAX));
-        Self {
-            policies: RwLock::new(Arc::new(policies)),
+        let service = Self {
+            policies: RwLock::new(Arc::new(PolicySet::default())),
             store,
             local,
             tiers: None,
             hot: None,
+            shadow_log: shadow_log::ShadowLog::new(),
             limits,
             metrics,
-        }
+        };
+        service.replace_policies(policies);
+        service
     }
 
     /// Consults `tiers` for tenants' tiers.
@@ -83,6 +96,17 @@ impl CheckService {
         self.metrics
             .policies_loaded
             .set(i64::try_from(policies.len()).unwrap_or(i64::MAX));
+        // Every policy's outcome series exists from the start, so rate() sees the first one.
+        for policy in policies.iter() {
+            for outcome in OUTCOMES {
+                self.metrics
+                    .decisions
+                    .with_label_values(&[policy.name(), outcome]);
+            }
+            self.metrics
+                .local_layer_hits
+                .with_label_values(&[policy.name()]);
+        }
         *self.policies.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policies);
         if let Some(hot) = &self.hot {
             hot.clear();
@@ -187,6 +211,11 @@ impl CheckService {
                 .collect(),
             Err(error) => {
                 tracing::debug!(%error, store = self.store.name(), "store could not decide; applying failure modes");
+                // A store that failed may come back without its counters (restart, failover):
+                // remembered denials could then outlive the state they came from.
+                if let Some(hot) = &self.hot {
+                    hot.clear();
+                }
                 self.local.degrade(planned, dry_run)
             }
         };
@@ -232,19 +261,7 @@ impl CheckService {
                 (Mode::Local, false) => "local_denied",
                 (Mode::Enforced, false) => "denied",
                 (Mode::Shadow, false) => {
-                    // The partition's fingerprint correlates lines without logging raw values
-                    // (keys, tenants, IPs) at info level.
-                    tracing::info!(
-                        policy = part.policy.name(),
-                        partition = %part.key.fingerprint(),
-                        retry_after_ms = part.decision.retry_after_us.div_ceil(1_000),
-                        "would block (shadow)"
-                    );
-                    tracing::debug!(
-                        policy = part.policy.name(),
-                        partition = part.key.partition(),
-                        "would block (shadow): raw partition"
-                    );
+                    self.shadow_log.would_block(part);
                     "shadow_denied"
                 }
                 (_, true) => "allowed",

@@ -44,11 +44,6 @@ impl Key {
         (self.stable_hash() % 100) as u8
     }
 
-    /// A short stable fingerprint (16 hex digits), for logs that must not show the raw values.
-    pub fn fingerprint(&self) -> String {
-        format!("{:016x}", self.stable_hash())
-    }
-
     /// FNV-1a over policy and partition: stable across processes, unlike `std`'s hasher.
     fn stable_hash(&self) -> u64 {
         let mut hash: u64 = 0xcbf2_9ce4_8422_2325;

@@ -93,7 +93,7 @@ async fn explain(State(ctx): State<AdminCtx>, headers: HeaderMap, body: Body) ->
 async fn policies(State(ctx): State<AdminCtx>) -> Json<Value> {
     let set = ctx.service.policies();
     Json(json!({
-        "version": format!("{:08x}", ctx.metrics.policies_version.get()),
+        "version": ctx.metrics.policies_version.get(),
         "policies": set.iter().map(|p| dump(p)).collect::<Vec<_>>(),
     }))
 }

@@ -257,7 +257,7 @@ pub fn remaining(reply: &Reply) -> u64 {
         .unwrap_or_else(|| panic!("remaining is a number: {}", json_of(reply)))
 }
 
-/// The value of the first sample of `metric` whose labels include every `labels` pair (label order
+/// The sum of the samples of `metric` whose labels include every `labels` pair (label order
 /// in the text does not matter); 0 when there is none.
 pub fn metric_value(metrics: &str, metric: &str, labels: &[(&str, &str)]) -> f64 {
     metrics
@@ -274,8 +274,7 @@ pub fn metric_value(metrics: &str, metric: &str, labels: &[(&str, &str)]) -> f64
                 .all(|(k, v)| labels_text.contains(&format!("{k}=\"{v}\"")));
             all.then(|| value.trim().parse::<f64>().ok()).flatten()
         })
-        .next()
-        .unwrap_or(0.0)
+        .sum()
 }
 
 /// The binary under test.

@@ -83,6 +83,19 @@ impl RedisStore {
             return Err("redis.key_prefix must not contain `{` or `}`".into());
         }
         tracing::info!(redis = %conn::describe(&options.target), "using the Redis store");
+        for kind in [
+            "timeout",
+            "deadline",
+            "connection",
+            "noscript",
+            "readonly",
+            "loading",
+            "busy",
+            "oom",
+            "auth",
+        ] {
+            metrics.batch.errors.with_label_values(&[kind]);
+        }
         let health = Arc::new(Health::new(
             Circuit::Open,
             options.breaker_failures,

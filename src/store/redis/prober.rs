@@ -50,6 +50,7 @@ impl Prober {
         let mut delay = Duration::ZERO;
         let jitter = RandomState::new();
         let mut attempt: u64 = 0;
+        let mut last_warning: Option<std::time::Instant> = None;
         loop {
             // Wait until the circuit is open (registering interest before looking, so an opening
             // in between is not missed).
@@ -75,6 +76,7 @@ impl Prober {
             let budget = self.timeouts.connect * 2;
             match tokio::time::timeout(budget, self.connect_and_probe()).await {
                 Ok(Ok(conn)) => {
+                    last_warning = None;
                     tracing::info!(redis = %conn::describe(&self.target), "Redis reachable; connection rebuilt");
                     let _ = self.publish.send(Some(conn));
                     self.health.half_open();
@@ -83,15 +85,26 @@ impl Prober {
                 Ok(Err(error)) => {
                     let kind = error_kind(&error);
                     self.errors.with_label_values(&[kind]).inc();
-                    tracing::debug!(%error, kind, "Redis probe failed");
+                    self.warn_now_and_then(&mut last_warning, kind, &error.to_string());
                     delay = (delay * 2).clamp(self.backoff.min, self.backoff.max);
                 }
                 Err(_) => {
                     self.errors.with_label_values(&["timeout"]).inc();
-                    tracing::debug!("Redis probe timed out");
+                    self.warn_now_and_then(&mut last_warning, "timeout", "no answer");
                     delay = (delay * 2).clamp(self.backoff.min, self.backoff.max);
                 }
             }
+        }
+    }
+
+    /// A failed attempt is logged at warn level when the outage starts and every 30 s after;
+    /// every attempt at debug level.
+    fn warn_now_and_then(&self, last: &mut Option<std::time::Instant>, kind: &str, error: &str) {
+        if last.is_none_or(|at| at.elapsed() >= Duration::from_secs(30)) {
+            *last = Some(std::time::Instant::now());
+            tracing::warn!(redis = %conn::describe(&self.target), kind, error, "Redis unreachable; checks use their failure modes");
+        } else {
+            tracing::debug!(kind, error, "Redis probe failed");
         }
     }
 

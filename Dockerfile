@@ -1,0 +1,32 @@
+# syntax=docker/dockerfile:1
+# The sluice daemon image: built with the Rust toolchain, run from distroless (glibc, no shell,
+# no package manager) as the non-root user 65532. Build and try:
+#   docker build -t sluice:0.1.0 .
+#   docker run --rm -e SLUICE_LISTEN__HTTP=0.0.0.0:7070 -p 7070:7070 sluice:0.1.0
+# Both stages are Debian 12 (bookworm), so the binary links against the glibc it runs with.
+
+ARG RUST_VERSION=1.95
+FROM rust:${RUST_VERSION}-bookworm AS build
+WORKDIR /src
+COPY Cargo.toml Cargo.lock ./
+COPY src ./src
+COPY lua ./lua
+COPY config ./config
+# Cache the registry and the target dir between builds (BuildKit).
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked --bin sluice \
+    && cp target/release/sluice /sluice
+
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=build /sluice /usr/local/bin/sluice
+# The example policies; in Kubernetes a ConfigMap replaces them (SLUICE_POLICIES).
+COPY config/policies.yaml /etc/sluice/policies.yaml
+ENV SLUICE_POLICIES=/etc/sluice/policies.yaml
+# The admin listener (probes, metrics) must bind beyond loopback for the kubelet and Prometheus;
+# the check API stays on 127.0.0.1 (the pod) and the Unix socket unless overridden.
+ENV SLUICE_LISTEN__ADMIN=0.0.0.0:7071
+EXPOSE 7070 7071
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/sluice"]
+CMD ["serve"]

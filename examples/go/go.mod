@@ -1,0 +1,3 @@
+module example.com/sluice-check
+
+go 1.19

@@ -1,0 +1,260 @@
+//! `sluice bench`: the project's benchmark. It starts its own `redis-server` and daemon, drives
+//! load through the daemon (TCP and Unix socket) and, in the same run, through the baselines an
+//! app without sluice would use (the same Lua script by unpipelined EVALSHA, and a naive
+//! token-bucket script), then reports checks/s, latency percentiles, CPU and Redis time per
+//! check, ratios to the baselines, and Redis memory per key. Figures, not assertions.
+
+mod clients;
+mod load;
+mod memory;
+mod procs;
+mod report;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::Args;
+
+use self::load::{Factory, KeyMix, Run};
+use self::procs::{cpu_seconds, Daemon, Redis};
+use self::report::{Report, Row};
+use crate::client::Target;
+use crate::limit::{Algorithm, FixedWindow, SlidingLog, TokenBucket};
+
+/// Options of `sluice bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// A small run in seconds (a smoke test: one key mix, one client count, short runs).
+    #[arg(long)]
+    quick: bool,
+    /// Concurrent clients of the closed-loop runs (default 1, 64, 256; quick: 16).
+    #[arg(long, value_delimiter = ',')]
+    clients: Option<Vec<usize>>,
+    /// Seconds measured per run, after a warm-up (default 3; quick: 1).
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// Keys for the Zipf mix and for the memory measurement (default 100000; quick: 10000).
+    #[arg(long)]
+    keys: Option<usize>,
+    /// Where to write the JSON report.
+    #[arg(long, default_value = "target/bench/latest.json")]
+    json: PathBuf,
+}
+
+/// The policies the daemon runs: limits high enough that every check goes to Redis and passes,
+/// so that sluice and the raw script do the same work.
+const POLICIES: &str = "
+policies:
+  - {name: tb, key: [k], algorithm: token_bucket, limit: 1000000000, period: 1s, burst: 1000000000, failure_mode: closed}
+  - {name: sl, key: [k], algorithm: sliding_log, limit: 10000, period: 100ms, failure_mode: closed}
+  - {name: fw, key: [k], algorithm: fixed_window, limit: 1000000000, period: 1s, failure_mode: closed}
+";
+
+fn algorithms() -> Vec<(&'static str, Algorithm)> {
+    let ok = "valid parameters";
+    vec![
+        (
+            "tb",
+            Algorithm::TokenBucket(
+                TokenBucket::new(1_000_000_000, 1_000_000, 1_000_000_000).expect(ok),
+            ),
+        ),
+        (
+            "sl",
+            Algorithm::SlidingLog(SlidingLog::new(10_000, 100_000).expect(ok)),
+        ),
+        (
+            "fw",
+            Algorithm::FixedWindow(FixedWindow::new(1_000_000_000, 1_000_000).expect(ok)),
+        ),
+    ]
+}
+
+/// Runs the benchmark; exit code 1 if it could not run.
+pub fn run(args: BenchArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("sluice bench: {error}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(bench(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("sluice bench: {error:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+struct Plan {
+    clients: Vec<usize>,
+    warmup: Duration,
+    duration: Duration,
+    mixes: Vec<KeyMix>,
+    keys: usize,
+    open_loop: bool,
+}
+
+async fn bench(args: BenchArgs) -> Result<()> {
+    let keys = args
+        .keys
+        .unwrap_or(if args.quick { 10_000 } else { 100_000 });
+    let plan = Plan {
+        clients: args.clients.clone().unwrap_or(if args.quick {
+            vec![16]
+        } else {
+            vec![1, 64, 256]
+        }),
+        warmup: Duration::from_millis(if args.quick { 300 } else { 1_000 }),
+        duration: Duration::from_secs_f64(args.seconds.unwrap_or(if args.quick {
+            1.0
+        } else {
+            3.0
+        })),
+        mixes: if args.quick {
+            vec![KeyMix::Hot]
+        } else {
+            vec![KeyMix::Hot, KeyMix::zipf(keys)]
+        },
+        keys,
+        open_loop: !args.quick,
+    };
+    let redis = Redis::start()?;
+    let daemon = Daemon::start(&redis.url(), POLICIES)?;
+    let mut report = Report::new(machine());
+    for (policy, algorithm) in algorithms() {
+        for mix in &plan.mixes {
+            let keys = if matches!(mix, KeyMix::Hot) {
+                1
+            } else {
+                plan.keys
+            };
+            let raw = clients::raw_evalsha(&redis.url(), policy, &algorithm, keys).await?;
+            let mut systems: Vec<(String, Factory)> = vec![
+                (
+                    "sluice tcp".into(),
+                    clients::sluice(Target::Tcp(daemon.http), policy, keys),
+                ),
+                (
+                    "sluice uds".into(),
+                    clients::sluice(Target::Unix(daemon.socket.clone()), policy, keys),
+                ),
+                ("raw EVALSHA".into(), raw),
+            ];
+            if policy == "tb" {
+                systems.push((
+                    "naive script".into(),
+                    clients::naive(&redis.url(), keys, 1_000_000_000, 1_000_000_000).await?,
+                ));
+            }
+            for &clients in &plan.clients {
+                for (system, factory) in &systems {
+                    let row = measure(
+                        &redis, &daemon, system, policy, mix, clients, None, factory, &plan,
+                    )
+                    .await?;
+                    report.push(row);
+                }
+            }
+            if plan.open_loop {
+                // Open loop at half the best closed-loop rate of each transport.
+                for (system, factory) in systems.iter().filter(|(s, _)| s.starts_with("sluice")) {
+                    let best = report.best_rate(system, policy, &mix.name());
+                    let clients = plan.clients.iter().copied().max().unwrap_or(64);
+                    let row = measure(
+                        &redis,
+                        &daemon,
+                        system,
+                        policy,
+                        mix,
+                        clients,
+                        Some(best / 2.0),
+                        factory,
+                        &plan,
+                    )
+                    .await?;
+                    report.push(row);
+                }
+            }
+        }
+    }
+    drop(daemon);
+    drop(redis);
+    report.memory = memory::measure(plan.keys)?;
+    report.print();
+    report.write_json(&args.json)?;
+    println!("\nJSON report: {}", args.json.display());
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn measure(
+    redis: &Redis,
+    daemon: &Daemon,
+    system: &str,
+    policy: &str,
+    mix: &KeyMix,
+    clients: usize,
+    rate: Option<f64>,
+    factory: &Factory,
+    plan: &Plan,
+) -> Result<Row> {
+    let stats_before = report::script_stats(&redis.url())?;
+    let (daemon_cpu, redis_cpu) = (cpu_seconds(daemon.pid()), cpu_seconds(redis.pid()));
+    let run: Run = match rate {
+        None => load::closed(factory, clients, mix, plan.warmup, plan.duration).await?,
+        Some(rate) => load::open(factory, clients, rate, mix, plan.warmup, plan.duration).await?,
+    };
+    let stats_after = report::script_stats(&redis.url())?;
+    let total_time = (plan.warmup + plan.duration).as_secs_f64() / plan.duration.as_secs_f64();
+    // CPU over warm-up and measurement, attributed to the measured share of the checks.
+    let checks_all = run.checks as f64 * total_time;
+    let per_check = |cpu: f64| cpu / checks_all.max(1.0) * 1e6;
+    Ok(Row::new(
+        system,
+        policy,
+        &mix.name(),
+        clients,
+        rate,
+        &run,
+        if system.starts_with("sluice") {
+            Some(per_check(cpu_seconds(daemon.pid()) - daemon_cpu))
+        } else {
+            None
+        },
+        per_check(cpu_seconds(redis.pid()) - redis_cpu),
+        stats_after.usec_per_check(&stats_before),
+    ))
+}
+
+fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let redis = std::process::Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|v| {
+            v.split_whitespace()
+                .find(|w| w.starts_with("v="))
+                .map(|w| w[2..].to_owned())
+        })
+        .unwrap_or_default();
+    format!("{cores} cores, {cpu}, Redis {redis}")
+}

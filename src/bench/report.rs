@@ -1,0 +1,250 @@
+//! The benchmark's report: one row per run, ratios to the baselines measured in the same run,
+//! Redis memory per key, printed as a table and written as JSON for comparing runs.
+
+use std::path::Path;
+
+use anyhow::Result;
+use serde::Serialize;
+
+use super::load::Run;
+use super::memory::Footprint;
+
+/// Redis' own accounting of script calls (`INFO commandstats`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ScriptStats {
+    calls: f64,
+    usec: f64,
+}
+
+impl ScriptStats {
+    /// Redis time per script call since `before`, in microseconds.
+    pub fn usec_per_check(&self, before: &ScriptStats) -> f64 {
+        let calls = self.calls - before.calls;
+        if calls <= 0.0 {
+            0.0
+        } else {
+            (self.usec - before.usec) / calls
+        }
+    }
+}
+
+/// EVAL and EVALSHA calls and time so far.
+pub fn script_stats(url: &str) -> Result<ScriptStats> {
+    let mut conn = redis::Client::open(url)?.get_connection()?;
+    let info: String = redis::cmd("INFO").arg("commandstats").query(&mut conn)?;
+    let mut stats = ScriptStats::default();
+    for line in info.lines() {
+        let Some(fields) = line
+            .strip_prefix("cmdstat_evalsha:")
+            .or_else(|| line.strip_prefix("cmdstat_eval:"))
+        else {
+            continue;
+        };
+        for field in fields.split(',') {
+            match field.split_once('=') {
+                Some(("calls", v)) => stats.calls += v.parse::<f64>().unwrap_or(0.0),
+                Some(("usec", v)) => stats.usec += v.parse::<f64>().unwrap_or(0.0),
+                _ => {}
+            }
+        }
+    }
+    Ok(stats)
+}
+
+/// One run's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// `sluice tcp`, `sluice uds`, `raw EVALSHA`, `naive script`.
+    pub system: String,
+    /// `tb`, `sl`, `fw`.
+    pub algorithm: String,
+    /// `hot key` or `zipf N`.
+    pub keys: String,
+    /// Concurrent clients.
+    pub clients: usize,
+    /// Offered rate of an open-loop run.
+    pub offered_rate: Option<f64>,
+    /// Answers per second.
+    pub rate: f64,
+    /// Latency percentiles and maximum, microseconds.
+    pub p50_us: u64,
+    /// 99th percentile.
+    pub p99_us: u64,
+    /// 99.9th percentile.
+    pub p999_us: u64,
+    /// Slowest.
+    pub max_us: u64,
+    /// Failed or wrong answers.
+    pub errors: u64,
+    /// Daemon CPU per check, microseconds.
+    pub daemon_cpu_us: Option<f64>,
+    /// Redis CPU per check, microseconds.
+    pub redis_cpu_us: f64,
+    /// Redis' own time per script call (`INFO commandstats`), microseconds.
+    pub redis_usec_per_call: f64,
+}
+
+impl Row {
+    /// A row from a run.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        system: &str,
+        algorithm: &str,
+        keys: &str,
+        clients: usize,
+        offered_rate: Option<f64>,
+        run: &Run,
+        daemon_cpu_us: Option<f64>,
+        redis_cpu_us: f64,
+        redis_usec_per_call: f64,
+    ) -> Self {
+        let q = |p: f64| run.latency.value_at_quantile(p);
+        Self {
+            system: system.into(),
+            algorithm: algorithm.into(),
+            keys: keys.into(),
+            clients,
+            offered_rate,
+            rate: run.rate(),
+            p50_us: q(0.5),
+            p99_us: q(0.99),
+            p999_us: q(0.999),
+            max_us: run.latency.max(),
+            errors: run.errors,
+            daemon_cpu_us,
+            redis_cpu_us,
+            redis_usec_per_call,
+        }
+    }
+}
+
+/// The whole report.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    /// Where it ran.
+    pub machine: String,
+    /// Every run.
+    pub rows: Vec<Row>,
+    /// Redis memory per key.
+    pub memory: Vec<Footprint>,
+}
+
+impl Report {
+    /// An empty report.
+    pub fn new(machine: String) -> Self {
+        Self {
+            machine,
+            rows: Vec::new(),
+            memory: Vec::new(),
+        }
+    }
+
+    /// Adds a run and prints it as it comes.
+    pub fn push(&mut self, row: Row) {
+        eprintln!(
+            "  {:<13} {:<3} {:<11} c={:<4} {:>9.0}/s p50 {:>6} us p99 {:>6} us{}",
+            row.system,
+            row.algorithm,
+            row.keys,
+            row.clients,
+            row.rate,
+            row.p50_us,
+            row.p99_us,
+            row.offered_rate
+                .map_or(String::new(), |r| format!(" (open loop at {r:.0}/s)")),
+        );
+        self.rows.push(row);
+    }
+
+    /// The best closed-loop rate of `system` on this algorithm and key mix.
+    pub fn best_rate(&self, system: &str, algorithm: &str, keys: &str) -> f64 {
+        self.rows
+            .iter()
+            .filter(|r| {
+                r.system == system
+                    && r.algorithm == algorithm
+                    && r.keys == keys
+                    && r.offered_rate.is_none()
+            })
+            .map(|r| r.rate)
+            .fold(0.0, f64::max)
+    }
+
+    fn baseline(&self, row: &Row, system: &str) -> Option<f64> {
+        self.rows
+            .iter()
+            .find(|r| {
+                r.system == system
+                    && r.algorithm == row.algorithm
+                    && r.keys == row.keys
+                    && r.clients == row.clients
+                    && r.offered_rate.is_none()
+            })
+            .map(|r| row.rate / r.rate.max(1e-9))
+    }
+
+    /// Prints the table.
+    pub fn print(&self) {
+        println!("\nsluice bench on {}\n", self.machine);
+        println!(
+            "| system | alg | keys | clients | mode | checks/s | p50 us | p99 us | p99.9 us | max us | vs raw EVALSHA | vs naive | daemon CPU us/check | Redis us/call |"
+        );
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        for row in &self.rows {
+            let ratio = |system| {
+                self.baseline(row, system)
+                    .map_or("-".into(), |r| format!("{r:.2}x"))
+            };
+            let mode = row
+                .offered_rate
+                .map_or("closed".into(), |r| format!("open {r:.0}/s"));
+            println!(
+                "| {} | {} | {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {:.2} |",
+                row.system,
+                row.algorithm,
+                row.keys,
+                row.clients,
+                mode,
+                row.rate,
+                row.p50_us,
+                row.p99_us,
+                row.p999_us,
+                row.max_us,
+                if row.system.starts_with("sluice") && row.offered_rate.is_none() {
+                    ratio("raw EVALSHA")
+                } else {
+                    "-".into()
+                },
+                if row.system.starts_with("sluice")
+                    && row.algorithm == "tb"
+                    && row.offered_rate.is_none()
+                {
+                    ratio("naive script")
+                } else {
+                    "-".into()
+                },
+                row.daemon_cpu_us.map_or("-".into(), |c| format!("{c:.1}")),
+                row.redis_usec_per_call,
+            );
+        }
+        println!("\n| Redis layout | keys | used_memory / key | MEMORY USAGE |");
+        println!("|---|---|---|---|");
+        for f in &self.memory {
+            println!(
+                "| {} | {} | {:.0} B | {:.0} B |",
+                f.layout, f.keys, f.used_memory_per_key, f.memory_usage
+            );
+        }
+        let errors: u64 = self.rows.iter().map(|r| r.errors).sum();
+        println!("\n{errors} failed or wrong answers in all runs");
+    }
+
+    /// Writes the JSON report (creating its directory).
+    pub fn write_json(&self, path: &Path) -> Result<()> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(path, serde_json::to_vec_pretty(self)?)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,54 @@
+//! The shadow policies' "would block" log line: at info level, at most once per partition per
+//! minute (a storm must not flood the log), naming the policy and a fingerprint of the partition
+//! (a keyed hash, random per process, so a short value such as an IP cannot be recovered by trying
+//! them all); the raw partition only at debug level.
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::time::Duration;
+
+use moka::sync::Cache;
+
+use super::verdict::PolicyDecision;
+use crate::limit::Key;
+
+/// How long a partition's "would block" line is not repeated.
+const QUIET: Duration = Duration::from_secs(60);
+
+/// Remembers which partitions were logged recently.
+pub struct ShadowLog {
+    logged: Cache<Key, ()>,
+    secret: RandomState,
+}
+
+impl ShadowLog {
+    /// An empty log memory (bounded to 10,000 partitions).
+    pub fn new() -> Self {
+        Self {
+            logged: Cache::builder()
+                .max_capacity(10_000)
+                .time_to_live(QUIET)
+                .build(),
+            secret: RandomState::new(),
+        }
+    }
+
+    /// Logs that `part` would have blocked, unless its partition was logged within a minute.
+    pub fn would_block(&self, part: &PolicyDecision) {
+        if self.logged.contains_key(&part.key) {
+            return;
+        }
+        self.logged.insert(part.key.clone(), ());
+        tracing::info!(
+            policy = part.policy.name(),
+            partition = format_args!("{:016x}", self.secret.hash_one(&part.key)),
+            retry_after_ms = part.decision.retry_after_us.div_ceil(1_000),
+            "would block (shadow)"
+        );
+        tracing::debug!(
+            policy = part.policy.name(),
+            partition = part.key.partition(),
+            "would block (shadow): raw partition"
+        );
+    }
+}

@@ -1,0 +1,53 @@
+//! External programs some tests need (python3, node, curl, kubernetes-validate, kubectl, go):
+//! found on PATH, or the test is skipped with a printed reason; under CI (`CI` set) a required
+//! one that is missing fails the test instead, since `.ci/run` installs them.
+
+use std::path::PathBuf;
+
+/// The program's path on PATH, if any.
+pub fn which(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
+}
+
+/// Whether a program that CI installs is here: `false` (after printing why the test is skipped)
+/// only outside CI; panics under CI.
+pub fn required(program: &str) -> bool {
+    if which(program).is_some() {
+        return true;
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("{program} is not on PATH; .ci/run installs it");
+    }
+    eprintln!("SKIPPED: {program} is not on PATH (CI installs it; see .ci/run)");
+    false
+}
+
+/// Whether an optional program is here (printing a note when it is not).
+pub fn optional(program: &str) -> bool {
+    let found = which(program).is_some();
+    if !found {
+        eprintln!("note: {program} is not on PATH; the part of this test that needs it is skipped");
+    }
+    found
+}
+
+/// Whether `python3 -m MODULE` works (kubernetes-validate is used that way, so no PATH shim is
+/// needed); like [`required`]: skipped with a reason outside CI, a failure under CI.
+pub fn required_python_module(module: &str) -> bool {
+    let works = which("python3").is_some()
+        && std::process::Command::new("python3")
+            .args(["-m", module, "--version"])
+            .output()
+            .is_ok_and(|out| out.status.success());
+    if works {
+        return true;
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("python3 -m {module} does not run; .ci/run installs it");
+    }
+    eprintln!("SKIPPED: python3 -m {module} does not run (CI installs it; see .ci/run)");
+    false
+}
