@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -173,6 +174,10 @@ impl App {
         if let Some((listener, addr)) = self.http {
             tracing::info!(%addr, "check API listening on TCP");
             let app = http::router(self.service.clone(), self.metrics.clone(), Transport::Tcp);
+            // Answers are small single writes: never hold one back for Nagle.
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             checks.spawn(serve(listener, app, drain_rx.clone(), self.grace));
         }
         let socket_path = self.socket.as_ref().map(|(_, path)| path.clone());

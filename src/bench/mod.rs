@@ -38,6 +38,9 @@ pub struct BenchArgs {
     /// Keys for the Zipf mix and for the memory measurement (default 100000; quick: 10000).
     #[arg(long)]
     keys: Option<usize>,
+    /// Worker threads of the daemon under test (0: its default).
+    #[arg(long, default_value_t = 0)]
+    daemon_threads: usize,
     /// Where to write the JSON report.
     #[arg(long, default_value = "target/bench/latest.json")]
     json: PathBuf,
@@ -127,7 +130,7 @@ async fn bench(args: BenchArgs) -> Result<()> {
         open_loop: !args.quick,
     };
     let redis = Redis::start()?;
-    let daemon = Daemon::start(&redis.url(), POLICIES)?;
+    let daemon = Daemon::start(&redis.url(), POLICIES, args.daemon_threads)?;
     let mut report = Report::new(machine());
     for (policy, algorithm) in algorithms() {
         for mix in &plan.mixes {

@@ -130,7 +130,7 @@ pub struct Daemon {
 
 impl Daemon {
     /// Starts `sluice serve` (this executable) against `redis_url` with `policies`.
-    pub fn start(redis_url: &str, policies: &str) -> Result<Self> {
+    pub fn start(redis_url: &str, policies: &str, threads: usize) -> Result<Self> {
         let dir = Scratch::new("daemon")?;
         let (http, admin) = (free_addr()?, free_addr()?);
         let socket = dir.0.join("sluice.sock");
@@ -140,7 +140,7 @@ impl Daemon {
         std::fs::write(
             &settings,
             format!(
-                "policies = {policy_file:?}\n[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\nsocket = {socket:?}\n\
+                "policies = {policy_file:?}\nworker_threads = {threads}\n[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\nsocket = {socket:?}\n\
                  [redis]\nurl = \"{redis_url}\"\ntimeout = \"1s\"\n[local_layer]\nenabled = false\n[log]\nlevel = \"warn\"\n"
             ),
         )?;

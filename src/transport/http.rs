@@ -17,8 +17,10 @@ use super::Transport;
 use crate::check::CheckService;
 use crate::telemetry::Metrics;
 
-#[derive(Clone)]
-struct Ctx {
+/// Shared by every request (axum clones the state per request: keep that one Arc).
+type Ctx = Arc<Shared>;
+
+struct Shared {
     service: Arc<CheckService>,
     metrics: Metrics,
     transport: Transport,
@@ -26,11 +28,11 @@ struct Ctx {
 
 /// The check API: `POST /v1/check` and `POST /v1/check/batch`.
 pub fn router(service: Arc<CheckService>, metrics: Metrics, transport: Transport) -> Router {
-    let ctx = Ctx {
+    let ctx: Ctx = Arc::new(Shared {
         service,
         metrics,
         transport,
-    };
+    });
     Router::new()
         .route("/v1/check", post(check))
         .route("/v1/check/batch", post(batch))
@@ -83,7 +85,7 @@ async fn batch(State(ctx): State<Ctx>, headers: HeaderMap, body: Body) -> Respon
     response
 }
 
-impl Ctx {
+impl Shared {
     fn observe(&self, started: Instant, response: &Response) {
         let transport = self.transport.as_str();
         self.metrics

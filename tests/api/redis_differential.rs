@@ -2,7 +2,6 @@
 //! random histories, using the scripts' test-only `now`, and requires identical decisions.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
 
 use proptest::prelude::*;
 use sluice::clock::ManualClock;
@@ -15,13 +14,23 @@ use crate::redis_server::RedisServer;
 
 const START: Micros = 1_700_000_000_000_000;
 
-/// One server and connection for every case (a case takes a fresh key).
-fn redis() -> &'static Mutex<(RedisServer, redis::Connection)> {
-    static REDIS: OnceLock<Mutex<(RedisServer, redis::Connection)>> = OnceLock::new();
-    REDIS.get_or_init(|| {
-        let server = RedisServer::start();
-        let connection = server.connection();
-        Mutex::new((server, connection))
+thread_local! {
+    /// This test thread's server and connection (each test has its own, killed when it ends;
+    /// a process-wide static would never be dropped and leak the process).
+    static REDIS: std::cell::RefCell<Option<(RedisServer, redis::Connection)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with this test's connection, starting its server on first use.
+fn with_redis<T>(f: impl FnOnce(&mut redis::Connection) -> T) -> T {
+    REDIS.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let (_, conn) = slot.get_or_insert_with(|| {
+            let server = RedisServer::start();
+            let conn = server.connection();
+            (server, conn)
+        });
+        f(conn)
     })
 }
 
@@ -58,8 +67,15 @@ fn compare(
     start: Micros,
     history: &[(u64, u64, bool)],
 ) -> Result<(), TestCaseError> {
-    let mut guard = redis().lock().unwrap_or_else(|p| p.into_inner());
-    let conn = &mut guard.1;
+    with_redis(|conn| compare_on(conn, algorithm, start, history))
+}
+
+fn compare_on(
+    conn: &mut redis::Connection,
+    algorithm: Algorithm,
+    start: Micros,
+    history: &[(u64, u64, bool)],
+) -> Result<(), TestCaseError> {
     let key = fresh_key();
     let mut state = algorithm.new_state();
     let mut now = start;
@@ -134,8 +150,15 @@ fn compare_group(
     start: Micros,
     history: &[(u64, u64, bool)],
 ) -> Result<(), TestCaseError> {
-    let mut guard = redis().lock().unwrap_or_else(|p| p.into_inner());
-    let conn = &mut guard.1;
+    with_redis(|conn| compare_group_on(conn, algorithms, start, history))
+}
+
+fn compare_group_on(
+    conn: &mut redis::Connection,
+    algorithms: &[(Algorithm, bool)],
+    start: Micros,
+    history: &[(u64, u64, bool)],
+) -> Result<(), TestCaseError> {
     let clock = std::sync::Arc::new(ManualClock::new(start));
     let memory = MemoryStore::new(1_000, clock.clone(), None);
     let base = fresh_key();
