@@ -109,7 +109,8 @@ fn serve(config: Option<&Path>) -> ExitCode {
     };
     crate::telemetry::init_tracing(&settings.log);
     let threads = match settings.worker_threads {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
+        // A sidecar shares its node with the app (and often Redis): half the cores, 1 to 4.
+        0 => std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).clamp(1, 4)),
         n => n,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()

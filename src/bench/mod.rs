@@ -41,6 +41,9 @@ pub struct BenchArgs {
     /// Worker threads of the daemon under test (0: its default).
     #[arg(long, default_value_t = 0)]
     daemon_threads: usize,
+    /// Extra `[redis]` settings for the daemon under test, TOML lines (e.g. `pipelines_in_flight = 1`).
+    #[arg(long, default_value = "")]
+    redis_settings: String,
     /// Where to write the JSON report.
     #[arg(long, default_value = "target/bench/latest.json")]
     json: PathBuf,
@@ -130,7 +133,14 @@ async fn bench(args: BenchArgs) -> Result<()> {
         open_loop: !args.quick,
     };
     let redis = Redis::start()?;
-    let daemon = Daemon::start(&redis.url(), POLICIES, args.daemon_threads)?;
+    let daemon = Daemon::start(
+        Some(&redis.url()),
+        POLICIES,
+        args.daemon_threads,
+        &format!("{}\n", args.redis_settings.replace(';', "\n")),
+    )?;
+    // The same daemon on its embedded store: what HTTP and the check path cost without Redis.
+    let embedded = Daemon::start(None, POLICIES, args.daemon_threads, "")?;
     let mut report = Report::new(machine());
     for (policy, algorithm) in algorithms() {
         for mix in &plan.mixes {
@@ -153,14 +163,23 @@ async fn bench(args: BenchArgs) -> Result<()> {
             ];
             if policy == "tb" {
                 systems.push((
+                    "embedded uds".into(),
+                    clients::sluice(Target::Unix(embedded.socket.clone()), policy, keys),
+                ));
+                systems.push((
                     "naive script".into(),
                     clients::naive(&redis.url(), keys, 1_000_000_000, 1_000_000_000).await?,
                 ));
             }
             for &clients in &plan.clients {
                 for (system, factory) in &systems {
+                    let target = if system.starts_with("embedded") {
+                        &embedded
+                    } else {
+                        &daemon
+                    };
                     let row = measure(
-                        &redis, &daemon, system, policy, mix, clients, None, factory, &plan,
+                        &redis, target, system, policy, mix, clients, None, factory, &plan,
                     )
                     .await?;
                     report.push(row);
@@ -188,7 +207,7 @@ async fn bench(args: BenchArgs) -> Result<()> {
             }
         }
     }
-    drop(daemon);
+    drop((daemon, embedded));
     drop(redis);
     report.memory = memory::measure(plan.keys)?;
     report.print();
@@ -227,7 +246,7 @@ async fn measure(
         clients,
         rate,
         &run,
-        if system.starts_with("sluice") {
+        if !system.starts_with("raw") && !system.starts_with("naive") {
             Some(per_check(cpu_seconds(daemon.pid()) - daemon_cpu))
         } else {
             None

@@ -129,8 +129,14 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Starts `sluice serve` (this executable) against `redis_url` with `policies`.
-    pub fn start(redis_url: &str, policies: &str, threads: usize) -> Result<Self> {
+    /// Starts `sluice serve` (this executable) with `policies`, against `redis_url` (or on the
+    /// embedded store).
+    pub fn start(
+        redis_url: Option<&str>,
+        policies: &str,
+        threads: usize,
+        extra_redis: &str,
+    ) -> Result<Self> {
         let dir = Scratch::new("daemon")?;
         let (http, admin) = (free_addr()?, free_addr()?);
         let socket = dir.0.join("sluice.sock");
@@ -141,7 +147,8 @@ impl Daemon {
             &settings,
             format!(
                 "policies = {policy_file:?}\nworker_threads = {threads}\n[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\nsocket = {socket:?}\n\
-                 [redis]\nurl = \"{redis_url}\"\ntimeout = \"1s\"\n[local_layer]\nenabled = false\n[log]\nlevel = \"warn\"\n"
+                 [redis]\n{redis}{extra_redis}timeout = \"1s\"\n[local_layer]\nenabled = false\n[log]\nlevel = \"warn\"\n",
+                redis = redis_url.map_or(String::new(), |url| format!("url = \"{url}\"\n")),
             ),
         )?;
         let exe = std::env::current_exe().context("locating this executable")?;
@@ -179,7 +186,11 @@ impl Daemon {
         }
         let mut response = String::new();
         let _ = stream.read_to_string(&mut response);
-        response.contains("\"redis\":\"healthy\"") || response.contains("\"redis\":\"half_open\"")
+        let embedded =
+            response.contains("\"store\":\"memory\"") && response.contains("\"ready\":true");
+        embedded
+            || response.contains("\"redis\":\"healthy\"")
+            || response.contains("\"redis\":\"half_open\"")
     }
 
     /// Its process id.

@@ -62,7 +62,7 @@ pub struct Settings {
     pub log: LogSettings,
     /// How long in-flight checks get to finish on SIGTERM.
     pub shutdown_grace: HumanDuration,
-    /// Tokio worker threads; 0 means one per core, at most 4 (a sidecar should stay small).
+    /// Tokio worker threads; 0 means half the cores, 1 to 4 (a sidecar shares its node).
     pub worker_threads: usize,
 }
 
