@@ -22,6 +22,10 @@ pub struct Footprint {
     pub memory_usage: f64,
 }
 
+fn naive_sha() -> String {
+    sha1_smol::Sha1::from(NAIVE_SCRIPT.as_bytes()).digest().to_string()
+}
+
 fn used_memory(conn: &mut redis::Connection) -> Result<f64> {
     let info: String = redis::cmd("INFO").arg("memory").query(conn)?;
     Ok(info
@@ -45,8 +49,8 @@ pub fn measure(keys: usize) -> Result<Vec<Footprint>> {
         move |pipe: &mut redis::Pipeline, k: usize| {
             let call = scripts.call(&algorithm, daemon_key(policy, k), 1, true, None);
             for _ in 0..repeat {
-                pipe.cmd("EVAL")
-                    .arg(&*call.script.source)
+                pipe.cmd("EVALSHA")
+                    .arg(&*call.script.sha)
                     .arg(1)
                     .arg(&call.keys)
                     .arg(&call.args);
@@ -69,8 +73,8 @@ pub fn measure(keys: usize) -> Result<Vec<Footprint>> {
             "naive token bucket (hash of floats + TTL)",
             Box::new(|pipe: &mut redis::Pipeline, k: usize| {
                 let key = format!("rl:public_api:{k}");
-                pipe.cmd("EVAL")
-                    .arg(NAIVE_SCRIPT)
+                pipe.cmd("EVALSHA")
+                    .arg(naive_sha())
                     .arg(1)
                     .arg(&key)
                     .arg(1000.0 / 60.0)
@@ -106,6 +110,9 @@ pub fn measure(keys: usize) -> Result<Vec<Footprint>> {
     for (name, write) in layouts {
         let redis = Redis::start()?;
         let mut conn = redis::Client::open(redis.url())?.get_connection()?;
+        for source in scripts.sources().iter().map(|s| s.to_string()).chain([NAIVE_SCRIPT.to_owned()]) {
+            redis::cmd("SCRIPT").arg("LOAD").arg(source).query::<String>(&mut conn)?;
+        }
         let before = used_memory(&mut conn)?;
         let mut sample = Vec::new();
         for chunk in (0..keys).collect::<Vec<_>>().chunks(500) {
