@@ -23,7 +23,9 @@ pub struct Footprint {
 }
 
 fn naive_sha() -> String {
-    sha1_smol::Sha1::from(NAIVE_SCRIPT.as_bytes()).digest().to_string()
+    sha1_smol::Sha1::from(NAIVE_SCRIPT.as_bytes())
+        .digest()
+        .to_string()
 }
 
 fn used_memory(conn: &mut redis::Connection) -> Result<f64> {
@@ -38,12 +40,13 @@ fn used_memory(conn: &mut redis::Connection) -> Result<f64> {
 /// Measures every layout over `keys` keys, each on a fresh server.
 pub fn measure(keys: usize) -> Result<Vec<Footprint>> {
     let scripts = Scripts::default();
+    // Quotas whose state outlives the measurement (a key that expires is not memory).
     let bucket = Algorithm::TokenBucket(
-        TokenBucket::new(1000, 60_000_000, 150).map_err(anyhow::Error::msg)?,
+        TokenBucket::new(10, 3_600_000_000, 150).map_err(anyhow::Error::msg)?,
     );
     let log = Algorithm::SlidingLog(SlidingLog::new(10, 300_000_000).map_err(anyhow::Error::msg)?);
     let window =
-        Algorithm::FixedWindow(FixedWindow::new(1000, 60_000_000).map_err(anyhow::Error::msg)?);
+        Algorithm::FixedWindow(FixedWindow::new(1000, 3_600_000_000).map_err(anyhow::Error::msg)?);
     let script = |algorithm: Algorithm, policy: &'static str, repeat: usize| {
         let scripts = scripts.clone();
         move |pipe: &mut redis::Pipeline, k: usize| {
@@ -61,7 +64,7 @@ pub fn measure(keys: usize) -> Result<Vec<Footprint>> {
     type Writer = Box<dyn Fn(&mut redis::Pipeline, usize) -> String>;
     let layouts: Vec<(&str, Writer)> = vec![
         (
-            "sluice token bucket",
+            "sluice token bucket (10/h, burst 150)",
             Box::new(script(bucket, "public_api", 1)),
         ),
         (
@@ -110,8 +113,16 @@ pub fn measure(keys: usize) -> Result<Vec<Footprint>> {
     for (name, write) in layouts {
         let redis = Redis::start()?;
         let mut conn = redis::Client::open(redis.url())?.get_connection()?;
-        for source in scripts.sources().iter().map(|s| s.to_string()).chain([NAIVE_SCRIPT.to_owned()]) {
-            redis::cmd("SCRIPT").arg("LOAD").arg(source).query::<String>(&mut conn)?;
+        for source in scripts
+            .sources()
+            .iter()
+            .map(|s| s.to_string())
+            .chain([NAIVE_SCRIPT.to_owned()])
+        {
+            redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(source)
+                .query::<String>(&mut conn)?;
         }
         let before = used_memory(&mut conn)?;
         let mut sample = Vec::new();

@@ -44,6 +44,9 @@ pub struct BenchArgs {
     /// Extra `[redis]` settings for the daemon under test, TOML lines (e.g. `pipelines_in_flight = 1`).
     #[arg(long, default_value = "")]
     redis_settings: String,
+    /// Only measure Redis memory per key.
+    #[arg(long)]
+    memory_only: bool,
     /// Where to write the JSON report.
     #[arg(long, default_value = "target/bench/latest.json")]
     json: PathBuf,
@@ -132,6 +135,12 @@ async fn bench(args: BenchArgs) -> Result<()> {
         keys,
         open_loop: !args.quick,
     };
+    let mut report = Report::new(machine());
+    if args.memory_only {
+        report.memory = memory::measure(plan.keys)?;
+        report.print();
+        return report.write_json(&args.json);
+    }
     let redis = Redis::start()?;
     let daemon = Daemon::start(
         Some(&redis.url()),
@@ -141,7 +150,6 @@ async fn bench(args: BenchArgs) -> Result<()> {
     )?;
     // The same daemon on its embedded store: what HTTP and the check path cost without Redis.
     let embedded = Daemon::start(None, POLICIES, args.daemon_threads, "")?;
-    let mut report = Report::new(machine());
     for (policy, algorithm) in algorithms() {
         for mix in &plan.mixes {
             let keys = if matches!(mix, KeyMix::Hot) {
