@@ -7,8 +7,9 @@ use std::time::Instant;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{Method, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{any, post};
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
 
@@ -36,6 +37,8 @@ pub fn router(service: Arc<CheckService>, metrics: Metrics, transport: Transport
     Router::new()
         .route("/v1/check", post(check))
         .route("/v1/check/batch", post(batch))
+        .route("/v1/authz", any(authz))
+        .route("/v1/authz/{*original}", any(authz))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(ctx)
@@ -54,6 +57,13 @@ async fn check(State(ctx): State<Ctx>, headers: HeaderMap, body: Body) -> Respon
             }
         },
     };
+    ctx.observe(started, &response);
+    response
+}
+
+async fn authz(State(ctx): State<Ctx>, method: Method, uri: Uri, headers: HeaderMap) -> Response {
+    let started = Instant::now();
+    let response = super::authz::authz(&ctx.service, method, uri, headers).await;
     ctx.observe(started, &response);
     response
 }
@@ -154,7 +164,7 @@ async fn not_found() -> Response {
         StatusCode::NOT_FOUND,
         ErrorReply::new(
             "not_found",
-            "no such endpoint; use POST /v1/check or POST /v1/check/batch",
+            "no such endpoint; use POST /v1/check, POST /v1/check/batch or /v1/authz",
         ),
     ))
 }

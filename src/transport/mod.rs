@@ -2,6 +2,7 @@
 //! format and headers, the Unix socket binding, and the admin listener.
 
 pub mod admin;
+pub mod authz;
 pub mod http;
 pub mod serve;
 pub mod uds;
