@@ -449,6 +449,35 @@ async fn sentinel_failover_moves_checks_to_the_new_primary() {
         !stats.contains("cmdstat_evalsha") && !stats.contains("cmdstat_eval:"),
         "{stats}"
     );
+
+    // A planned failover with no traffic at all: the daemon hears the Sentinels' +switch-master
+    // and reconnects before the next check, which is then enforced on its first try (without
+    // the announcement it would first hit the demoted primary and fail open).
+    wait_for(
+        || info(&primary, "replication").contains("master_link_status:up"),
+        "the old primary is now a replica in sync",
+    );
+    let _ = sentinel_query(ports[0], &["FAILOVER", "mymaster"]);
+    wait_for(
+        || {
+            info(&primary, "replication").contains("role:master")
+                && info(&replica, "replication").contains("role:slave")
+        },
+        "the planned failover completed",
+    );
+    let announced = Instant::now();
+    loop {
+        let metrics = app.metrics().await;
+        // Half-open: the prober reconnected after the announcement; no traffic has closed it.
+        let switched = metric_value(&metrics, "sluice_redis_circuit_state", &[]) == 3.0
+            || announced.elapsed() > Duration::from_secs(3);
+        if switched {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first = json_of(&app.check_tcp(&api("after-switch")).await);
+    assert_eq!(first["mode"], "enforced", "{first}");
 }
 
 fn info(server: &RedisServer, section: &str) -> String {

@@ -17,6 +17,7 @@ pub mod health;
 pub mod keys;
 pub mod prober;
 pub mod scripts;
+pub mod sentinel_watch;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -105,6 +106,9 @@ impl RedisStore {
         let scripts = Scripts::default();
         let cluster = matches!(options.target, RedisTarget::Cluster(_));
         let (publish, connection) = watch::channel(None);
+        if let RedisTarget::Sentinel(sentinel) = &options.target {
+            tokio::spawn(sentinel_watch::watch(sentinel.clone(), Arc::clone(&health)));
+        }
         let prober = Prober {
             target: options.target,
             timeouts: options.timeouts,

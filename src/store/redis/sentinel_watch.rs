@@ -1,0 +1,45 @@
+//! Listens to the Sentinels' `+switch-master` announcements, so a failover is acted on when it
+//! happens rather than when the next check hits the demoted primary: an announcement for our
+//! primary opens the circuit, and the prober reconnects to the primary the Sentinels name now.
+//! One Sentinel at a time; on a lost connection the next one is tried after a pause.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+
+use super::conn::{mask_password, SentinelTarget};
+use super::health::Health;
+
+/// Watches until the store is dropped (`health` is then the last reference).
+pub async fn watch(target: SentinelTarget, health: Arc<Health>) {
+    let mut next = 0usize;
+    while Arc::strong_count(&health) > 1 {
+        let Some(url) = target.nodes.get(next % target.nodes.len().max(1)) else {
+            return;
+        };
+        next += 1;
+        if let Err(error) = listen(url, &target.master, &health).await {
+            tracing::debug!(sentinel = %mask_password(url), %error, "Sentinel announcements lost; trying another");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+async fn listen(url: &str, master: &str, health: &Health) -> redis::RedisResult<()> {
+    let client = redis::Client::open(url)?;
+    let mut pubsub = client.get_async_pubsub().await?;
+    pubsub.subscribe("+switch-master").await?;
+    let mut messages = pubsub.on_message();
+    while let Some(message) = messages.next().await {
+        let Ok(payload) = message.get_payload::<String>() else {
+            continue;
+        };
+        // "<master name> <old ip> <old port> <new ip> <new port>"
+        if payload.split_whitespace().next() == Some(master) {
+            tracing::warn!(announcement = %payload, "Sentinel switched the primary; reconnecting");
+            health.open("failover");
+        }
+    }
+    Ok(())
+}
