@@ -104,33 +104,31 @@ impl Connection {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<Reply, ClientError> {
-        let mut builder = Request::builder()
-            .method(method)
-            .uri(path)
-            .header("host", "sluice");
-        if body.is_some() {
-            builder = builder.header("content-type", "application/json");
-        }
-        let request = builder.body(Full::new(Bytes::from(body.unwrap_or_default())))?;
-        self.sender.ready().await?;
-        let response = self.sender.send_request(request).await?;
-        let (parts, body) = response.into_parts();
-        let body = body.collect().await?.to_bytes();
-        Ok(Reply {
-            status: parts.status,
-            headers: parts.headers,
-            body,
-        })
+        let json = body.is_some();
+        self.exchange(method, path, json, Bytes::from(body.unwrap_or_default()))
+            .await
     }
 
     /// POSTs a ready JSON body (no copy: for load generators).
     pub async fn post_bytes(&mut self, path: &str, body: Bytes) -> Result<Reply, ClientError> {
-        let request = Request::builder()
-            .method(Method::POST)
+        self.exchange(Method::POST, path, true, body).await
+    }
+
+    async fn exchange(
+        &mut self,
+        method: Method,
+        path: &str,
+        json: bool,
+        body: Bytes,
+    ) -> Result<Reply, ClientError> {
+        let mut builder = Request::builder()
+            .method(method)
             .uri(path)
-            .header("host", "sluice")
-            .header("content-type", "application/json")
-            .body(Full::new(body))?;
+            .header("host", "sluice");
+        if json {
+            builder = builder.header("content-type", "application/json");
+        }
+        let request = builder.body(Full::new(body))?;
         self.sender.ready().await?;
         let response = self.sender.send_request(request).await?;
         let (parts, body) = response.into_parts();
