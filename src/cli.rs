@@ -259,7 +259,7 @@ fn config_check(file: &Path) -> ExitCode {
         file.to_owned()
     };
     match load_policies(&policy_file) {
-        Ok(set) => {
+        Ok((set, _)) => {
             let names: Vec<&str> = set.iter().map(|p| p.name()).collect();
             println!(
                 "{}: ok, {} policies: {}",

@@ -18,7 +18,7 @@ mod stores;
 
 use crate::check::CheckService;
 use crate::clock::{Clock, SystemClock};
-use crate::config::{parse_policies, policy_file_version, Settings};
+use crate::config::{load_policies, Settings};
 use crate::limit::PolicySet;
 use crate::reload::Reloader;
 use crate::store::MemoryStore;
@@ -58,17 +58,15 @@ impl App {
     /// file for changes (and SIGHUP) while running.
     pub async fn build(settings: &Settings) -> Result<Self, StartError> {
         let path = &settings.policies;
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| StartError::Config(format!("{}: cannot read: {e}", path.display())))?;
-        let policies =
-            parse_policies(path, &text).map_err(|e| StartError::Config(e.to_string()))?;
+        let (policies, version) =
+            load_policies(path).map_err(|e| StartError::Config(e.to_string()))?;
         let mut app = Self::build_with(settings, policies, Arc::new(SystemClock::new())).await?;
         app.reloader = Some((
             Reloader::new(
                 path.clone(),
                 app.service.clone(),
                 app.metrics.clone(),
-                policy_file_version(&text),
+                version,
             ),
             settings.policies_poll.as_std(),
         ));

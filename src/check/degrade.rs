@@ -3,9 +3,8 @@
 
 use std::sync::Arc;
 
-use super::plan::Planned;
 use super::verdict::{Mode, PolicyDecision};
-use crate::limit::{Algorithm, Decision, FailureMode};
+use crate::limit::{Algorithm, Decision, FailureMode, Policy};
 use crate::store::{MemoryStore, StoreCheck};
 
 /// The `local` failure mode's state: this pod's share of each limit, in memory.
@@ -29,51 +28,62 @@ impl LocalShare {
         algorithm.share(self.replicas, self.margin_percent)
     }
 
-    /// Decides every planned policy by its failure mode. All `local` policies of the request
-    /// form one group in memory, recorded only if no enforced fail-closed policy refuses the
-    /// request anyway. Shadow (un-enforced) policies never block, degraded or not.
-    pub(crate) fn degrade(&self, plan: Vec<Planned>, dry_run: bool) -> Vec<PolicyDecision> {
-        let local: Vec<(usize, StoreCheck)> = plan
+    /// Decides every policy by its failure mode. All `local` policies of the request form one
+    /// group in memory, recorded only if no enforced fail-closed policy refuses the request
+    /// anyway. Shadow (un-enforced) policies never block, degraded or not.
+    pub(crate) fn degrade(
+        &self,
+        policies: Vec<Arc<Policy>>,
+        checks: Vec<StoreCheck>,
+        dry_run: bool,
+    ) -> Vec<PolicyDecision> {
+        let is_local = |policy: &Policy| policy.failure_mode() == FailureMode::Local;
+        let shared: Vec<StoreCheck> = policies
             .iter()
-            .enumerate()
-            .filter(|(_, p)| p.policy.failure_mode() == FailureMode::Local)
-            .map(|(i, p)| {
-                let mut check = p.check.clone();
-                check.algorithm = self.share(&check.algorithm);
-                (i, check)
+            .zip(&checks)
+            .filter(|(policy, _)| is_local(policy))
+            .map(|(_, check)| StoreCheck {
+                algorithm: self.share(&check.algorithm),
+                ..check.clone()
             })
             .collect();
-        let refused = plan
+        let refused = policies
             .iter()
-            .any(|p| p.policy.failure_mode() == FailureMode::Closed && p.check.enforce);
-        let group: Vec<StoreCheck> = local.iter().map(|(_, check)| check.clone()).collect();
-        let mut local_decisions = self.store.check_now(&group, dry_run || refused).into_iter();
-        let mut local = local.into_iter().peekable();
-        plan.into_iter()
-            .enumerate()
-            .map(|(i, planned)| {
-                let Planned { policy, check, .. } = planned;
-                let fallback = |allowed: bool, mode: Mode| {
-                    let decision = Decision {
-                        allowed,
-                        limit: check.algorithm.limit(),
-                        remaining: 0,
-                        reset_after_us: 0,
-                        retry_after_us: 0,
-                    };
-                    (decision, mode, check.algorithm.window_us())
+            .zip(&checks)
+            .any(|(policy, check)| policy.failure_mode() == FailureMode::Closed && check.enforce);
+        let decisions = self.store.check_now(&shared, dry_run || refused);
+        let mut local = shared.iter().zip(decisions);
+        policies
+            .into_iter()
+            .zip(checks)
+            .map(|(policy, check)| {
+                let fallback = |allowed: bool| Decision {
+                    allowed,
+                    limit: check.algorithm.limit(),
+                    remaining: 0,
+                    reset_after_us: 0,
+                    retry_after_us: 0,
                 };
                 let (decision, mode, window_us) = match policy.failure_mode() {
-                    FailureMode::Open => fallback(true, Mode::FailOpen),
-                    FailureMode::Closed => fallback(false, Mode::FailClosed),
-                    FailureMode::Local => {
-                        match (local.next_if(|(j, _)| *j == i), local_decisions.next()) {
-                            (Some((_, shared)), Some(decision)) => {
-                                (decision, Mode::Local, shared.algorithm.window_us())
-                            }
-                            _ => fallback(false, Mode::FailClosed),
-                        }
+                    FailureMode::Open => {
+                        (fallback(true), Mode::FailOpen, check.algorithm.window_us())
                     }
+                    FailureMode::Closed => (
+                        fallback(false),
+                        Mode::FailClosed,
+                        check.algorithm.window_us(),
+                    ),
+                    // The local group holds the `local` policies in this same order.
+                    FailureMode::Local => match local.next() {
+                        Some((shared, decision)) => {
+                            (decision, Mode::Local, shared.algorithm.window_us())
+                        }
+                        None => (
+                            fallback(false),
+                            Mode::FailClosed,
+                            check.algorithm.window_us(),
+                        ),
+                    },
                 };
                 let (decision, mode) = if check.enforce {
                     (decision, mode)

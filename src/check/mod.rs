@@ -184,27 +184,29 @@ impl CheckService {
             .filter_map(|p| p.policy.timeout_us())
             .max()
             .map(Duration::from_micros);
-        let checks = planned.iter().map(|p| p.check.clone()).collect();
+        let (policies, checks): (Vec<_>, Vec<_>) =
+            planned.into_iter().map(|p| (p.policy, p.check)).unzip();
         let asked = Instant::now();
-        let evaluated = match self.store.check(checks, dry_run, deadline).await {
-            Ok(decisions) => planned
+        let evaluated = match self.store.check(&checks, dry_run, deadline).await {
+            Ok(decisions) => policies
                 .into_iter()
+                .zip(checks)
                 .zip(decisions)
-                .map(|(p, decision)| {
-                    if p.check.enforce {
+                .map(|((policy, check), decision)| {
+                    if check.enforce {
                         if let Some(hot) = &self.hot {
-                            hot.remember(&p.check.key, p.check.cost, &decision, asked);
+                            hot.remember(&check.key, check.cost, &decision, asked);
                         }
                     }
                     PolicyDecision {
-                        mode: if p.check.enforce {
+                        mode: if check.enforce {
                             Mode::Enforced
                         } else {
                             Mode::Shadow
                         },
-                        window_us: p.check.algorithm.window_us(),
-                        policy: p.policy,
-                        key: p.check.key,
+                        window_us: check.algorithm.window_us(),
+                        policy,
+                        key: check.key,
                         decision,
                     }
                 })
@@ -216,7 +218,7 @@ impl CheckService {
                 if let Some(hot) = &self.hot {
                     hot.clear();
                 }
-                self.local.degrade(planned, dry_run)
+                self.local.degrade(policies, checks, dry_run)
             }
         };
         let verdict = verdict::decide(evaluated);

@@ -63,7 +63,8 @@ pub(crate) async fn plan(
     applicable
         .into_iter()
         .map(|Applicable { policy, captures }| {
-            let algorithm = *policy.algorithm_for(descriptors, tenant_tier.as_deref());
+            let (tier, algorithm) = policy.quota_for(descriptors, tenant_tier.as_deref());
+            let (tier, algorithm) = (tier.map(str::to_owned), *algorithm);
             let cost = policy.cost_for(descriptors, request.cost);
             if cost > algorithm.limit() {
                 return Err(CheckError::CostExceedsLimit {
@@ -75,13 +76,6 @@ pub(crate) async fn plan(
             let key = policy.key_for(descriptors, &captures).ok_or_else(|| {
                 CheckError::Invalid(format!("policy `{}` lacks a key descriptor", policy.name()))
             })?;
-            let tier = policy
-                .tier_of(descriptors, tenant_tier.as_deref())
-                .filter(|tier| {
-                    let levels = policy.parts().tiers.as_ref().map(|t| &t.levels);
-                    levels.is_some_and(|levels| levels.contains_key(*tier))
-                })
-                .map(str::to_owned);
             let enforce = policy.enforces(&key);
             Ok(Planned {
                 check: StoreCheck {

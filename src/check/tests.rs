@@ -164,12 +164,12 @@ async fn requests_are_validated_before_anything_is_spent() {
 struct DownStore;
 
 impl RateStore for DownStore {
-    fn check(
-        &self,
-        _: Vec<StoreCheck>,
+    fn check<'a>(
+        &'a self,
+        _: &'a [StoreCheck],
         _: bool,
         _: Option<std::time::Duration>,
-    ) -> StoreFuture<'_> {
+    ) -> StoreFuture<'a> {
         Box::pin(std::future::ready(Err(StoreError::Timeout)))
     }
 

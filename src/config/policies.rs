@@ -131,13 +131,13 @@ pub fn policy_file_version(text: &str) -> u32 {
     u32::from_be_bytes([digest[16], digest[17], digest[18], digest[19]])
 }
 
-/// Reads and validates the policy file at `path`.
-pub fn load_policies(path: &Path) -> Result<PolicySet, PolicyFileError> {
+/// Reads and validates the policy file at `path`; also returns its [`policy_file_version`].
+pub fn load_policies(path: &Path) -> Result<(PolicySet, u32), PolicyFileError> {
     let text = std::fs::read_to_string(path).map_err(|e| PolicyFileError {
         file: path.to_owned(),
         problems: vec![format!("cannot read: {e}")],
     })?;
-    parse_policies(path, &text)
+    Ok((parse_policies(path, &text)?, policy_file_version(&text)))
 }
 
 /// Validates policy YAML `text`; `path` only names the file in errors.

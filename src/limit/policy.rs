@@ -191,26 +191,32 @@ impl Policy {
         self.specificity
     }
 
-    /// The tier this request is in: `tier_override` (the tenant table's answer) wins over the
+    /// The listed tier this request is in, if any, and the algorithm and quota that apply (the
+    /// tier's, else the policy's own). `tier_override` (the tenant table's answer) wins over the
     /// tier descriptor.
-    pub fn tier_of<'a>(
-        &'a self,
-        descriptors: &'a Descriptors,
-        tier_override: Option<&'a str>,
-    ) -> Option<&'a str> {
-        let tiers = self.parts.tiers.as_ref()?;
-        tier_override.or_else(|| descriptors.get(&tiers.descriptor).map(String::as_str))
+    pub fn quota_for(
+        &self,
+        descriptors: &Descriptors,
+        tier_override: Option<&str>,
+    ) -> (Option<&str>, &Algorithm) {
+        let listed = self.parts.tiers.as_ref().and_then(|tiers| {
+            let tier =
+                tier_override.or_else(|| descriptors.get(&tiers.descriptor).map(String::as_str))?;
+            tiers.levels.get_key_value(tier)
+        });
+        match listed {
+            Some((tier, algorithm)) => (Some(tier.as_str()), algorithm),
+            None => (None, &self.parts.algorithm),
+        }
     }
 
-    /// The algorithm and quota for this request (its tier's, when it is in a listed tier).
+    /// The algorithm and quota for this request (see [`Policy::quota_for`]).
     pub fn algorithm_for(
         &self,
         descriptors: &Descriptors,
         tier_override: Option<&str>,
     ) -> &Algorithm {
-        self.tier_of(descriptors, tier_override)
-            .and_then(|tier| self.parts.tiers.as_ref()?.levels.get(tier))
-            .unwrap_or(&self.parts.algorithm)
+        self.quota_for(descriptors, tier_override).1
     }
 
     /// What this request costs under this policy: the cost table's entry, else `requested`.

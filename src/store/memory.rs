@@ -195,13 +195,13 @@ impl MemoryStore {
 }
 
 impl RateStore for MemoryStore {
-    fn check(
-        &self,
-        checks: Vec<StoreCheck>,
+    fn check<'a>(
+        &'a self,
+        checks: &'a [StoreCheck],
         dry_run: bool,
         _deadline: Option<Duration>,
-    ) -> StoreFuture<'_> {
-        let decisions = self.check_now(&checks, dry_run);
+    ) -> StoreFuture<'a> {
+        let decisions = self.check_now(checks, dry_run);
         Box::pin(std::future::ready(Ok(decisions)))
     }
 

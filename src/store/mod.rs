@@ -72,12 +72,12 @@ pub trait RateStore: Send + Sync + 'static {
     /// Decides every check as one group. Unless `dry_run`, the allowed checks are recorded if
     /// and only if every enforced check is allowed: a request denied by one policy spends
     /// nothing from the others. `deadline` overrides the store's own (remote stores only).
-    fn check(
-        &self,
-        checks: Vec<StoreCheck>,
+    fn check<'a>(
+        &'a self,
+        checks: &'a [StoreCheck],
         dry_run: bool,
         deadline: Option<Duration>,
-    ) -> StoreFuture<'_>;
+    ) -> StoreFuture<'a>;
 
     /// A short name for logs and the readiness body (`memory`, `redis`).
     fn name(&self) -> &'static str;

@@ -88,6 +88,18 @@ pub async fn spawn_app_in(dir: TempDir, settings: Settings, policies_yaml: &str)
     let app = App::build_with(&settings, policies, clock.clone())
         .await
         .expect("daemon builds");
+    run_app(app, clock, dir)
+}
+
+/// A daemon built like `sluice serve` builds it: policies read from `settings.policies` (and the
+/// file watched), on the system clock (the returned `clock` is not the daemon's).
+pub async fn spawn_served(dir: TempDir, settings: Settings) -> TestApp {
+    let app = App::build(&settings).await.expect("daemon builds");
+    run_app(app, Arc::new(ManualClock::new(START_US)), dir)
+}
+
+/// Runs a built daemon in this test's runtime until the [`TestApp`] stops or is dropped.
+fn run_app(app: App, clock: Arc<ManualClock>, dir: TempDir) -> TestApp {
     let tcp = Target::Tcp(app.http_addr().expect("TCP listener enabled"));
     let uds = Target::Unix(
         app.socket_path()
@@ -387,12 +399,4 @@ pub fn is_complete(bytes: &[u8]) -> bool {
             .flatten()
     });
     length.is_some_and(|length| body.len() >= length)
-}
-
-/// A daemon started by a test itself (for instance from a policy file), by its addresses.
-pub struct ChildlessApp {
-    /// The admin listener.
-    pub admin: Target,
-    /// The check API over TCP.
-    pub tcp: Target,
 }

@@ -2,29 +2,15 @@
 //! (tests/observability/run.sh proves the expressions themselves against a real Prometheus.)
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sluice::app::App;
-use sluice::client::Target;
-use sluice::clock::ManualClock;
-use sluice::config::Settings;
-use tempfile::TempDir;
-use tokio::sync::oneshot;
 
-use crate::helpers::{
-    metric_value, repo_root, spawn_app_in, spawn_app_with, test_settings, TestApp, START_US,
-};
+use crate::helpers::{metric_value, spawn_app_in, spawn_app_with, test_settings, TestApp};
 use crate::redis_server::RedisServer;
 
 const DASHBOARD: &str = include_str!("../../dashboards/sluice.json");
 const ALERTS: &str = include_str!("../../deploy/prometheus/alerts.yaml");
-
-/// Metrics allowed to have no series under this test's traffic (they must at least be registered
-/// in `src/`). Empty: every metric the dashboard and alerts use is exported.
-const NOT_YET_OBSERVED: [&str; 0] = [];
 
 /// The shipped policies, plus a shadow policy and a `local` one, so every outcome can occur.
 const POLICIES: &str = "
@@ -121,45 +107,6 @@ fn is_exported(families: &BTreeMap<String, String>, name: &str) -> bool {
     })
 }
 
-/// Whether a string literal `"name"` appears in some `.rs` file under `dir` (a registered metric).
-fn registered_in_source(dir: &Path, name: &str) -> bool {
-    let literal = format!("\"{name}\"");
-    std::fs::read_dir(dir)
-        .expect("src/ is readable")
-        .filter_map(Result::ok)
-        .any(|entry| {
-            let path = entry.path();
-            if path.is_dir() {
-                registered_in_source(&path, name)
-            } else {
-                path.extension().is_some_and(|e| e == "rs")
-                    && std::fs::read_to_string(&path).is_ok_and(|text| text.contains(&literal))
-            }
-        })
-}
-
-/// A daemon built like `sluice serve` builds it: policies read from `settings.policies`, on the
-/// system clock (the returned `clock` is not the daemon's), the policy file watched for changes.
-async fn spawn_served(dir: TempDir, settings: Settings) -> TestApp {
-    let app = App::build(&settings).await.expect("daemon builds");
-    let tcp = Target::Tcp(app.http_addr().expect("TCP listener enabled"));
-    let uds = Target::Unix(app.socket_path().expect("socket enabled").to_path_buf());
-    let admin = app.admin_addr();
-    let (tx, rx) = oneshot::channel::<()>();
-    let handle = tokio::spawn(app.run(async move {
-        let _ = rx.await;
-    }));
-    TestApp {
-        tcp,
-        uds,
-        admin,
-        clock: Arc::new(ManualClock::new(START_US)),
-        shutdown: Some(tx),
-        handle,
-        dir,
-    }
-}
-
 /// The admin `/metrics` text once `ready` holds for it, polling for at most 10 s.
 async fn metrics_when(app: &TestApp, what: &str, ready: impl Fn(&str) -> bool) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -189,7 +136,7 @@ async fn dashboard_and_alerts_use_only_exported_metrics() {
     settings.policies = dir.path().join("policies.yaml");
     let policy_file = settings.policies.clone();
     std::fs::write(&policy_file, POLICIES).expect("policy file");
-    let redis_up = spawn_served(dir, settings).await;
+    let redis_up = crate::helpers::spawn_served(dir, settings).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let mut settings = test_settings(dir.path());
     settings.redis.url = Some(format!("redis://127.0.0.1:{}", RedisServer::free_port()));
@@ -251,30 +198,16 @@ async fn dashboard_and_alerts_use_only_exported_metrics() {
         referenced.len() >= 15,
         "the dashboard and alerts name only {referenced:?}"
     );
-    let src = repo_root().join("src");
-    let mut missing = Vec::new();
-    for name in &referenced {
-        if is_exported(&exported, name) {
-            continue;
-        }
-        if NOT_YET_OBSERVED.contains(&name.as_str()) && registered_in_source(&src, name) {
-            eprintln!("{name}: registered in src/, no series under test traffic yet");
-            continue;
-        }
-        missing.push(name.clone());
-    }
+    let missing: Vec<&String> = referenced
+        .iter()
+        .filter(|name| !is_exported(&exported, name))
+        .collect();
     assert!(
         missing.is_empty(),
         "named in dashboards/sluice.json or deploy/prometheus/alerts.yaml but not exported: \
          {missing:?}\nexported: {:?}",
         exported.keys().collect::<Vec<_>>()
     );
-    // Once a pending metric is exported, it should leave the list (and be checked for real).
-    for name in NOT_YET_OBSERVED {
-        if is_exported(&exported, name) {
-            eprintln!("{name} is exported now: remove it from NOT_YET_OBSERVED");
-        }
-    }
 }
 
 #[test]

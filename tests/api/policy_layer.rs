@@ -6,12 +6,13 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sluice::app::App;
 use sluice::client::Target;
 use sluice::config::HumanDuration;
-use tokio::sync::oneshot;
+use tempfile::TempDir;
 
-use crate::helpers::{json_of, metric_value, post, spawn_app_in, spawn_app_with, test_settings};
+use crate::helpers::{
+    json_of, metric_value, post, spawn_app_in, spawn_app_with, test_settings, TestApp,
+};
 
 const ROUTES: &str = "
 policies:
@@ -185,23 +186,11 @@ async fn the_tenant_tier_file_scales_limits_and_changes_are_picked_up() {
 }
 
 /// A daemon built from a policy file, watching it every 50 ms.
-async fn spawn_watching(
-    dir: &Path,
-    policy_file: &Path,
-) -> (crate::helpers::ChildlessApp, oneshot::Sender<()>) {
-    let mut settings = test_settings(dir);
+async fn spawn_watching(dir: TempDir, policy_file: &Path) -> TestApp {
+    let mut settings = test_settings(dir.path());
     settings.policies = policy_file.to_path_buf();
     settings.policies_poll = HumanDuration(50_000);
-    let app = App::build(&settings).await.expect("builds");
-    let watched = crate::helpers::ChildlessApp {
-        admin: Target::Tcp(app.admin_addr()),
-        tcp: Target::Tcp(app.http_addr().expect("tcp")),
-    };
-    let (tx, rx) = oneshot::channel::<()>();
-    tokio::spawn(app.run(async move {
-        let _ = rx.await;
-    }));
-    (watched, tx)
+    crate::helpers::spawn_served(dir, settings).await
 }
 
 const ONE: &str =
@@ -209,10 +198,10 @@ const ONE: &str =
 const TWO: &str =
     "policies:\n  - {name: two, key: [ip], algorithm: fixed_window, limit: 2, period: 1h}\n";
 
-async fn wait_for_policy(app: &crate::helpers::ChildlessApp, name: &str) {
+async fn wait_for_policy(app: &TestApp, name: &str) {
     let started = Instant::now();
     loop {
-        let dump = json_of(&crate::helpers::get(&app.admin, "/v1/policies").await);
+        let dump = json_of(&app.admin_get("/v1/policies").await);
         if dump["policies"][0]["name"] == name {
             return;
         }
@@ -224,10 +213,9 @@ async fn wait_for_policy(app: &crate::helpers::ChildlessApp, name: &str) {
     }
 }
 
-async fn reloads(app: &crate::helpers::ChildlessApp, result: &str) -> f64 {
-    let text = crate::helpers::get(&app.admin, "/metrics").await;
+async fn reloads(app: &TestApp, result: &str) -> f64 {
     metric_value(
-        &String::from_utf8_lossy(&text.body),
+        &app.metrics().await,
         "sluice_policy_reloads_total",
         &[("result", result)],
     )
@@ -238,14 +226,13 @@ async fn edits_reload_and_an_invalid_file_keeps_the_old_policies() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("policies.yaml");
     std::fs::write(&file, ONE).expect("write");
-    let (app, _stop) = spawn_watching(dir.path(), &file).await;
-    let version =
-        json_of(&crate::helpers::get(&app.admin, "/v1/policies").await)["version"].clone();
+    let app = spawn_watching(dir, &file).await;
+    let version = json_of(&app.admin_get("/v1/policies").await)["version"].clone();
 
     std::fs::write(&file, TWO).expect("write");
     wait_for_policy(&app, "two").await;
     assert_eq!(reloads(&app, "ok").await, 1.0);
-    let dump = json_of(&crate::helpers::get(&app.admin, "/v1/policies").await);
+    let dump = json_of(&app.admin_get("/v1/policies").await);
     assert_ne!(dump["version"], version, "the version follows the content");
 
     std::fs::write(
@@ -277,13 +264,14 @@ async fn a_kubelet_style_symlink_swap_is_picked_up() {
     // A ConfigMap volume: policies.yaml -> ..data/policies.yaml, ..data -> ..<timestamp>; an
     // update writes a new timestamped directory and renames a new ..data link over the old one.
     let dir = tempfile::tempdir().expect("tempdir");
-    let root = dir.path();
+    let root = dir.path().to_path_buf();
+    let root = root.as_path();
     let first = root.join("..2026_12_02_10_00_00.1");
     std::fs::create_dir(&first).expect("mkdir");
     std::fs::write(first.join("policies.yaml"), ONE).expect("write");
     std::os::unix::fs::symlink("..2026_12_02_10_00_00.1", root.join("..data")).expect("link");
     std::os::unix::fs::symlink("..data/policies.yaml", root.join("policies.yaml")).expect("link");
-    let (app, _stop) = spawn_watching(root, &root.join("policies.yaml")).await;
+    let app = spawn_watching(dir, &root.join("policies.yaml")).await;
     wait_for_policy(&app, "one").await;
 
     let second = root.join("..2026_12_02_10_05_00.2");

@@ -150,7 +150,7 @@ impl RedisStore {
 
     async fn check_group(
         &self,
-        checks: Vec<StoreCheck>,
+        checks: &[StoreCheck],
         dry_run: bool,
     ) -> Result<Vec<Decision>, StoreError> {
         if checks.len() == 1 {
@@ -222,12 +222,12 @@ impl RedisStore {
 }
 
 impl RateStore for RedisStore {
-    fn check(
-        &self,
-        checks: Vec<StoreCheck>,
+    fn check<'a>(
+        &'a self,
+        checks: &'a [StoreCheck],
         dry_run: bool,
         deadline: Option<Duration>,
-    ) -> StoreFuture<'_> {
+    ) -> StoreFuture<'a> {
         Box::pin(async move {
             if !self.health.allows_calls() {
                 return Err(StoreError::CircuitOpen);
