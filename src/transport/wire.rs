@@ -113,26 +113,32 @@ fn ceil_div(us: Micros, unit: Micros) -> u64 {
     us.div_ceil(unit)
 }
 
+/// Whole seconds to wait, for both `Retry-After` and the body's `retry_after_sec` (one source, so
+/// they always agree); `None` when allowed.
+fn retry_after_sec(verdict: &Verdict) -> Option<u64> {
+    match verdict.outcome {
+        Outcome::Allowed => None,
+        Outcome::Unavailable => Some(UNAVAILABLE_RETRY_SEC),
+        Outcome::Denied => Some(ceil_div(
+            verdict
+                .deciding
+                .as_ref()
+                .map_or(0, |p| p.decision.retry_after_us),
+            1_000_000,
+        )),
+    }
+}
+
 impl CheckReply {
     /// The HTTP status and body for a verdict.
     pub fn from_verdict(verdict: &Verdict) -> (StatusCode, Self) {
-        let (status, error, retry_after_sec) = match verdict.outcome {
-            Outcome::Allowed => (StatusCode::OK, None, None),
-            Outcome::Denied => {
-                let retry_us = verdict
-                    .deciding
-                    .as_ref()
-                    .map_or(0, |p| p.decision.retry_after_us);
-                (
-                    StatusCode::TOO_MANY_REQUESTS,
-                    Some("rate_limit".to_owned()),
-                    Some(ceil_div(retry_us, 1_000_000)),
-                )
-            }
+        let retry_after_sec = retry_after_sec(verdict);
+        let (status, error) = match verdict.outcome {
+            Outcome::Allowed => (StatusCode::OK, None),
+            Outcome::Denied => (StatusCode::TOO_MANY_REQUESTS, Some("rate_limit".to_owned())),
             Outcome::Unavailable => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 Some("limiter_unavailable".to_owned()),
-                Some(UNAVAILABLE_RETRY_SEC),
             ),
         };
         let reply = match &verdict.deciding {
@@ -179,16 +185,8 @@ pub fn headers(verdict: &Verdict) -> HeaderMap {
         }
     };
     put("cache-control", "no-store".into());
-    match verdict.outcome {
-        Outcome::Denied => {
-            let retry_us = verdict
-                .deciding
-                .as_ref()
-                .map_or(0, |p| p.decision.retry_after_us);
-            put("retry-after", ceil_div(retry_us, 1_000_000).to_string());
-        }
-        Outcome::Unavailable => put("retry-after", UNAVAILABLE_RETRY_SEC.to_string()),
-        Outcome::Allowed => {}
+    if let Some(seconds) = retry_after_sec(verdict) {
+        put("retry-after", seconds.to_string());
     }
     let Some(part) = &verdict.deciding else {
         return headers;
