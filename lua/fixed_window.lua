@@ -20,25 +20,34 @@
 -- stands still, and state must not expire under a test (expiry never changes a decision).
 -- TTL: the key expires at the end of its window.
 --
--- Everything above the `sluice:entry` line is also used by group.lua.
+-- Everything above the `sluice:entry` line is also used by batch.lua.
 
-local function fixed_window(key, now, min_ttl_ms, commit, limit, period, cost)
+-- One decision on the stored value `state` (a string, or false when the key is absent). Returns
+-- the reply and, when the request is allowed and `commit` is set, the new value and its TTL in ms.
+-- Pure: the caller reads and writes the key (batch.lua keeps a batch's values in memory).
+local function fixed_window_step(state, now, min_ttl_ms, commit, limit, period, cost)
   local tag_space = 1048576
   local window = math.floor(now / period)
   local tag = window % tag_space
   local to_next = (window + 1) * period - now
   local count = 0
-  local state = tonumber(redis.call('GET', key))
-  if state and state % tag_space == tag then
-    count = math.floor(state / tag_space)
+  if state then
+    local packed = tonumber(state)
+    if not packed then
+      error('BADSTATE the value is not a sluice fixed window')
+    end
+    if packed % tag_space == tag then
+      count = math.floor(packed / tag_space)
+    end
   end
 
   if count + cost <= limit then
+    local value, ttl_ms = nil, nil
     if commit then
-      local value = string.format('%d', (count + cost) * tag_space + tag)
-      redis.call('SET', key, value, 'PX', math.max(min_ttl_ms, math.floor((to_next + 999) / 1000)))
+      value = string.format('%d', (count + cost) * tag_space + tag)
+      ttl_ms = math.max(min_ttl_ms, math.floor((to_next + 999) / 1000))
     end
-    return {1, limit, limit - count - cost, to_next, 0}
+    return {1, limit, limit - count - cost, to_next, 0}, value, ttl_ms
   end
 
   local reset = 0
@@ -50,6 +59,15 @@ local function fixed_window(key, now, min_ttl_ms, commit, limit, period, cost)
     retry = to_next
   end
   return {0, limit, limit - count, reset, retry}
+end
+
+local function fixed_window(key, now, min_ttl_ms, commit, limit, period, cost)
+  local reply, value, ttl_ms = fixed_window_step(redis.call('GET', key), now, min_ttl_ms, commit,
+    limit, period, cost)
+  if value then
+    redis.call('SET', key, value, 'PX', ttl_ms)
+  end
+  return reply
 end
 
 -- sluice:entry

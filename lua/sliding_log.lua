@@ -22,7 +22,7 @@
 -- stands still, and state must not expire under a test (expiry never changes a decision).
 -- TTL: the set expires when its newest unit leaves the window.
 --
--- Everything above the `sluice:entry` line is also used by group.lua.
+-- Everything above the `sluice:entry` line is also used by batch.lua.
 
 local function sliding_log(key, now, min_ttl_ms, commit, limit, period, cost)
   local floor = '(' .. string.format('%d', now - period)

@@ -24,22 +24,27 @@
 -- stands still, and state must not expire under a test (expiry never changes a decision).
 -- TTL: the key expires when the bucket is full again (TAT), as an absent key means "full".
 --
--- Everything above the `sluice:entry` line is also used by group.lua.
+-- Everything above the `sluice:entry` line is also used by batch.lua.
 
 local function ceil_div(a, b)
   return math.floor((a + b - 1) / b)
 end
 
-local function token_bucket(key, now, min_ttl_ms, commit, limit, period, capacity, cost)
+-- One decision on the stored value `state` (a string, or false when the key is absent). Returns
+-- the reply and, when the request is allowed and `commit` is set, the new value and its TTL in ms.
+-- Pure: the caller reads and writes the key (batch.lua keeps a batch's values in memory).
+local function token_bucket_step(state, now, min_ttl_ms, commit, limit, period, capacity, cost)
   -- ahead: how far TAT is past now, in 1/limit us (0 when the bucket is full).
   local ahead = 0
-  local state = redis.call('GET', key)
   if state then
     local tat_us, tat_rem = tonumber(state), 0
     local sep = string.find(state, ':', 1, true)
     if sep then
       tat_us = tonumber(string.sub(state, 1, sep - 1))
       tat_rem = tonumber(string.sub(state, sep + 1))
+    end
+    if not tat_us or not tat_rem then
+      error('BADSTATE the value is not a sluice token bucket')
     end
     if tat_us > now then
       ahead = (tat_us - now) * limit + tat_rem
@@ -51,17 +56,18 @@ local function token_bucket(key, now, min_ttl_ms, commit, limit, period, capacit
   local tolerance = capacity * period
   local ahead_after = ahead + cost * period
   if ahead_after <= tolerance then
+    local value, ttl_ms = nil, nil
     if commit then
       local tat_us = now + math.floor(ahead_after / limit)
       local tat_rem = ahead_after % limit
-      local ttl_ms = math.max(min_ttl_ms, ceil_div(ahead_after, limit * 1000))
-      local value = string.format('%d', tat_us)
+      ttl_ms = math.max(min_ttl_ms, ceil_div(ahead_after, limit * 1000))
+      value = string.format('%d', tat_us)
       if tat_rem > 0 then
         value = value .. ':' .. string.format('%d', tat_rem)
       end
-      redis.call('SET', key, value, 'PX', ttl_ms)
     end
-    return {1, capacity, capacity - ceil_div(ahead_after, period), ceil_div(ahead_after, limit), 0}
+    return {1, capacity, capacity - ceil_div(ahead_after, period), ceil_div(ahead_after, limit), 0},
+      value, ttl_ms
   end
 
   local remaining = 0
@@ -73,6 +79,15 @@ local function token_bucket(key, now, min_ttl_ms, commit, limit, period, capacit
     retry = ceil_div(ahead - (capacity - cost) * period, limit)
   end
   return {0, capacity, remaining, ceil_div(ahead, limit), retry}
+end
+
+local function token_bucket(key, now, min_ttl_ms, commit, limit, period, capacity, cost)
+  local reply, value, ttl_ms = token_bucket_step(redis.call('GET', key), now, min_ttl_ms, commit,
+    limit, period, capacity, cost)
+  if value then
+    redis.call('SET', key, value, 'PX', ttl_ms)
+  end
+  return reply
 end
 
 -- sluice:entry

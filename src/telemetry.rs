@@ -38,9 +38,9 @@ pub struct Metrics {
     /// Checks answered by the local layer (a partition known to be over its limit) without the
     /// store, by policy.
     pub local_layer_hits: IntCounterVec,
-    /// Checks per Redis pipeline.
+    /// Checks per Redis script call.
     pub redis_batch_size: Histogram,
-    /// Time from sending a Redis pipeline to its last reply.
+    /// Time from writing a Redis script call to its reply.
     pub redis_pipeline_duration: Histogram,
     /// Redis errors by kind (timeout, connection, noscript, readonly, oom, busy, auth, ...).
     pub redis_errors: IntCounterVec,
@@ -94,7 +94,7 @@ impl Metrics {
         let redis_batch_size = Histogram::with_opts(
             HistogramOpts::new(
                 "sluice_redis_batch_size",
-                "Script calls coalesced into one Redis pipeline.",
+                "Checks per Redis script call (one call of the batch script per batch).",
             )
             .buckets(vec![
                 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0,
@@ -104,7 +104,7 @@ impl Metrics {
         let redis_pipeline_duration = Histogram::with_opts(
             HistogramOpts::new(
                 "sluice_redis_pipeline_duration_seconds",
-                "Time from sending a Redis pipeline to its last reply.",
+                "Time from writing a Redis script call to its reply.",
             )
             .buckets(LATENCY_BUCKETS.to_vec()),
         )

@@ -128,7 +128,7 @@ fn redis_metrics(metrics: &Metrics) -> RedisMetrics {
     RedisMetrics {
         batch: BatchMetrics {
             batch_size: metrics.redis_batch_size.clone(),
-            pipeline_duration: metrics.redis_pipeline_duration.clone(),
+            call_duration: metrics.redis_pipeline_duration.clone(),
             errors: metrics.redis_errors.clone(),
         },
         circuit: metrics.redis_circuit.clone(),

@@ -9,6 +9,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 pub use memory::{MemoryMetrics, MemoryStore};
+pub use redis::error::ErrorKind;
 
 use crate::limit::{Algorithm, Decision, Key};
 
@@ -35,27 +36,27 @@ pub enum StoreError {
     #[error("store skipped: circuit open")]
     CircuitOpen,
     /// The store answered with an error or is unreachable.
-    #[error("store failed ({kind}): {detail}")]
+    #[error("store failed ({}): {detail}", kind.as_str())]
     Failed {
-        /// A bounded label: `connection`, `readonly`, `oom`, `busy`, `auth`, ...
-        kind: &'static str,
+        /// What kind of failure (a bounded label).
+        kind: ErrorKind,
         /// What happened (for logs; may not be shown to clients).
         detail: String,
     },
 }
 
 impl StoreError {
-    /// A bounded label for metrics and the breaker.
-    pub fn kind(&self) -> &'static str {
+    /// The kind of failure; `None` when the store was not asked (circuit open).
+    pub fn kind(&self) -> Option<ErrorKind> {
         match self {
-            Self::Timeout => "timeout",
-            Self::CircuitOpen => "circuit_open",
-            Self::Failed { kind, .. } => kind,
+            Self::Timeout => Some(ErrorKind::Deadline),
+            Self::CircuitOpen => None,
+            Self::Failed { kind, .. } => Some(*kind),
         }
     }
 
     /// A failure of kind `kind`.
-    pub fn failed(kind: &'static str, detail: impl Into<String>) -> Self {
+    pub fn failed(kind: ErrorKind, detail: impl Into<String>) -> Self {
         Self::Failed {
             kind,
             detail: detail.into(),

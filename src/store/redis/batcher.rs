@@ -1,143 +1,286 @@
-//! Coalesces concurrent script calls into pipelines. One dispatcher takes a pipeline slot, waits
-//! for the first queued call, drains whatever else is queued (up to `max_batch`) and sends it at
-//! once: no timer, so a lone call goes out immediately, and under load calls pile up while the
-//! slots are busy and leave together. The queue is bounded; a full queue makes callers wait, and
-//! their deadline turns the wait into the failure mode.
+//! Turns concurrent checks into one script call per batch. Callers put a [`Job`] (one check: one
+//! or more counters, all or nothing) on a bounded queue; the dispatcher takes whatever is queued
+//! (up to `max_batch`) as soon as one of its `in_flight` slots is free, and sends it to Redis as
+//! one `EVALSHA` of the batch script: every counter of the batch once in `KEYS`, `TIME` read once,
+//! the checks decided in arrival order. No timer (a lone check goes out at once), no task per
+//! batch: the dispatcher polls its calls in flight itself, and answers each job on its oneshot.
+//!
+//! The deadline of a batch counts from when it is written to Redis, not from when its checks were
+//! queued: time spent waiting inside sluice (a saturated CPU, a burst) is not a Redis failure and
+//! never turns into failure-mode answers. The queue is bounded, so callers wait (back-pressure).
+//! A job whose caller has gone (its request was dropped) is not sent: nothing is spent for it.
 //!
 //! `NOSCRIPT` (Redis restarted, failed over, `SCRIPT FLUSH`, a Cluster node that never saw the
-//! script) means the script did not run, so exactly those calls are resent once with `EVAL`, which
-//! also caches the script. A timeout or a broken connection is never retried: the write may have
-//! happened.
+//! script) means the script did not run, so the call is resent once with `EVAL`, which also
+//! caches the script. A timeout or a broken connection is never retried: the write may have
+//! happened. A key of the wrong type fails only the check that names it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use prometheus::{Histogram, IntCounterVec};
-use redis::{Pipeline, RedisError, Value};
-use tokio::sync::{mpsc, oneshot, watch, Semaphore};
+use redis::{Cmd, Value};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::conn::Conn;
-use super::scripts::ScriptCall;
+use super::error::ErrorKind;
+use super::health::Health;
+use super::keys;
+use super::scripts::{parse_check_reply, BatchArgs, Script};
+use crate::limit::{Algorithm, Decision};
 use crate::store::StoreError;
 
 /// Batching limits.
 #[derive(Debug, Clone, Copy)]
 pub struct BatchConfig {
-    /// Most calls in one pipeline.
+    /// Most checks in one script call.
     pub max_batch: usize,
-    /// Pipelines in flight at once.
+    /// Script calls in flight at once.
     pub in_flight: usize,
-    /// Calls waiting to be sent, at most.
+    /// Checks waiting to be sent, at most.
     pub queue: usize,
 }
 
 /// Metrics the batcher keeps.
 #[derive(Clone)]
 pub struct BatchMetrics {
-    /// Calls per pipeline.
+    /// Checks per script call.
     pub batch_size: Histogram,
-    /// Time from sending a pipeline to its last reply.
-    pub pipeline_duration: Histogram,
+    /// Time from writing a call to its reply.
+    pub call_duration: Histogram,
     /// Errors by kind.
     pub errors: IntCounterVec,
 }
 
-type Reply = Result<Value, StoreError>;
+impl BatchMetrics {
+    fn count(&self, kind: ErrorKind) {
+        self.errors.with_label_values(&[kind.as_str()]).inc();
+    }
+}
 
-struct Job {
-    call: ScriptCall,
+/// One counter of a check.
+#[derive(Debug, Clone)]
+pub struct Item {
+    /// Its Redis key.
+    pub key: String,
+    /// Algorithm and quota.
+    pub algorithm: Algorithm,
+    /// Units to spend.
+    pub cost: u64,
+    /// False for shadow policies (they never block the check).
+    pub enforce: bool,
+}
+
+/// One decision per item, or why the check could not be decided.
+pub type Reply = Result<Vec<Decision>, StoreError>;
+
+/// One check: its items are decided together, all or nothing (in a Cluster they share a slot).
+pub struct Job {
+    items: Vec<Item>,
+    commit: bool,
+    deadline: Duration,
     reply: oneshot::Sender<Reply>,
 }
 
-/// The handle callers submit script calls to.
+/// The handle callers submit checks to.
 #[derive(Clone)]
 pub struct Batcher {
     tx: mpsc::Sender<Job>,
+}
+
+/// What the dispatcher shares with its calls.
+struct Dispatch {
+    script: Script,
+    config: BatchConfig,
+    metrics: BatchMetrics,
+    health: Arc<Health>,
 }
 
 impl Batcher {
     /// Starts the dispatcher over the connection published by `conn`.
     pub fn spawn(
         conn: watch::Receiver<Option<Conn>>,
+        script: Script,
         config: BatchConfig,
         metrics: BatchMetrics,
+        health: Arc<Health>,
     ) -> Self {
         let (tx, rx) = mpsc::channel(config.queue.max(1));
-        tokio::spawn(dispatch(rx, conn, config, metrics));
+        let dispatch = Dispatch {
+            script,
+            config,
+            metrics,
+            health,
+        };
+        tokio::spawn(dispatch.run(rx, conn));
         Self { tx }
     }
 
-    /// Queues a call; the receiver yields its reply. Waits while the queue is full.
-    pub async fn submit(&self, call: ScriptCall) -> Result<oneshot::Receiver<Reply>, StoreError> {
+    /// Queues a check (waiting while the queue is full); the receiver yields its decisions.
+    /// `deadline` bounds the Redis round trip of the call it goes out in.
+    pub async fn submit(
+        &self,
+        items: Vec<Item>,
+        commit: bool,
+        deadline: Duration,
+    ) -> Result<oneshot::Receiver<Reply>, StoreError> {
         let (reply, rx) = oneshot::channel();
+        let job = Job {
+            items,
+            commit,
+            deadline,
+            reply,
+        };
         self.tx
-            .send(Job { call, reply })
+            .send(job)
             .await
-            .map_err(|_| StoreError::failed("internal", "Redis dispatcher stopped"))?;
+            .map_err(|_| StoreError::failed(ErrorKind::Other, "Redis dispatcher stopped"))?;
         Ok(rx)
     }
 }
 
-async fn dispatch(
-    mut rx: mpsc::Receiver<Job>,
-    conn: watch::Receiver<Option<Conn>>,
-    config: BatchConfig,
-    metrics: BatchMetrics,
-) {
-    let slots = Arc::new(Semaphore::new(config.in_flight.max(1)));
-    loop {
-        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
-            return;
-        };
-        let Some(first) = rx.recv().await else {
-            return;
-        };
-        let mut jobs = vec![first];
-        while jobs.len() < config.max_batch {
-            match rx.try_recv() {
-                Ok(job) => jobs.push(job),
-                Err(_) => break,
+impl Dispatch {
+    async fn run(self, mut rx: mpsc::Receiver<Job>, conn: watch::Receiver<Option<Conn>>) {
+        let max_batch = self.config.max_batch.max(1);
+        let in_flight_max = self.config.in_flight.max(1);
+        let mut in_flight = FuturesUnordered::new();
+        let mut jobs = Vec::with_capacity(max_batch);
+        let mut open = true;
+        while open || !in_flight.is_empty() {
+            tokio::select! {
+                biased;
+                Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
+                taken = rx.recv_many(&mut jobs, max_batch), if open && in_flight.len() < in_flight_max => {
+                    if taken == 0 {
+                        open = false;
+                        continue;
+                    }
+                    let batch = std::mem::replace(&mut jobs, Vec::with_capacity(max_batch));
+                    let current = conn.borrow().clone();
+                    in_flight.push(self.batch(current, batch));
+                }
             }
         }
-        metrics.batch_size.observe(jobs.len() as f64);
-        let current = conn.borrow().clone();
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
-            match current {
-                None => {
-                    metrics.errors.with_label_values(&["not_connected"]).inc();
-                    for job in jobs {
-                        let _ = job.reply.send(Err(StoreError::failed(
-                            "connection",
-                            "not connected to Redis",
-                        )));
-                    }
-                }
-                Some(conn) if conn.is_cluster() => {
-                    // Cluster pipelines must stay in one slot: one pipeline per (first) key; a
-                    // call's keys share one slot already.
-                    let mut by_key: HashMap<String, Vec<Job>> = HashMap::new();
-                    for job in jobs {
-                        let key = job.call.keys.first().cloned().unwrap_or_default();
-                        by_key.entry(key).or_default().push(job);
-                    }
-                    let mut tasks = tokio::task::JoinSet::new();
-                    for group in by_key.into_values() {
-                        let conn = conn.clone();
-                        let metrics = metrics.clone();
-                        tasks.spawn(async move { run_pipeline(conn, group, &metrics).await });
-                    }
-                    while tasks.join_next().await.is_some() {}
-                }
-                Some(conn) => run_pipeline(conn, jobs, &metrics).await,
+    }
+
+    async fn batch(&self, conn: Option<Conn>, mut jobs: Vec<Job>) {
+        // A caller that has gone (its request dropped) gets nothing spent on its behalf.
+        jobs.retain(|job| !job.reply.is_closed());
+        if jobs.is_empty() {
+            return;
+        }
+        if !self.health.allows_calls() {
+            return fail_all(jobs, &StoreError::CircuitOpen);
+        }
+        self.metrics.batch_size.observe(jobs.len() as f64);
+        let Some(conn) = conn else {
+            self.metrics.count(ErrorKind::NotConnected);
+            let error = StoreError::failed(ErrorKind::NotConnected, "not connected to Redis");
+            return fail_all(jobs, &error);
+        };
+        if !conn.is_cluster() {
+            return self.call(conn, jobs).await;
+        }
+        // A Cluster script's keys must share a slot: one call per slot, arrival order kept
+        // within each (a job's items share a slot already).
+        jobs.sort_by_key(|job| job.items.first().map_or(0, |item| keys::slot(&item.key)));
+        let mut calls = Vec::new();
+        let mut jobs = jobs.into_iter().peekable();
+        while let Some(first) = jobs.next() {
+            let slot = first.items.first().map_or(0, |item| keys::slot(&item.key));
+            let mut group = vec![first];
+            while let Some(next) = jobs
+                .next_if(|job| job.items.first().map_or(0, |item| keys::slot(&item.key)) == slot)
+            {
+                group.push(next);
             }
-        });
+            calls.push(self.call(conn.clone(), group));
+        }
+        futures_util::future::join_all(calls).await;
+    }
+
+    /// One script call for `jobs`; answers every job.
+    async fn call(&self, mut conn: Conn, jobs: Vec<Job>) {
+        let deadline = jobs
+            .iter()
+            .map(|job| job.deadline)
+            .max()
+            .unwrap_or_default();
+        let started = Instant::now();
+        let mut reply = self.send(&mut conn, &jobs, Send::Sha, deadline).await;
+        if matches!(&reply, Err(error) if error.kind() == Some(ErrorKind::Noscript)) {
+            self.metrics.count(ErrorKind::Noscript);
+            tracing::debug!(checks = jobs.len(), "NOSCRIPT: resending with EVAL");
+            reply = self.send(&mut conn, &jobs, Send::Source, deadline).await;
+        }
+        self.metrics
+            .call_duration
+            .observe(started.elapsed().as_secs_f64());
+        let value = match reply {
+            Ok(value) => value,
+            Err(error) => {
+                if let Some(kind) = error.kind() {
+                    self.metrics.count(kind);
+                }
+                return fail_all(jobs, &error);
+            }
+        };
+        let Value::Array(replies) = value else {
+            self.metrics.count(ErrorKind::Protocol);
+            let error = StoreError::failed(ErrorKind::Protocol, "batch reply is not an array");
+            return fail_all(jobs, &error);
+        };
+        if replies.len() != jobs.len() {
+            self.metrics.count(ErrorKind::Protocol);
+            let error = StoreError::failed(
+                ErrorKind::Protocol,
+                format!("{} replies for {} checks", replies.len(), jobs.len()),
+            );
+            return fail_all(jobs, &error);
+        }
+        for (job, value) in jobs.into_iter().zip(replies) {
+            let answer = match value {
+                Value::ServerError(error) => {
+                    let kind = ErrorKind::of_code(error.code());
+                    self.metrics.count(kind);
+                    Err(StoreError::failed(
+                        kind,
+                        format!("Redis replied {}", error.code()),
+                    ))
+                }
+                value => parse_check_reply(&value, job.items.len()).map_err(|detail| {
+                    self.metrics.count(ErrorKind::Protocol);
+                    StoreError::failed(ErrorKind::Protocol, detail)
+                }),
+            };
+            let _ = job.reply.send(answer);
+        }
+    }
+
+    /// Writes the call and waits for its reply, at most `deadline` from now.
+    async fn send(
+        &self,
+        conn: &mut Conn,
+        jobs: &[Job],
+        send: Send,
+        deadline: Duration,
+    ) -> Result<Value, StoreError> {
+        let cmd = batch_command(&self.script, jobs, send);
+        match tokio::time::timeout(deadline, conn.query(&cmd)).await {
+            Err(_) => Err(StoreError::Timeout),
+            Ok(Ok(Value::ServerError(error))) => Err(StoreError::failed(
+                ErrorKind::of_code(error.code()),
+                format!("Redis replied {}", error.code()),
+            )),
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => Err(StoreError::failed(ErrorKind::of(&error), error.to_string())),
+        }
     }
 }
 
-/// How a pipeline names its scripts.
+/// How a call names its script.
 #[derive(Clone, Copy)]
 enum Send {
     /// `EVALSHA sha`: the normal, small form.
@@ -146,126 +289,35 @@ enum Send {
     Source,
 }
 
-fn pipeline(jobs: &[Job], send: Send) -> Pipeline {
-    let mut pipe = redis::pipe();
-    pipe.ignore_errors();
+/// The batch script call: each distinct key once in `KEYS`, the checks in order in `ARGV`.
+fn batch_command(script: &Script, jobs: &[Job], send: Send) -> Cmd {
+    let mut index: HashMap<&str, usize> = HashMap::with_capacity(jobs.len());
+    let mut keys: Vec<&str> = Vec::with_capacity(jobs.len());
+    let mut args = BatchArgs::new(None);
     for job in jobs {
-        let call = &job.call;
-        let cmd = match send {
-            Send::Sha => pipe.cmd("EVALSHA").arg(&*call.script.sha),
-            Send::Source => pipe.cmd("EVAL").arg(&*call.script.source),
-        };
-        cmd.arg(call.keys.len()).arg(&call.keys).arg(&call.args);
+        args.check(job.items.len(), job.commit);
+        for item in &job.items {
+            let at = *index.entry(&item.key).or_insert_with(|| {
+                keys.push(&item.key);
+                keys.len()
+            });
+            args.item(at, &item.algorithm, item.cost, item.enforce);
+        }
     }
-    pipe
-}
-
-async fn run_pipeline(mut conn: Conn, jobs: Vec<Job>, metrics: &BatchMetrics) {
-    let started = Instant::now();
-    let replies = conn.run(&pipeline(&jobs, Send::Sha)).await;
-    metrics
-        .pipeline_duration
-        .observe(started.elapsed().as_secs_f64());
-    let values = match checked(replies, jobs.len(), metrics) {
-        Ok(values) => values,
-        Err(error) => return fail_all(jobs, &error),
+    let (verb, script) = match send {
+        Send::Sha => ("EVALSHA", &*script.sha),
+        Send::Source => ("EVAL", &*script.source),
     };
-    let mut retry = Vec::new();
-    for (job, value) in jobs.into_iter().zip(values) {
-        if is_noscript(&value) {
-            retry.push(job);
-        } else {
-            answer(job, value, metrics);
-        }
-    }
-    if retry.is_empty() {
-        return;
-    }
-    metrics.errors.with_label_values(&["noscript"]).inc();
-    tracing::debug!(calls = retry.len(), "NOSCRIPT: resending with EVAL");
-    let replies = conn.run(&pipeline(&retry, Send::Source)).await;
-    match checked(replies, retry.len(), metrics) {
-        Ok(values) => {
-            for (job, value) in retry.into_iter().zip(values) {
-                answer(job, value, metrics);
-            }
-        }
-        Err(error) => fail_all(retry, &error),
-    }
-}
-
-fn checked(
-    replies: Result<Vec<Value>, RedisError>,
-    expected: usize,
-    metrics: &BatchMetrics,
-) -> Result<Vec<Value>, StoreError> {
-    match replies {
-        Ok(values) if values.len() == expected => Ok(values),
-        Ok(values) => {
-            metrics.errors.with_label_values(&["protocol"]).inc();
-            Err(StoreError::failed(
-                "protocol",
-                format!("pipeline of {expected} calls got {} replies", values.len()),
-            ))
-        }
-        Err(error) => {
-            let kind = error_kind(&error);
-            metrics.errors.with_label_values(&[kind]).inc();
-            Err(if kind == "timeout" {
-                StoreError::Timeout
-            } else {
-                StoreError::failed(kind, error.to_string())
-            })
-        }
-    }
+    let mut cmd = redis::cmd(verb);
+    cmd.arg(script)
+        .arg(keys.len())
+        .arg(&keys)
+        .arg(args.finish());
+    cmd
 }
 
 fn fail_all(jobs: Vec<Job>, error: &StoreError) {
     for job in jobs {
         let _ = job.reply.send(Err(error.clone()));
-    }
-}
-
-fn answer(job: Job, value: Value, metrics: &BatchMetrics) {
-    let reply = match value {
-        Value::ServerError(error) => {
-            let code = error.code().to_owned();
-            let kind = server_kind(&code);
-            metrics.errors.with_label_values(&[kind]).inc();
-            Err(StoreError::failed(kind, format!("Redis replied {code}")))
-        }
-        value => Ok(value),
-    };
-    let _ = job.reply.send(reply);
-}
-
-fn is_noscript(value: &Value) -> bool {
-    matches!(value, Value::ServerError(error) if error.code() == "NOSCRIPT")
-}
-
-/// A bounded label for a Redis error (never the message: it may hold a key).
-pub fn error_kind(error: &RedisError) -> &'static str {
-    if error.is_timeout() {
-        "timeout"
-    } else if error.kind() == redis::ErrorKind::AuthenticationFailed {
-        "auth"
-    } else if error.is_connection_dropped() || error.is_connection_refusal() || error.is_io_error()
-    {
-        "connection"
-    } else {
-        server_kind(error.code().unwrap_or(""))
-    }
-}
-
-fn server_kind(code: &str) -> &'static str {
-    match code {
-        "NOSCRIPT" => "noscript",
-        "READONLY" => "readonly",
-        "LOADING" => "loading",
-        "BUSY" => "busy",
-        "OOM" => "oom",
-        "NOAUTH" | "WRONGPASS" => "auth",
-        "MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN" | "CROSSSLOT" => "cluster",
-        _ => "other",
     }
 }

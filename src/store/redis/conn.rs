@@ -5,13 +5,15 @@
 
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::{socket2, TcpSettings};
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
-    AsyncConnectionConfig, IntoConnectionInfo, Pipeline, RedisConnectionInfo, RedisResult, Value,
+    AsyncConnectionConfig, Cmd, IntoConnectionInfo, RedisConnectionInfo, RedisResult, Value,
 };
 
 /// Where Redis is.
@@ -55,26 +57,32 @@ impl Conn {
         matches!(self, Self::Cluster(_))
     }
 
+    /// Sends one command and returns its raw reply: error replies nested in an array stay
+    /// `Value::ServerError` entries (the batch script answers a bad key's check that way).
+    pub async fn query(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        match self {
+            Self::Single(conn) => conn.req_packed_command(cmd).await,
+            Self::Cluster(conn) => conn.req_packed_command(cmd).await,
+            Self::Resolved(conn) => conn.req_packed_command(cmd).await,
+        }
+    }
+
+    async fn expect_ok(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        self.query(cmd).await?.extract_error()
+    }
+
     /// Loads a script into the script cache (of every primary, in a Cluster).
-    pub async fn load_script(&mut self, source: &str) -> RedisResult<String> {
+    pub async fn load_script(&mut self, source: &str) -> RedisResult<()> {
         let mut cmd = redis::cmd("SCRIPT");
         cmd.arg("LOAD").arg(source);
-        match self {
-            Self::Single(conn) => cmd.query_async(conn).await,
-            Self::Cluster(conn) => cmd.query_async(conn).await,
-            Self::Resolved(conn) => cmd.query_async(conn).await,
-        }
+        self.expect_ok(&cmd).await.map(drop)
     }
 
     /// `HGET key field`.
     pub async fn hash_get(&mut self, key: &str, field: &str) -> RedisResult<Option<String>> {
         let mut cmd = redis::cmd("HGET");
         cmd.arg(key).arg(field);
-        match self {
-            Self::Single(conn) => cmd.query_async(conn).await,
-            Self::Cluster(conn) => cmd.query_async(conn).await,
-            Self::Resolved(conn) => cmd.query_async(conn).await,
-        }
+        Ok(redis::from_redis_value(self.expect_ok(&cmd).await?)?)
     }
 
     /// A small write that fails exactly when checks would: on a replica (READONLY), a node out of
@@ -82,20 +90,7 @@ impl Conn {
     pub async fn probe(&mut self, key: &str) -> RedisResult<()> {
         let mut cmd = redis::cmd("SET");
         cmd.arg(key).arg(1).arg("PX").arg(10_000);
-        match self {
-            Self::Single(conn) => cmd.query_async(conn).await,
-            Self::Cluster(conn) => cmd.query_async(conn).await,
-            Self::Resolved(conn) => cmd.query_async(conn).await,
-        }
-    }
-
-    /// Sends a pipeline; per-command errors come back as `Value::ServerError` entries.
-    pub async fn run(&mut self, pipeline: &Pipeline) -> RedisResult<Vec<Value>> {
-        match self {
-            Self::Single(conn) => pipeline.query_async(conn).await,
-            Self::Cluster(conn) => pipeline.query_async(conn).await,
-            Self::Resolved(conn) => pipeline.query_async(conn).await,
-        }
+        self.expect_ok(&cmd).await.map(drop)
     }
 }
 

@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use prometheus::IntGauge;
 use tokio::sync::Notify;
 
+use super::error::ErrorKind;
+
 /// A breaker state, as exported in `sluice_redis_circuit_state`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -46,10 +48,6 @@ impl Circuit {
         }
     }
 }
-
-/// Error kinds after which Redis cannot serve this daemon until something changes (a failover,
-/// a restart finishing, a connection rebuilt): they open the circuit at once.
-const OPEN_AT_ONCE: [&str; 4] = ["readonly", "loading", "connection", "auth"];
 
 /// Shared health of one Redis target.
 pub struct Health {
@@ -96,18 +94,16 @@ impl Health {
         }
     }
 
-    /// A call failed with an error of `kind` (see `batcher::error_kind`; `timeout` for deadlines).
-    pub fn on_failure(&self, kind: &str) {
+    /// A call failed with an error of `kind`; kinds that say Redis cannot serve this daemon
+    /// (see [`ErrorKind::opens_at_once`]) open the circuit at once.
+    pub fn on_failure(&self, kind: ErrorKind) {
         let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
         let circuit = self.circuit();
         if circuit == Circuit::Open {
             return;
         }
-        if circuit == Circuit::HalfOpen
-            || failures >= self.threshold
-            || OPEN_AT_ONCE.contains(&kind)
-        {
-            self.open(kind);
+        if circuit == Circuit::HalfOpen || failures >= self.threshold || kind.opens_at_once() {
+            self.open(kind.as_str());
         } else if circuit == Circuit::Healthy {
             self.transition(Circuit::Degraded, "Redis calls failing");
         }
@@ -169,13 +165,13 @@ mod tests {
     #[test]
     fn consecutive_failures_open_and_success_resets() {
         let h = health(3);
-        h.on_failure("timeout");
-        h.on_failure("timeout");
+        h.on_failure(ErrorKind::Timeout);
+        h.on_failure(ErrorKind::Timeout);
         assert_eq!(h.circuit(), Circuit::Degraded);
         h.on_success();
         assert_eq!(h.circuit(), Circuit::Healthy);
         for _ in 0..3 {
-            h.on_failure("timeout");
+            h.on_failure(ErrorKind::Timeout);
         }
         assert_eq!(h.circuit(), Circuit::Open);
         assert!(!h.allows_calls());
@@ -186,11 +182,11 @@ mod tests {
     #[test]
     fn fatal_kinds_open_at_once_and_half_open_fails_back() {
         let h = health(100);
-        h.on_failure("readonly");
+        h.on_failure(ErrorKind::Readonly);
         assert_eq!(h.circuit(), Circuit::Open);
         h.half_open();
         assert!(h.allows_calls());
-        h.on_failure("timeout");
+        h.on_failure(ErrorKind::Timeout);
         assert_eq!(
             h.circuit(),
             Circuit::Open,

@@ -1,18 +1,20 @@
 //! The Redis store: counters shared by every pod, changed only by the Lua scripts in `lua/`, which
-//! read Redis `TIME` so that all pods share one clock. Calls are coalesced into pipelines by the
-//! [`batcher`]; a single primary, a Sentinel-watched primary or a Cluster ([`conn`]) holds them,
-//! one hash tag per counter ([`keys`]). [`health`] keeps a circuit breaker so that an unreachable
-//! Redis costs microseconds per check, and the [`prober`] reconnects.
+//! read Redis `TIME` so that all pods share one clock. The [`batcher`] turns concurrent checks into
+//! one call of the batch script per batch; a single primary, a Sentinel-watched primary or a
+//! Cluster ([`conn`]) holds them, one hash tag per counter ([`keys`]). [`health`] keeps a circuit
+//! breaker so that an unreachable Redis costs microseconds per check, and the [`prober`]
+//! reconnects.
 //!
-//! A group of several policies (per-IP and per-account on login) is one atomic call of the group
+//! A check of several policies (per-IP and per-account on login) is one check of the batch
 //! script, recording every allowed key or none, whenever its keys can be in one script: always on
 //! a single primary, and in a Cluster when they share a hash slot. Keys in different Cluster slots
 //! are decided in two steps: every key evaluated without recording, then, if no enforced policy
-//! denied, each allowed key recorded by its own (atomic, re-deciding) call; a race can then deny
-//! in the second step after another key was spent. A single-policy check is one script call.
+//! denied, each allowed key recorded by its own (atomic, re-deciding) check; a race can then deny
+//! in the second step after another key was spent.
 
 pub mod batcher;
 pub mod conn;
+pub mod error;
 pub mod health;
 pub mod keys;
 pub mod prober;
@@ -25,11 +27,12 @@ use std::time::Duration;
 use prometheus::IntGauge;
 use tokio::sync::watch;
 
-use self::batcher::{BatchConfig, BatchMetrics, Batcher};
+use self::batcher::{BatchConfig, BatchMetrics, Batcher, Item};
 use self::conn::{RedisTarget, Timeouts};
+use self::error::ErrorKind;
 use self::health::{Circuit, Health};
 use self::prober::{Backoff, Prober};
-use self::scripts::{parse_reply, Scripts};
+use self::scripts::Scripts;
 use super::{RateStore, StoreCheck, StoreError, StoreFuture};
 use crate::limit::Decision;
 
@@ -40,7 +43,7 @@ pub struct RedisOptions {
     pub target: RedisTarget,
     /// Prefix of every key.
     pub key_prefix: String,
-    /// Default deadline of one check (all its Redis calls, queueing included).
+    /// Default deadline of one check's Redis round trip (from the write of its batch).
     pub timeout: Duration,
     /// Connection attempt and reply backstop timeouts.
     pub timeouts: Timeouts,
@@ -68,12 +71,14 @@ pub struct RedisStore {
     cluster: bool,
     batcher: Batcher,
     connection: watch::Receiver<Option<conn::Conn>>,
-    scripts: Scripts,
     prefix: String,
     timeout: Duration,
     health: Arc<Health>,
-    errors: prometheus::IntCounterVec,
 }
+
+/// Longest a check waits inside sluice (queued behind other batches) beyond its Redis deadline
+/// before it gives up. It is a backstop, not a Redis failure: the circuit is not touched.
+const QUEUE_BACKSTOP: Duration = Duration::from_secs(1);
 
 impl RedisStore {
     /// Starts connecting in the background and returns at once. Until connected the circuit is
@@ -84,18 +89,8 @@ impl RedisStore {
             return Err("redis.key_prefix must not contain `{` or `}`".into());
         }
         tracing::info!(redis = %conn::describe(&options.target), "using the Redis store");
-        for kind in [
-            "timeout",
-            "deadline",
-            "connection",
-            "noscript",
-            "readonly",
-            "loading",
-            "busy",
-            "oom",
-            "auth",
-        ] {
-            metrics.batch.errors.with_label_values(&[kind]);
+        for kind in ErrorKind::ALL {
+            metrics.batch.errors.with_label_values(&[kind.as_str()]);
         }
         let health = Arc::new(Health::new(
             Circuit::Open,
@@ -120,12 +115,17 @@ impl RedisStore {
             errors: metrics.batch.errors.clone(),
         };
         tokio::spawn(prober.run());
+        let batcher = Batcher::spawn(
+            connection.clone(),
+            scripts.batch().clone(),
+            options.batch,
+            metrics.batch,
+            Arc::clone(&health),
+        );
         Ok(Self {
             cluster,
-            errors: metrics.batch.errors.clone(),
-            batcher: Batcher::spawn(connection.clone(), options.batch, metrics.batch),
+            batcher,
             connection,
-            scripts,
             prefix: options.key_prefix,
             timeout: options.timeout,
             health,
@@ -140,42 +140,44 @@ impl RedisStore {
         }
         let current = self.connection.borrow().clone();
         let Some(mut conn) = current else {
-            return Err(StoreError::failed("connection", "not connected to Redis"));
+            return Err(StoreError::failed(
+                ErrorKind::NotConnected,
+                "not connected to Redis",
+            ));
         };
         let key = format!("{}:{name}", self.prefix);
         conn.hash_get(&key, field)
             .await
-            .map_err(|e| StoreError::failed(batcher::error_kind(&e), e.to_string()))
+            .map_err(|e| StoreError::failed(ErrorKind::of(&e), e.to_string()))
+    }
+
+    fn item(&self, check: &StoreCheck) -> Item {
+        Item {
+            key: keys::redis_key(&self.prefix, &check.key),
+            algorithm: check.algorithm,
+            cost: check.cost,
+            enforce: check.enforce,
+        }
     }
 
     async fn check_group(
         &self,
         checks: &[StoreCheck],
         dry_run: bool,
+        deadline: Duration,
     ) -> Result<Vec<Decision>, StoreError> {
-        if checks.len() == 1 {
-            return self.run(checks.iter().map(|c| (c, !dry_run))).await;
+        let items: Vec<Item> = checks.iter().map(|c| self.item(c)).collect();
+        let one_slot = !self.cluster
+            || items
+                .windows(2)
+                .all(|w| keys::slot(&w[0].key) == keys::slot(&w[1].key));
+        if one_slot {
+            let reply = self.batcher.submit(items, !dry_run, deadline).await?;
+            return answer(reply, deadline).await;
         }
-        let keyed: Vec<(String, &StoreCheck)> = checks
-            .iter()
-            .map(|c| (keys::redis_key(&self.prefix, &c.key), c))
-            .collect();
-        let one_slot = keyed
-            .windows(2)
-            .all(|w| keys::slot(&w[0].0) == keys::slot(&w[1].0));
-        if !self.cluster || one_slot {
-            let call = self.scripts.group_call(&keyed, !dry_run, None);
-            let value = self
-                .batcher
-                .submit(call)
-                .await?
-                .await
-                .map_err(|_| StoreError::failed("internal", "Redis call dropped"))??;
-            return scripts::parse_group_reply(&value, keyed.len())
-                .map_err(|detail| StoreError::failed("protocol", detail));
-        }
-        // Different Cluster slots: evaluate all, then record the allowed ones one by one.
-        let mut decisions = self.run(checks.iter().map(|c| (c, false))).await?;
+        // Different Cluster slots: evaluate all, then record the allowed ones one by one. Every
+        // call is queued before any is awaited, so that they share batches.
+        let mut decisions = self.each(items, |_| false, deadline).await?;
         let group_allowed = checks
             .iter()
             .zip(&decisions)
@@ -186,38 +188,47 @@ impl RedisStore {
         let allowed: Vec<usize> = (0..checks.len())
             .filter(|&i| decisions[i].allowed)
             .collect();
-        let recorded = self
-            .run(allowed.iter().map(|&i| (&checks[i], true)))
-            .await?;
+        let items = allowed.iter().map(|&i| self.item(&checks[i])).collect();
+        let recorded = self.each(items, |_| true, deadline).await?;
         for (i, decision) in allowed.into_iter().zip(recorded) {
             decisions[i] = decision;
         }
         Ok(decisions)
     }
 
-    /// Submits every call first (so they share pipelines), then collects the replies.
-    async fn run<'a>(
+    /// Each item as its own check, all queued before any answer is awaited.
+    async fn each(
         &self,
-        calls: impl Iterator<Item = (&'a StoreCheck, bool)>,
+        items: Vec<Item>,
+        commit: impl Fn(&Item) -> bool,
+        deadline: Duration,
     ) -> Result<Vec<Decision>, StoreError> {
-        let mut pending = Vec::new();
-        for (check, commit) in calls {
-            let key = keys::redis_key(&self.prefix, &check.key);
-            let call = self
-                .scripts
-                .call(&check.algorithm, key, check.cost, commit, None);
-            pending.push(self.batcher.submit(call).await?);
+        let mut pending = Vec::with_capacity(items.len());
+        for item in items {
+            let commit = commit(&item);
+            pending.push(self.batcher.submit(vec![item], commit, deadline).await?);
         }
         let mut decisions = Vec::with_capacity(pending.len());
         for reply in pending {
-            let value = reply
-                .await
-                .map_err(|_| StoreError::failed("internal", "Redis call dropped"))??;
-            let decision =
-                parse_reply(&value).map_err(|detail| StoreError::failed("protocol", detail))?;
-            decisions.push(decision);
+            decisions.extend(answer(reply, deadline).await?);
         }
         Ok(decisions)
+    }
+}
+
+/// Waits for a submitted check's decisions. The dispatcher answers every job (the call's own
+/// deadline counts from its write to Redis); the backstop only guards against a stalled daemon.
+async fn answer(
+    reply: tokio::sync::oneshot::Receiver<batcher::Reply>,
+    deadline: Duration,
+) -> Result<Vec<Decision>, StoreError> {
+    match tokio::time::timeout(deadline + QUEUE_BACKSTOP, reply).await {
+        Ok(Ok(reply)) => reply,
+        Ok(Err(_)) => Err(StoreError::failed(ErrorKind::Other, "Redis call dropped")),
+        Err(_) => Err(StoreError::failed(
+            ErrorKind::Overloaded,
+            "waited too long in sluice's own queue",
+        )),
     }
 }
 
@@ -233,17 +244,12 @@ impl RateStore for RedisStore {
                 return Err(StoreError::CircuitOpen);
             }
             let deadline = deadline.unwrap_or(self.timeout);
-            let result = tokio::time::timeout(deadline, self.check_group(checks, dry_run))
-                .await
-                .unwrap_or(Err(StoreError::Timeout));
-            match &result {
+            let result = self.check_group(checks, dry_run, deadline).await;
+            match result.as_ref().map_err(StoreError::kind) {
                 Ok(_) => self.health.on_success(),
-                Err(error) => {
-                    if *error == StoreError::Timeout {
-                        self.errors.with_label_values(&["deadline"]).inc();
-                    }
-                    self.health.on_failure(error.kind());
-                }
+                Err(Some(kind)) if kind.is_redis_failure() => self.health.on_failure(kind),
+                // A bad key or sluice's own overload says nothing about Redis.
+                Err(_) => {}
             }
             result
         })

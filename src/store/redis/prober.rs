@@ -11,8 +11,8 @@ use std::time::Duration;
 use prometheus::IntCounterVec;
 use tokio::sync::watch;
 
-use super::batcher::error_kind;
 use super::conn::{self, Conn, RedisTarget, Timeouts};
+use super::error::ErrorKind;
 use super::health::{Circuit, Health};
 
 /// How the prober paces itself.
@@ -83,13 +83,15 @@ impl Prober {
                     delay = Duration::ZERO;
                 }
                 Ok(Err(error)) => {
-                    let kind = error_kind(&error);
+                    let kind = ErrorKind::of(&error).as_str();
                     self.errors.with_label_values(&[kind]).inc();
                     self.warn_now_and_then(&mut last_warning, kind, &error.to_string());
                     delay = (delay * 2).clamp(self.backoff.min, self.backoff.max);
                 }
                 Err(_) => {
-                    self.errors.with_label_values(&["timeout"]).inc();
+                    self.errors
+                        .with_label_values(&[ErrorKind::Timeout.as_str()])
+                        .inc();
                     self.warn_now_and_then(&mut last_warning, "timeout", "no answer");
                     delay = (delay * 2).clamp(self.backoff.min, self.backoff.max);
                 }

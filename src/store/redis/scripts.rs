@@ -1,6 +1,6 @@
-//! The Lua scripts (one per algorithm from `lua/`, plus the group script composed of their
-//! functions and `lua/group.lua`), their SHA-1s, the arguments each takes and how their integer
-//! replies become [`Decision`]s.
+//! The Lua scripts (one per algorithm from `lua/`, plus the batch script composed of their
+//! functions and `lua/batch.lua`), their SHA-1s, the arguments each takes and how their integer
+//! replies become [`Decision`]s without intermediate vectors.
 
 use std::sync::Arc;
 
@@ -12,7 +12,7 @@ use crate::store::StoreCheck;
 const TOKEN_BUCKET: &str = include_str!("../../../lua/token_bucket.lua");
 const SLIDING_LOG: &str = include_str!("../../../lua/sliding_log.lua");
 const FIXED_WINDOW: &str = include_str!("../../../lua/fixed_window.lua");
-const GROUP: &str = include_str!("../../../lua/group.lua");
+const BATCH: &str = include_str!("../../../lua/batch.lua");
 
 /// The line that separates an algorithm script's reusable functions from its own entry point.
 const ENTRY_MARKER: &str = "-- sluice:entry";
@@ -38,13 +38,13 @@ impl Script {
     }
 }
 
-/// The algorithm scripts and the group script.
+/// The algorithm scripts and the batch script.
 #[derive(Debug, Clone)]
 pub struct Scripts {
     token_bucket: Script,
     sliding_log: Script,
     fixed_window: Script,
-    group: Script,
+    batch: Script,
 }
 
 /// The part of an algorithm script before its entry point: its functions.
@@ -54,18 +54,18 @@ fn functions(source: &str) -> &str {
 
 impl Default for Scripts {
     fn default() -> Self {
-        let group = [
+        let batch = [
             functions(TOKEN_BUCKET),
             functions(SLIDING_LOG),
             functions(FIXED_WINDOW),
-            GROUP,
+            BATCH,
         ]
         .join("\n");
         Self {
             token_bucket: Script::new(TOKEN_BUCKET.to_owned()),
             sliding_log: Script::new(SLIDING_LOG.to_owned()),
             fixed_window: Script::new(FIXED_WINDOW.to_owned()),
-            group: Script::new(group),
+            batch: Script::new(batch),
         }
     }
 }
@@ -88,10 +88,15 @@ impl Scripts {
             &self.token_bucket,
             &self.sliding_log,
             &self.fixed_window,
-            &self.group,
+            &self.batch,
         ]
         .map(|s| Arc::clone(&s.source))
         .to_vec()
+    }
+
+    /// The batch script (what the daemon runs).
+    pub fn batch(&self) -> &Script {
+        &self.batch
     }
 
     /// The script for `algorithm`.
@@ -103,8 +108,8 @@ impl Scripts {
         }
     }
 
-    /// The call that decides (and, with `commit`, records) `cost` on `key`. `now` is for tests
-    /// only: the daemon passes `None` so that scripts read Redis `TIME`.
+    /// The single-algorithm call that decides (and, with `commit`, records) `cost` on `key`;
+    /// the daemon batches instead, this is for baselines and tests. `now` is for tests only.
     pub fn call(
         &self,
         algorithm: &Algorithm,
@@ -113,12 +118,13 @@ impl Scripts {
         commit: bool,
         now: Option<Micros>,
     ) -> ScriptCall {
-        let mut args = match algorithm {
-            Algorithm::TokenBucket(b) => vec![b.limit(), b.period_us(), b.capacity(), cost],
-            Algorithm::SlidingLog(l) => vec![l.limit(), l.period_us(), cost],
-            Algorithm::FixedWindow(w) => vec![w.limit(), w.period_us(), cost],
-        };
-        args.push(u64::from(commit));
+        let mut args = Vec::with_capacity(6);
+        match algorithm {
+            Algorithm::TokenBucket(b) => args.extend([b.limit(), b.period_us(), b.capacity()]),
+            Algorithm::SlidingLog(l) => args.extend([l.limit(), l.period_us()]),
+            Algorithm::FixedWindow(w) => args.extend([w.limit(), w.period_us()]),
+        }
+        args.extend([cost, u64::from(commit)]);
         args.extend(now);
         ScriptCall {
             script: self.for_algorithm(algorithm).clone(),
@@ -127,70 +133,121 @@ impl Scripts {
         }
     }
 
-    /// The group call over `checks` (with their Redis keys): all allowed ones are recorded (with
-    /// `commit`) if every enforced one allows, else none. `now` as in [`Scripts::call`]; `None`
-    /// is sent as 0, the group script's "read TIME".
+    /// A batch call holding one check over `checks` (with their Redis keys): all allowed ones
+    /// are recorded (with `commit`) if every enforced one allows, else none. `now` as in
+    /// [`Scripts::call`]; `None` is sent as 0, the batch script's "read TIME".
     pub fn group_call(
         &self,
         checks: &[(String, &StoreCheck)],
         commit: bool,
         now: Option<Micros>,
     ) -> ScriptCall {
-        let mut args = vec![u64::from(commit), now.unwrap_or(0)];
-        for (_, check) in checks {
-            let (kind, limit, period, capacity) = match check.algorithm {
-                Algorithm::TokenBucket(b) => (1, b.limit(), b.period_us(), Some(b.capacity())),
-                Algorithm::SlidingLog(l) => (2, l.limit(), l.period_us(), None),
-                Algorithm::FixedWindow(w) => (3, w.limit(), w.period_us(), None),
-            };
-            args.extend([kind, u64::from(check.enforce), check.cost, limit, period]);
-            args.extend(capacity);
+        let mut args = BatchArgs::new(now);
+        args.check(checks.len(), commit);
+        for (i, (_, check)) in checks.iter().enumerate() {
+            args.item(i + 1, &check.algorithm, check.cost, check.enforce);
         }
         ScriptCall {
-            script: self.group.clone(),
+            script: self.batch.clone(),
             keys: checks.iter().map(|(key, _)| key.clone()).collect(),
-            args,
+            args: args.finish(),
         }
+    }
+}
+
+/// `ARGV` of the batch script, built check by check (see `lua/batch.lua`).
+#[derive(Debug)]
+pub struct BatchArgs {
+    args: Vec<u64>,
+    checks: u64,
+}
+
+impl BatchArgs {
+    /// An empty batch; `now` for tests only.
+    pub fn new(now: Option<Micros>) -> Self {
+        let mut args = Vec::with_capacity(64);
+        args.extend([now.unwrap_or(0), 0]);
+        Self { args, checks: 0 }
+    }
+
+    /// Starts the next check: `items` items follow ([`BatchArgs::item`]), recorded if `commit`.
+    pub fn check(&mut self, items: usize, commit: bool) {
+        self.checks += 1;
+        self.args.extend([items as u64, u64::from(commit)]);
+    }
+
+    /// One item of the current check: `key` is the 1-based index of its key in `KEYS`.
+    pub fn item(&mut self, key: usize, algorithm: &Algorithm, cost: u64, enforce: bool) {
+        let (kind, limit, period, capacity) = match *algorithm {
+            Algorithm::TokenBucket(b) => (1, b.limit(), b.period_us(), Some(b.capacity())),
+            Algorithm::SlidingLog(l) => (2, l.limit(), l.period_us(), None),
+            Algorithm::FixedWindow(w) => (3, w.limit(), w.period_us(), None),
+        };
+        self.args
+            .extend([key as u64, kind, u64::from(enforce), cost, limit, period]);
+        self.args.extend(capacity);
+    }
+
+    /// The finished `ARGV`.
+    pub fn finish(mut self) -> Vec<u64> {
+        self.args[1] = self.checks;
+        self.args
     }
 }
 
 /// Reads a script reply `{allowed, limit, remaining, reset_after_us, retry_after_us}`.
 pub fn parse_reply(value: &Value) -> Result<Decision, String> {
-    let fields: Vec<i64> =
-        redis::from_redis_value_ref(value).map_err(|e| format!("unexpected script reply: {e}"))?;
-    let [allowed, limit, remaining, reset, retry] = fields[..] else {
+    let Value::Array(fields) = value else {
+        return Err(format!("unexpected script reply: {value:?}"));
+    };
+    let [allowed, limit, remaining, reset, retry] = fields.as_slice() else {
         return Err(format!(
             "script reply has {} fields, expected 5",
             fields.len()
         ));
     };
-    let non_negative =
-        |n: i64| u64::try_from(n).map_err(|_| format!("negative field {n} in script reply"));
+    let int = |value: &Value| match value {
+        Value::Int(n) => Ok(*n),
+        other => Err(format!("unexpected field {other:?} in script reply")),
+    };
+    let non_negative = |value: &Value| {
+        let n = int(value)?;
+        u64::try_from(n).map_err(|_| format!("negative field {n} in script reply"))
+    };
+    let retry = int(retry)?;
     Ok(Decision {
-        allowed: allowed == 1,
+        allowed: int(allowed)? == 1,
         limit: non_negative(limit)?,
         remaining: non_negative(remaining)?,
         reset_after_us: non_negative(reset)?,
         retry_after_us: if retry < 0 {
             NEVER
         } else {
-            non_negative(retry)?
+            u64::try_from(retry).unwrap_or(NEVER)
         },
     })
 }
 
-/// Reads a group reply: one decision per key.
-pub fn parse_group_reply(value: &Value, keys: usize) -> Result<Vec<Decision>, String> {
-    let Value::Array(items) = value else {
-        return Err("unexpected group reply".into());
+/// Reads one check's entry of a batch reply: one decision per item.
+pub fn parse_check_reply(value: &Value, items: usize) -> Result<Vec<Decision>, String> {
+    let Value::Array(replies) = value else {
+        return Err(format!("unexpected check reply: {value:?}"));
     };
-    if items.len() != keys {
+    if replies.len() != items {
         return Err(format!(
-            "group reply has {} results for {keys} keys",
-            items.len()
+            "check reply has {} results for {items} items",
+            replies.len()
         ));
     }
-    items.iter().map(parse_reply).collect()
+    replies.iter().map(parse_reply).collect()
+}
+
+/// Reads the reply of a [`Scripts::group_call`]: one decision per key.
+pub fn parse_group_reply(value: &Value, keys: usize) -> Result<Vec<Decision>, String> {
+    match value {
+        Value::Array(checks) if checks.len() == 1 => parse_check_reply(&checks[0], keys),
+        other => Err(format!("unexpected group reply: {other:?}")),
+    }
 }
 
 #[cfg(test)]

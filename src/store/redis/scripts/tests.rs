@@ -5,7 +5,7 @@ use crate::limit::{Key, TokenBucket};
 
 #[test]
 fn every_script_documents_its_contract() {
-    for source in [TOKEN_BUCKET, SLIDING_LOG, FIXED_WINDOW, GROUP] {
+    for source in [TOKEN_BUCKET, SLIDING_LOG, FIXED_WINDOW, BATCH] {
         for part in [
             "KEYS[",
             "ARGV[1]",
@@ -33,7 +33,7 @@ fn every_script_documents_its_contract() {
                     .all(|l| l.trim_start().starts_with("--") || !l.contains("KEYS["))
         );
     }
-    assert_eq!(Scripts::default().group.sha.len(), 40);
+    assert_eq!(Scripts::default().batch.sha.len(), 40);
 }
 
 #[test]
@@ -51,7 +51,11 @@ fn arguments_follow_the_script_headers() {
         enforce: false,
     };
     let call = scripts.group_call(&[("k".into(), &check)], true, Some(9));
-    assert_eq!(call.args, vec![1, 9, 1, 0, 3, 1000, 60_000_000, 150]);
+    // now, one check of one item (committed): key 1, token bucket, shadow, cost 3, quota.
+    assert_eq!(
+        call.args,
+        vec![9, 1, 1, 1, 1, 1, 0, 3, 1000, 60_000_000, 150]
+    );
 }
 
 #[test]
@@ -61,7 +65,9 @@ fn replies_parse_and_never_maps_from_minus_one() {
     assert!(!decision.allowed);
     assert_eq!(decision.retry_after_us, NEVER);
     assert!(parse_reply(&Value::Int(1)).is_err());
-    let group = Value::Array(vec![reply.clone(), reply]);
-    assert_eq!(parse_group_reply(&group, 2).expect("parses").len(), 2);
-    assert!(parse_group_reply(&group, 3).is_err());
+    let check = Value::Array(vec![reply.clone(), reply]);
+    assert_eq!(parse_check_reply(&check, 2).expect("parses").len(), 2);
+    assert!(parse_check_reply(&check, 3).is_err());
+    let batch = Value::Array(vec![check]);
+    assert_eq!(parse_group_reply(&batch, 2).expect("parses").len(), 2);
 }
