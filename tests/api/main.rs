@@ -15,6 +15,7 @@ mod kustomize;
 mod observability;
 mod policies;
 mod policy_layer;
+mod redis_batch;
 mod redis_differential;
 mod redis_exactness;
 mod redis_failures;

@@ -15,7 +15,6 @@
 //! caches the script. A timeout or a broken connection is never retried: the write may have
 //! happened. A key of the wrong type fails only the check that names it.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,8 +27,8 @@ use super::conn::Conn;
 use super::error::ErrorKind;
 use super::health::Health;
 use super::keys;
-use super::scripts::{parse_check_reply, BatchArgs, Script};
-use crate::limit::{Algorithm, Decision};
+use super::scripts::{batch_arguments, parse_check_reply, Item, Script};
+use crate::limit::Decision;
 use crate::store::StoreError;
 
 /// Batching limits.
@@ -58,19 +57,6 @@ impl BatchMetrics {
     fn count(&self, kind: ErrorKind) {
         self.errors.with_label_values(&[kind.as_str()]).inc();
     }
-}
-
-/// One counter of a check.
-#[derive(Debug, Clone)]
-pub struct Item {
-    /// Its Redis key.
-    pub key: String,
-    /// Algorithm and quota.
-    pub algorithm: Algorithm,
-    /// Units to spend.
-    pub cost: u64,
-    /// False for shadow policies (they never block the check).
-    pub enforce: bool,
 }
 
 /// One decision per item, or why the check could not be decided.
@@ -289,30 +275,15 @@ enum Send {
     Source,
 }
 
-/// The batch script call: each distinct key once in `KEYS`, the checks in order in `ARGV`.
+/// The batch script call for `jobs`, in arrival order.
 fn batch_command(script: &Script, jobs: &[Job], send: Send) -> Cmd {
-    let mut index: HashMap<&str, usize> = HashMap::with_capacity(jobs.len());
-    let mut keys: Vec<&str> = Vec::with_capacity(jobs.len());
-    let mut args = BatchArgs::new(None);
-    for job in jobs {
-        args.check(job.items.len(), job.commit);
-        for item in &job.items {
-            let at = *index.entry(&item.key).or_insert_with(|| {
-                keys.push(&item.key);
-                keys.len()
-            });
-            args.item(at, &item.algorithm, item.cost, item.enforce);
-        }
-    }
+    let (keys, args) = batch_arguments(jobs.iter().map(|job| (job.commit, &job.items[..])), None);
     let (verb, script) = match send {
         Send::Sha => ("EVALSHA", &*script.sha),
         Send::Source => ("EVAL", &*script.source),
     };
     let mut cmd = redis::cmd(verb);
-    cmd.arg(script)
-        .arg(keys.len())
-        .arg(&keys)
-        .arg(args.finish());
+    cmd.arg(script).arg(keys.len()).arg(&keys).arg(args);
     cmd
 }
 

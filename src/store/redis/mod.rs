@@ -27,12 +27,12 @@ use std::time::Duration;
 use prometheus::IntGauge;
 use tokio::sync::watch;
 
-use self::batcher::{BatchConfig, BatchMetrics, Batcher, Item};
+use self::batcher::{BatchConfig, BatchMetrics, Batcher};
 use self::conn::{RedisTarget, Timeouts};
 use self::error::ErrorKind;
 use self::health::{Circuit, Health};
 use self::prober::{Backoff, Prober};
-use self::scripts::Scripts;
+use self::scripts::{Item, Scripts};
 use super::{RateStore, StoreCheck, StoreError, StoreFuture};
 use crate::limit::Decision;
 

@@ -2,6 +2,7 @@
 //! functions and `lua/batch.lua`), their SHA-1s, the arguments each takes and how their integer
 //! replies become [`Decision`]s without intermediate vectors.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use redis::Value;
@@ -153,6 +154,41 @@ impl Scripts {
             args: args.finish(),
         }
     }
+}
+
+/// One counter of a check in a batch.
+#[derive(Debug, Clone)]
+pub struct Item {
+    /// Its Redis key.
+    pub key: String,
+    /// Algorithm and quota.
+    pub algorithm: Algorithm,
+    /// Units to spend.
+    pub cost: u64,
+    /// False for shadow policies (they never block the check).
+    pub enforce: bool,
+}
+
+/// `KEYS` and `ARGV` of a batch script call for `checks` (each: commit, items), in order: each
+/// distinct key once in `KEYS`, so that the script reads and writes it once. `now` for tests only.
+pub fn batch_arguments<'a>(
+    checks: impl ExactSizeIterator<Item = (bool, &'a [Item])>,
+    now: Option<Micros>,
+) -> (Vec<&'a str>, Vec<u64>) {
+    let mut index: HashMap<&str, usize> = HashMap::with_capacity(checks.len());
+    let mut keys: Vec<&str> = Vec::with_capacity(checks.len());
+    let mut args = BatchArgs::new(now);
+    for (commit, items) in checks {
+        args.check(items.len(), commit);
+        for item in items {
+            let at = *index.entry(&item.key).or_insert_with(|| {
+                keys.push(&item.key);
+                keys.len()
+            });
+            args.item(at, &item.algorithm, item.cost, item.enforce);
+        }
+    }
+    (keys, args.finish())
 }
 
 /// `ARGV` of the batch script, built check by check (see `lua/batch.lua`).

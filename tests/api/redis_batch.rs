@@ -1,0 +1,367 @@
+//! The batch script (`lua/batch.lua`): a whole batch of checks in one call, against the Rust
+//! twin. Checks on the same counter within one batch must be answered exactly as if they had
+//! arrived one by one at the batch's instant; a bad key fails only its own check; the daemon
+//! sends a batch as one call and survives NOSCRIPT in the middle of traffic.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use redis::Value;
+use serde_json::json;
+use sluice::clock::ManualClock;
+use sluice::limit::{Algorithm, Decision, FixedWindow, Key, Micros, SlidingLog, TokenBucket};
+use sluice::store::redis::scripts::{batch_arguments, parse_check_reply, Item, Scripts};
+use sluice::store::{MemoryStore, StoreCheck};
+
+use crate::helpers::{json_of, metric_value, spawn_app_in, test_settings};
+use crate::redis_server::RedisServer;
+
+const START: Micros = 1_700_000_000_000_000;
+
+thread_local! {
+    /// This test thread's server and connection, started on first use, killed when the test ends.
+    static REDIS: std::cell::RefCell<Option<(RedisServer, redis::Connection)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+fn with_redis<T>(f: impl FnOnce(&mut redis::Connection) -> T) -> T {
+    REDIS.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let (_, conn) = slot.get_or_insert_with(|| {
+            let server = RedisServer::start();
+            let conn = server.connection();
+            (server, conn)
+        });
+        f(conn)
+    })
+}
+
+fn fresh_base() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!("batch:{}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// One check of a batch: (commit, items).
+type Check = (bool, Vec<Item>);
+
+/// Runs `checks` as one batch script call at `now`; one entry per check.
+fn run_batch(conn: &mut redis::Connection, checks: &[Check], now: Micros) -> Vec<Value> {
+    let (keys, args) = batch_arguments(
+        checks.iter().map(|(commit, items)| (*commit, &items[..])),
+        Some(now),
+    );
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(&*Scripts::default().batch().source)
+        .arg(keys.len())
+        .arg(&keys)
+        .arg(args);
+    // The raw reply: `query` would turn one check's error entry into an error for the whole.
+    let reply = redis::ConnectionLike::req_command(conn, &cmd).expect("the batch script runs");
+    match reply {
+        Value::Array(entries) => {
+            assert_eq!(entries.len(), checks.len(), "one entry per check");
+            entries
+        }
+        other => panic!("unexpected batch reply {other:?}"),
+    }
+}
+
+fn decisions(entry: &Value, items: usize) -> Vec<Decision> {
+    parse_check_reply(entry, items).expect("a check's reply parses")
+}
+
+/// Counter `i` of the test: its algorithm is fixed per counter.
+fn counter_algorithm(kind: u8, limit: u64, period: u64) -> Algorithm {
+    match kind % 3 {
+        0 => Algorithm::TokenBucket(TokenBucket::new(limit, period, limit).expect("valid")),
+        1 => Algorithm::SlidingLog(SlidingLog::new(limit, period).expect("valid")),
+        _ => Algorithm::FixedWindow(FixedWindow::new(limit, period).expect("valid")),
+    }
+}
+
+/// A batch: its time step, then checks of (first counter, second counter or none, cost, dry run,
+/// second counter enforced).
+type Batch = (u64, Vec<(usize, Option<usize>, u64, bool, bool)>);
+
+fn batches(counters: usize, limit: u64, period: u64) -> impl Strategy<Value = Vec<Batch>> {
+    let step = prop_oneof![2 => Just(0u64), 5 => 0..=period / 3 + 1, 1 => 0..=period * 2];
+    let check = (
+        0..counters,
+        prop::option::weighted(0.3, 0..counters),
+        1..=limit + 1,
+        prop::bool::weighted(0.15),
+        prop::bool::weighted(0.8),
+    );
+    prop::collection::vec((step, prop::collection::vec(check, 1..12)), 1..12)
+}
+
+/// Replays `batches` through the batch script and, check by check, through the embedded store
+/// (the Rust twin) at the same instant; every decision must be identical.
+fn compare(
+    algorithms: &[Algorithm],
+    history: &[Batch],
+    start: Micros,
+) -> Result<(), TestCaseError> {
+    let clock = Arc::new(ManualClock::new(start));
+    let memory = MemoryStore::new(1_000, clock.clone(), None);
+    let base = fresh_base();
+    let store_check = |i: usize, cost: u64, enforce: bool| StoreCheck {
+        key: Key::new(Arc::from("b"), [format!("{base}-{i}").as_str()]),
+        algorithm: algorithms[i],
+        cost: cost.min(algorithms[i].limit()),
+        enforce,
+    };
+    let item = |check: &StoreCheck, i: usize| Item {
+        key: format!("{{{base}}}:{i}"),
+        algorithm: check.algorithm,
+        cost: check.cost,
+        enforce: check.enforce,
+    };
+    let mut now = start;
+    with_redis(|conn| {
+        for (batch_no, (step, checks)) in history.iter().enumerate() {
+            now += step;
+            clock.set(now);
+            let mut planned: Vec<(Vec<StoreCheck>, Check)> = Vec::new();
+            for &(first, second, cost, dry_run, enforce_second) in checks {
+                let mut group = vec![store_check(first, cost, true)];
+                let mut items = vec![item(&group[0], first)];
+                if let Some(second) = second.filter(|&s| s != first) {
+                    let check = store_check(second, cost, enforce_second);
+                    items.push(item(&check, second));
+                    group.push(check);
+                }
+                planned.push((group, (!dry_run, items)));
+            }
+            let calls: Vec<Check> = planned.iter().map(|(_, call)| call.clone()).collect();
+            let replies = run_batch(conn, &calls, now);
+            for (n, ((group, (commit, items)), reply)) in planned.iter().zip(&replies).enumerate() {
+                let rust = memory.check_now(group, !commit);
+                let lua = decisions(reply, items.len());
+                prop_assert_eq!(rust, lua, "batch {} check {} at {}", batch_no, n, now);
+            }
+        }
+        Ok(())
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn batches_agree_with_checks_one_by_one(
+        (kinds, limit, period, history) in (prop::collection::vec(0u8..3, 1..4), 1u64..12, 1u64..20_000)
+            .prop_flat_map(|(kinds, l, p)| {
+                let n = kinds.len();
+                (Just(kinds), Just(l), Just(p), batches(n, l, p))
+            }),
+        offset in 0u64..1_000_000,
+    ) {
+        let algorithms: Vec<Algorithm> =
+            kinds.iter().map(|&k| counter_algorithm(k, limit, period)).collect();
+        compare(&algorithms, &history, START + offset)?;
+    }
+}
+
+#[test]
+fn a_hot_key_in_one_batch_is_read_and_written_once() {
+    let bucket = Algorithm::TokenBucket(TokenBucket::new(5, 1_000_000, 5).expect("valid"));
+    let base = fresh_base();
+    let item = Item {
+        key: format!("{{{base}}}:hot"),
+        algorithm: bucket,
+        cost: 1,
+        enforce: true,
+    };
+    let checks: Vec<Check> = (0..8).map(|_| (true, vec![item.clone()])).collect();
+    with_redis(|conn| {
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query(conn)
+            .expect("RESETSTAT");
+        let replies = run_batch(conn, &checks, START);
+        let allowed: Vec<bool> = replies.iter().map(|r| decisions(r, 1)[0].allowed).collect();
+        assert_eq!(allowed, [true, true, true, true, true, false, false, false]);
+        let remaining: Vec<u64> = replies
+            .iter()
+            .map(|r| decisions(r, 1)[0].remaining)
+            .collect();
+        assert_eq!(remaining, [4, 3, 2, 1, 0, 0, 0, 0]);
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(conn)
+            .expect("INFO");
+        let calls = |command: &str| -> u64 {
+            stats
+                .lines()
+                .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
+                .and_then(|l| l.split("calls=").nth(1))
+                .and_then(|v| v.split(',').next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        assert_eq!(calls("get"), 1, "{stats}");
+        assert_eq!(calls("set"), 1, "{stats}");
+    });
+}
+
+#[test]
+fn a_bad_key_fails_only_its_own_check() {
+    let bucket = Algorithm::TokenBucket(TokenBucket::new(10, 1_000_000, 10).expect("valid"));
+    let window = Algorithm::FixedWindow(FixedWindow::new(10, 1_000_000).expect("valid"));
+    let log = Algorithm::SlidingLog(SlidingLog::new(10, 1_000_000).expect("valid"));
+    let base = fresh_base();
+    let key = |name: &str| format!("{{{base}}}:{name}");
+    let item = |name: &str, algorithm: Algorithm| Item {
+        key: key(name),
+        algorithm,
+        cost: 1,
+        enforce: true,
+    };
+    with_redis(|conn| {
+        let _: () = redis::cmd("RPUSH")
+            .arg(key("list"))
+            .arg("x")
+            .query(conn)
+            .expect("RPUSH");
+        let _: () = redis::cmd("SET")
+            .arg(key("foreign"))
+            .arg("not a number")
+            .query(conn)
+            .expect("SET");
+        let checks: Vec<Check> = vec![
+            (true, vec![item("good", bucket)]),
+            (true, vec![item("list", bucket)]),
+            (true, vec![item("good", bucket)]),
+            (true, vec![item("foreign", window)]),
+            (true, vec![item("list", log)]),
+            (true, vec![item("good", bucket), item("list", window)]),
+            (true, vec![item("good", bucket)]),
+        ];
+        let replies = run_batch(conn, &checks, START);
+        let code = |value: &Value| match value {
+            Value::ServerError(error) => error.code().to_owned(),
+            other => panic!("expected an error, got {other:?}"),
+        };
+        assert_eq!(code(&replies[1]), "WRONGTYPE");
+        assert_eq!(code(&replies[3]), "BADSTATE");
+        assert_eq!(code(&replies[4]), "WRONGTYPE");
+        assert_eq!(code(&replies[5]), "WRONGTYPE");
+        // The good key's checks before and after are answered, and the failed group spent
+        // nothing from it: 10, then 9 and 8 remain after three admissions.
+        let remaining: Vec<u64> = [0, 2, 6]
+            .iter()
+            .map(|&i| decisions(&replies[i], 1)[0].remaining)
+            .collect();
+        assert_eq!(remaining, [9, 8, 7]);
+        let list_len: u64 = redis::cmd("LLEN")
+            .arg(key("list"))
+            .query(conn)
+            .expect("LLEN");
+        assert_eq!(list_len, 1, "the foreign key is untouched");
+    });
+}
+
+const POLICIES: &str = "
+policies:
+  - {name: api, key: [k], algorithm: token_bucket, limit: 1000, period: 1h, failure_mode: open}
+  - {name: login, key: [ip], algorithm: sliding_log, limit: 5, period: 1h, failure_mode: closed}
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_answers_a_bad_key_alone_and_stays_healthy() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut settings = test_settings(dir.path());
+    settings.redis.url = Some(server.url());
+    let prefix = settings.redis.key_prefix.clone();
+    let app = spawn_app_in(dir, settings, POLICIES).await;
+    let api = |k: &str| json!({"policy": "api", "descriptors": {"k": k}});
+    let mut enforced = false;
+    for _ in 0..400 {
+        if json_of(&app.check_tcp(&api("warm")).await)["mode"] == "enforced" {
+            enforced = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(enforced, "the daemon never reached Redis");
+    let mut conn = server.connection();
+    let _: () = redis::cmd("RPUSH")
+        .arg(format!("{prefix}:{{api:poisoned}}"))
+        .arg("x")
+        .query(&mut conn)
+        .expect("RPUSH");
+    // Many checks on the poisoned key in a row, interleaved with good ones: the bad key is
+    // answered by its failure mode, the others stay enforced, and the circuit never opens.
+    for i in 0..20 {
+        let bad = json_of(&app.check_tcp(&api("poisoned")).await);
+        assert_eq!(bad["mode"], "fail_open", "{bad}");
+        let good = json_of(&app.check_tcp(&api(&format!("good-{i}"))).await);
+        assert_eq!(good["mode"], "enforced", "{good}");
+    }
+    let ready = json_of(&app.admin_get("/readyz").await);
+    assert_eq!(ready["redis"], "healthy", "{ready}");
+    let metrics = app.metrics().await;
+    let bad_keys = metric_value(
+        &metrics,
+        "sluice_redis_errors_total",
+        &[("kind", "bad_key")],
+    );
+    assert!(bad_keys >= 20.0, "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn noscript_mid_batch_costs_no_check_and_no_double_spend() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut settings = test_settings(dir.path());
+    settings.redis.url = Some(server.url());
+    // A debug build compiling the batch script after each flush, on a small shared machine.
+    settings.redis.timeout = sluice::config::HumanDuration(2_000_000);
+    let app = Arc::new(spawn_app_in(dir, settings, POLICIES).await);
+    let login = |ip: &str| json!({"policy": "login", "descriptors": {"ip": ip}});
+    for _ in 0..400 {
+        if json_of(&app.check_tcp(&login("warm")).await)["mode"] == "enforced" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let mut conn = server.connection();
+    // Concurrent checks on 4 IPs (5 allowed each) while the script cache is flushed repeatedly:
+    // every answer is enforced, and exactly 5 per IP pass.
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..64 {
+        let app = Arc::clone(&app);
+        tasks.spawn(async move {
+            let reply = json_of(&app.check_tcp(&login(&format!("ip-{}", i % 4))).await);
+            (i % 4, reply)
+        });
+        if i % 16 == 0 {
+            let _: () = redis::cmd("SCRIPT")
+                .arg("FLUSH")
+                .query(&mut conn)
+                .expect("SCRIPT FLUSH");
+        }
+    }
+    let mut allowed = [0; 4];
+    while let Some(done) = tasks.join_next().await {
+        let (ip, reply) = done.expect("check");
+        if reply["mode"] != "enforced" {
+            panic!("{reply}\n{}", app.metrics().await);
+        }
+        if reply["allowed"] == true {
+            allowed[ip] += 1;
+        }
+    }
+    assert_eq!(allowed, [5, 5, 5, 5]);
+    let metrics = app.metrics().await;
+    assert!(
+        metric_value(
+            &metrics,
+            "sluice_redis_errors_total",
+            &[("kind", "noscript")]
+        ) >= 1.0
+    );
+}
