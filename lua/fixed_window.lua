@@ -22,32 +22,22 @@
 --
 -- Everything above the `sluice:entry` line is also used by batch.lua.
 
--- One decision on the stored value `state` (a string, or false when the key is absent). Returns
--- the reply and, when the request is allowed and `commit` is set, the new value and its TTL in ms.
--- Pure: the caller reads and writes the key (batch.lua keeps a batch's values in memory).
-local function fixed_window_step(state, now, min_ttl_ms, commit, limit, period, cost)
+-- One decision, pure, on the stored number `packed` (nil when absent): allowed (0|1), limit,
+-- remaining, reset_after_us, retry_after_us, and when allowed the new packed value and its TTL in
+-- ms (the end of the window).
+local function fixed_window_decide(packed, now, min_ttl_ms, limit, period, cost)
   local tag_space = 1048576
   local window = math.floor(now / period)
   local tag = window % tag_space
   local to_next = (window + 1) * period - now
   local count = 0
-  if state then
-    local packed = tonumber(state)
-    if not packed then
-      error('BADSTATE the value is not a sluice fixed window')
-    end
-    if packed % tag_space == tag then
-      count = math.floor(packed / tag_space)
-    end
+  if packed and packed % tag_space == tag then
+    count = math.floor(packed / tag_space)
   end
 
   if count + cost <= limit then
-    local value, ttl_ms = nil, nil
-    if commit then
-      value = string.format('%d', (count + cost) * tag_space + tag)
-      ttl_ms = math.max(min_ttl_ms, math.floor((to_next + 999) / 1000))
-    end
-    return {1, limit, limit - count - cost, to_next, 0}, value, ttl_ms
+    return 1, limit, limit - count - cost, to_next, 0, (count + cost) * tag_space + tag,
+      math.max(min_ttl_ms, math.floor((to_next + 999) / 1000))
   end
 
   local reset = 0
@@ -58,16 +48,7 @@ local function fixed_window_step(state, now, min_ttl_ms, commit, limit, period, 
   if cost <= limit then
     retry = to_next
   end
-  return {0, limit, limit - count, reset, retry}
-end
-
-local function fixed_window(key, now, min_ttl_ms, commit, limit, period, cost)
-  local reply, value, ttl_ms = fixed_window_step(redis.call('GET', key), now, min_ttl_ms, commit,
-    limit, period, cost)
-  if value then
-    redis.call('SET', key, value, 'PX', ttl_ms)
-  end
-  return reply
+  return 0, limit, limit - count, reset, retry, nil, nil
 end
 
 -- sluice:entry
@@ -78,5 +59,14 @@ else
   local t = redis.call('TIME')
   now, min_ttl_ms = tonumber(t[1]) * 1000000 + tonumber(t[2]), 1
 end
-return fixed_window(KEYS[1], now, min_ttl_ms, ARGV[4] == '1',
-  tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]))
+local value = redis.call('GET', KEYS[1])
+local packed = value and tonumber(value)
+if value and not packed then
+  return redis.error_reply('BADSTATE the value is not a sluice fixed window')
+end
+local allowed, limit, remaining, reset, retry, new_packed, ttl_ms = fixed_window_decide(packed,
+  now, min_ttl_ms, tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]))
+if new_packed and ARGV[4] == '1' then
+  redis.call('SET', KEYS[1], string.format('%d', new_packed), 'PX', ttl_ms)
+end
+return {allowed, limit, remaining, reset, retry}

@@ -30,44 +30,35 @@ local function ceil_div(a, b)
   return math.floor((a + b - 1) / b)
 end
 
--- One decision on the stored value `state` (a string, or false when the key is absent). Returns
--- the reply and, when the request is allowed and `commit` is set, the new value and its TTL in ms.
--- Pure: the caller reads and writes the key (batch.lua keeps a batch's values in memory).
-local function token_bucket_step(state, now, min_ttl_ms, commit, limit, period, capacity, cost)
+-- The stored value as numbers: TAT = tat_us + tat_rem / limit. An absent key is (0, 0), a full
+-- bucket; nil for a value that is not a token bucket.
+local function token_bucket_parse(value)
+  if not value then
+    return 0, 0
+  end
+  local sep = string.find(value, ':', 1, true)
+  if sep then
+    return tonumber(string.sub(value, 1, sep - 1)), tonumber(string.sub(value, sep + 1))
+  end
+  return tonumber(value), 0
+end
+
+-- One decision, pure, on numbers: allowed (0|1), limit (= capacity), remaining, reset_after_us,
+-- retry_after_us, and when allowed `ahead_after`, the new TAT's distance from now in 1/limit us.
+local function token_bucket_decide(tat_us, tat_rem, now, limit, period, capacity, cost)
   -- ahead: how far TAT is past now, in 1/limit us (0 when the bucket is full).
   local ahead = 0
-  if state then
-    local tat_us, tat_rem = tonumber(state), 0
-    local sep = string.find(state, ':', 1, true)
-    if sep then
-      tat_us = tonumber(string.sub(state, 1, sep - 1))
-      tat_rem = tonumber(string.sub(state, sep + 1))
-    end
-    if not tat_us or not tat_rem then
-      error('BADSTATE the value is not a sluice token bucket')
-    end
-    if tat_us > now then
-      ahead = (tat_us - now) * limit + tat_rem
-    elseif tat_us == now then
-      ahead = tat_rem
-    end
+  if tat_us > now then
+    ahead = (tat_us - now) * limit + tat_rem
+  elseif tat_us == now then
+    ahead = tat_rem
   end
 
   local tolerance = capacity * period
   local ahead_after = ahead + cost * period
   if ahead_after <= tolerance then
-    local value, ttl_ms = nil, nil
-    if commit then
-      local tat_us = now + math.floor(ahead_after / limit)
-      local tat_rem = ahead_after % limit
-      ttl_ms = math.max(min_ttl_ms, ceil_div(ahead_after, limit * 1000))
-      value = string.format('%d', tat_us)
-      if tat_rem > 0 then
-        value = value .. ':' .. string.format('%d', tat_rem)
-      end
-    end
-    return {1, capacity, capacity - ceil_div(ahead_after, period), ceil_div(ahead_after, limit), 0},
-      value, ttl_ms
+    return 1, capacity, capacity - ceil_div(ahead_after, period), ceil_div(ahead_after, limit), 0,
+      ahead_after
   end
 
   local remaining = 0
@@ -78,16 +69,21 @@ local function token_bucket_step(state, now, min_ttl_ms, commit, limit, period, 
   if cost <= capacity then
     retry = ceil_div(ahead - (capacity - cost) * period, limit)
   end
-  return {0, capacity, remaining, ceil_div(ahead, limit), retry}
+  return 0, capacity, remaining, ceil_div(ahead, limit), retry, nil
 end
 
-local function token_bucket(key, now, min_ttl_ms, commit, limit, period, capacity, cost)
-  local reply, value, ttl_ms = token_bucket_step(redis.call('GET', key), now, min_ttl_ms, commit,
-    limit, period, capacity, cost)
-  if value then
-    redis.call('SET', key, value, 'PX', ttl_ms)
+-- The state after an admission `ahead_after` past now: tat_us, tat_rem and the key's TTL in ms
+-- (the bucket is full again at TAT).
+local function token_bucket_after(now, min_ttl_ms, limit, ahead_after)
+  return now + math.floor(ahead_after / limit), ahead_after % limit,
+    math.max(min_ttl_ms, ceil_div(ahead_after, limit * 1000))
+end
+
+local function token_bucket_format(tat_us, tat_rem)
+  if tat_rem > 0 then
+    return string.format('%d', tat_us) .. ':' .. string.format('%d', tat_rem)
   end
-  return reply
+  return string.format('%d', tat_us)
 end
 
 -- sluice:entry
@@ -98,5 +94,16 @@ else
   local t = redis.call('TIME')
   now, min_ttl_ms = tonumber(t[1]) * 1000000 + tonumber(t[2]), 1
 end
-return token_bucket(KEYS[1], now, min_ttl_ms, ARGV[5] == '1',
-  tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]))
+local limit, capacity = tonumber(ARGV[1]), tonumber(ARGV[3])
+local tat_us, tat_rem = token_bucket_parse(redis.call('GET', KEYS[1]))
+if not tat_us or not tat_rem then
+  return redis.error_reply('BADSTATE the value is not a sluice token bucket')
+end
+local allowed, cap, remaining, reset, retry, ahead_after = token_bucket_decide(tat_us, tat_rem,
+  now, limit, tonumber(ARGV[2]), capacity, tonumber(ARGV[4]))
+if ahead_after and ARGV[5] == '1' then
+  local ttl_ms
+  tat_us, tat_rem, ttl_ms = token_bucket_after(now, min_ttl_ms, limit, ahead_after)
+  redis.call('SET', KEYS[1], token_bucket_format(tat_us, tat_rem), 'PX', ttl_ms)
+end
+return {allowed, cap, remaining, reset, retry}

@@ -44,6 +44,9 @@ enum Command {
     Inject(crate::inject::InjectArgs),
     /// Benchmark: own Redis and daemon, load through both transports and raw-Redis baselines.
     Bench(crate::bench::BenchArgs),
+    /// The benchmark's naive-sidecar baseline (started by `sluice bench`).
+    #[command(hide = true)]
+    BenchNaiveSidecar(crate::bench::NaiveArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -94,6 +97,7 @@ pub fn main() -> ExitCode {
         } => config_check(&file),
         Command::Inject(args) => crate::inject::run(args),
         Command::Bench(args) => crate::bench::run(args),
+        Command::BenchNaiveSidecar(args) => crate::bench::run_naive_sidecar(args),
     }
 }
 

@@ -72,7 +72,7 @@ struct Script {
     conn: MultiplexedConnection,
     sha: Arc<str>,
     keys: Arc<Vec<String>>,
-    args: Arc<Vec<u64>>,
+    args: Arc<Vec<Vec<u8>>>,
 }
 
 impl Client for Script {
@@ -94,7 +94,7 @@ async fn script_factory(
     url: &str,
     source: &str,
     keys: Vec<String>,
-    args: Vec<u64>,
+    args: Vec<Vec<u8>>,
 ) -> Result<Factory> {
     let client = redis::Client::open(url)?;
     let mut conn = client.get_multiplexed_async_connection().await?;
@@ -146,5 +146,8 @@ pub async fn raw_evalsha(
 /// Raw, unpipelined EVALSHA of [`NAIVE_SCRIPT`] at `rate` per second, burst `capacity`.
 pub async fn naive(url: &str, keys: usize, rate: u64, capacity: u64) -> Result<Factory> {
     let keys = (0..keys.max(1)).map(|k| format!("naive:{k}")).collect();
-    script_factory(url, NAIVE_SCRIPT, keys, vec![rate, capacity]).await
+    let args = [rate, capacity]
+        .map(|n| n.to_string().into_bytes())
+        .to_vec();
+    script_factory(url, NAIVE_SCRIPT, keys, args).await
 }

@@ -7,6 +7,7 @@
 mod clients;
 mod load;
 mod memory;
+mod naive_sidecar;
 mod procs;
 mod report;
 
@@ -18,7 +19,8 @@ use anyhow::Result;
 use clap::Args;
 
 use self::load::{Factory, KeyMix, Run};
-use self::procs::{cpu_seconds, Daemon, Redis};
+pub use self::naive_sidecar::{run as run_naive_sidecar, NaiveArgs};
+use self::procs::{cpu_seconds, Daemon, NaiveSidecar, Redis};
 use self::report::{Report, Row};
 use crate::client::Target;
 use crate::limit::{Algorithm, FixedWindow, SlidingLog, TokenBucket};
@@ -150,6 +152,12 @@ async fn bench(args: BenchArgs) -> Result<()> {
     )?;
     // The same daemon on its embedded store: what HTTP and the check path cost without Redis.
     let embedded = Daemon::start(None, POLICIES, args.daemon_threads, "")?;
+    // What a team writes in an afternoon, with as many worker threads as the daemon.
+    let threads = match args.daemon_threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).clamp(1, 4)),
+        n => n,
+    };
+    let naive = NaiveSidecar::start(&redis.url(), threads)?;
     for (policy, algorithm) in algorithms() {
         for mix in &plan.mixes {
             let keys = if matches!(mix, KeyMix::Hot) {
@@ -168,6 +176,10 @@ async fn bench(args: BenchArgs) -> Result<()> {
                     clients::sluice(Target::Unix(daemon.socket.clone()), policy, keys),
                 ),
                 ("raw EVALSHA".into(), raw),
+                (
+                    "naive sidecar".into(),
+                    clients::sluice(Target::Tcp(naive.http), policy, keys),
+                ),
             ];
             if policy == "tb" {
                 systems.push((
@@ -181,13 +193,14 @@ async fn bench(args: BenchArgs) -> Result<()> {
             }
             for &clients in &plan.clients {
                 for (system, factory) in &systems {
-                    let target = if system.starts_with("embedded") {
-                        &embedded
-                    } else {
-                        &daemon
+                    let process = match system.as_str() {
+                        s if s.starts_with("embedded") => Some(embedded.pid()),
+                        s if s.starts_with("sluice") => Some(daemon.pid()),
+                        "naive sidecar" => Some(naive.pid()),
+                        _ => None,
                     };
                     let row = measure(
-                        &redis, target, system, policy, mix, clients, None, factory, &plan,
+                        &redis, process, system, policy, mix, clients, None, factory, &plan,
                     )
                     .await?;
                     report.push(row);
@@ -200,7 +213,7 @@ async fn bench(args: BenchArgs) -> Result<()> {
                     let clients = plan.clients.iter().copied().max().unwrap_or(64);
                     let row = measure(
                         &redis,
-                        &daemon,
+                        Some(daemon.pid()),
                         system,
                         policy,
                         mix,
@@ -215,7 +228,7 @@ async fn bench(args: BenchArgs) -> Result<()> {
             }
         }
     }
-    drop((daemon, embedded));
+    drop((daemon, embedded, naive));
     drop(redis);
     report.memory = memory::measure(plan.keys)?;
     report.print();
@@ -227,7 +240,7 @@ async fn bench(args: BenchArgs) -> Result<()> {
 #[allow(clippy::too_many_arguments)]
 async fn measure(
     redis: &Redis,
-    daemon: &Daemon,
+    process: Option<u32>,
     system: &str,
     policy: &str,
     mix: &KeyMix,
@@ -237,7 +250,8 @@ async fn measure(
     plan: &Plan,
 ) -> Result<Row> {
     let stats_before = report::script_stats(&redis.url())?;
-    let (daemon_cpu, redis_cpu) = (cpu_seconds(daemon.pid()), cpu_seconds(redis.pid()));
+    let daemon_cpu = process.map(cpu_seconds);
+    let redis_cpu = cpu_seconds(redis.pid());
     let run: Run = match rate {
         None => load::closed(factory, clients, mix, plan.warmup, plan.duration).await?,
         Some(rate) => load::open(factory, clients, rate, mix, plan.warmup, plan.duration).await?,
@@ -254,13 +268,14 @@ async fn measure(
         clients,
         rate,
         &run,
-        if !system.starts_with("raw") && !system.starts_with("naive") {
-            Some(per_check(cpu_seconds(daemon.pid()) - daemon_cpu))
-        } else {
-            None
-        },
+        process
+            .zip(daemon_cpu)
+            .map(|(pid, before)| per_check(cpu_seconds(pid) - before)),
         per_check(cpu_seconds(redis.pid()) - redis_cpu),
-        stats_after.usec_per_check(&stats_before),
+        (
+            stats_after.usec_per_call(&stats_before),
+            checks_all / stats_after.calls_since(&stats_before).max(1.0),
+        ),
     ))
 }
 

@@ -199,6 +199,42 @@ impl Daemon {
     }
 }
 
+/// The naive-sidecar baseline (this very binary, as `sluice bench-naive-sidecar`).
+pub struct NaiveSidecar {
+    child: Guard,
+    /// Its TCP address.
+    pub http: SocketAddr,
+}
+
+impl NaiveSidecar {
+    /// Starts it against `redis_url` with `threads` workers and waits until it accepts.
+    pub fn start(redis_url: &str, threads: usize) -> Result<Self> {
+        let http = free_addr()?;
+        let exe = std::env::current_exe().context("locating this executable")?;
+        let child = Command::new(exe)
+            .arg("bench-naive-sidecar")
+            .args(["--redis", redis_url, "--listen", &http.to_string()])
+            .args(["--threads", &threads.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting the naive sidecar")?;
+        let sidecar = Self {
+            child: Guard(child),
+            http,
+        };
+        wait_until("the naive sidecar", || {
+            std::net::TcpStream::connect(http).is_ok()
+        })?;
+        Ok(sidecar)
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.0.id()
+    }
+}
+
 /// CPU time (user + system) a process has used, in seconds.
 pub fn cpu_seconds(pid: u32) -> f64 {
     let Ok(stat) = std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("stat"))

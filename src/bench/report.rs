@@ -18,13 +18,18 @@ pub struct ScriptStats {
 
 impl ScriptStats {
     /// Redis time per script call since `before`, in microseconds.
-    pub fn usec_per_check(&self, before: &ScriptStats) -> f64 {
+    pub fn usec_per_call(&self, before: &ScriptStats) -> f64 {
         let calls = self.calls - before.calls;
         if calls <= 0.0 {
             0.0
         } else {
             (self.usec - before.usec) / calls
         }
+    }
+
+    /// Script calls since `before`.
+    pub fn calls_since(&self, before: &ScriptStats) -> f64 {
+        self.calls - before.calls
     }
 }
 
@@ -54,7 +59,7 @@ pub fn script_stats(url: &str) -> Result<ScriptStats> {
 /// One run's figures.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
-    /// `sluice tcp`, `sluice uds`, `raw EVALSHA`, `naive script`.
+    /// `sluice tcp`, `sluice uds`, `raw EVALSHA`, `naive sidecar`, `naive script`, `embedded uds`.
     pub system: String,
     /// `tb`, `sl`, `fw`.
     pub algorithm: String,
@@ -76,12 +81,14 @@ pub struct Row {
     pub max_us: u64,
     /// Failed or wrong answers.
     pub errors: u64,
-    /// Daemon CPU per check, microseconds.
+    /// CPU per check of the process answering (sluice or the naive sidecar), microseconds.
     pub daemon_cpu_us: Option<f64>,
-    /// Redis CPU per check, microseconds.
+    /// Redis CPU per check (the `redis-server` process' utime + stime / checks), microseconds.
     pub redis_cpu_us: f64,
     /// Redis' own time per script call (`INFO commandstats`), microseconds.
     pub redis_usec_per_call: f64,
+    /// Checks per script call (sluice sends a batch as one call).
+    pub checks_per_call: f64,
 }
 
 impl Row {
@@ -96,7 +103,7 @@ impl Row {
         run: &Run,
         daemon_cpu_us: Option<f64>,
         redis_cpu_us: f64,
-        redis_usec_per_call: f64,
+        (redis_usec_per_call, checks_per_call): (f64, f64),
     ) -> Self {
         let q = |p: f64| run.latency.value_at_quantile(p);
         Self {
@@ -114,6 +121,7 @@ impl Row {
             daemon_cpu_us,
             redis_cpu_us,
             redis_usec_per_call,
+            checks_per_call,
         }
     }
 }
@@ -170,36 +178,37 @@ impl Report {
             .fold(0.0, f64::max)
     }
 
-    fn baseline(&self, row: &Row, system: &str) -> Option<f64> {
-        self.rows
-            .iter()
-            .find(|r| {
-                r.system == system
-                    && r.algorithm == row.algorithm
-                    && r.keys == row.keys
-                    && r.clients == row.clients
-                    && r.offered_rate.is_none()
-            })
-            .map(|r| row.rate / r.rate.max(1e-9))
+    /// The closed-loop row of `system` with the same algorithm, keys and clients as `row`.
+    fn baseline(&self, row: &Row, system: &str) -> Option<&Row> {
+        self.rows.iter().find(|r| {
+            r.system == system
+                && r.algorithm == row.algorithm
+                && r.keys == row.keys
+                && r.clients == row.clients
+                && r.offered_rate.is_none()
+        })
     }
 
-    /// Prints the table.
+    /// Prints the table: every row, and for sluice's closed-loop rows the ratios to the naive
+    /// sidecar (throughput, daemon CPU) and to raw EVALSHA (throughput, Redis CPU per check).
     pub fn print(&self) {
         println!("\nsluice bench on {}\n", self.machine);
         println!(
-            "| system | alg | keys | clients | mode | checks/s | p50 us | p99 us | p99.9 us | max us | vs raw EVALSHA | vs naive | daemon CPU us/check | Redis us/call |"
+            "| system | alg | keys | clients | mode | checks/s | p50 us | p99 us | p99.9 us | max us | vs naive sidecar | vs raw EVALSHA | daemon CPU us/check | CPU vs naive sidecar | Redis CPU us/check | Redis CPU vs raw | Redis us/call | checks/call |"
         );
-        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        let x = |ratio: Option<f64>| ratio.map_or("-".into(), |r| format!("{r:.2}x"));
         for row in &self.rows {
-            let ratio = |system| {
-                self.baseline(row, system)
-                    .map_or("-".into(), |r| format!("{r:.2}x"))
+            let compared = row.system.starts_with("sluice") && row.offered_rate.is_none();
+            let against = |system: &str, figure: fn(&Row) -> Option<f64>| {
+                let base = self.baseline(row, system).filter(|_| compared)?;
+                Some(figure(row)? / figure(base)?.max(1e-9))
             };
             let mode = row
                 .offered_rate
                 .map_or("closed".into(), |r| format!("open {r:.0}/s"));
             println!(
-                "| {} | {} | {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {:.2} |",
+                "| {} | {} | {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {} | {:.1} | {:.1} |",
                 row.system,
                 row.algorithm,
                 row.keys,
@@ -210,21 +219,14 @@ impl Report {
                 row.p99_us,
                 row.p999_us,
                 row.max_us,
-                if row.system.starts_with("sluice") && row.offered_rate.is_none() {
-                    ratio("raw EVALSHA")
-                } else {
-                    "-".into()
-                },
-                if row.system.starts_with("sluice")
-                    && row.algorithm == "tb"
-                    && row.offered_rate.is_none()
-                {
-                    ratio("naive script")
-                } else {
-                    "-".into()
-                },
+                x(against("naive sidecar", |r| Some(r.rate))),
+                x(against("raw EVALSHA", |r| Some(r.rate))),
                 row.daemon_cpu_us.map_or("-".into(), |c| format!("{c:.1}")),
+                x(against("naive sidecar", |r| r.daemon_cpu_us)),
+                row.redis_cpu_us,
+                x(against("raw EVALSHA", |r| Some(r.redis_cpu_us))),
                 row.redis_usec_per_call,
+                row.checks_per_call,
             );
         }
         println!("\n| Redis layout | keys | used_memory / key | MEMORY USAGE |");

@@ -15,27 +15,8 @@ use sluice::store::redis::scripts::{batch_arguments, parse_check_reply, Item, Sc
 use sluice::store::{MemoryStore, StoreCheck};
 
 use crate::helpers::{json_of, metric_value, spawn_app_in, test_settings};
+use crate::redis_differential::{with_redis, START};
 use crate::redis_server::RedisServer;
-
-const START: Micros = 1_700_000_000_000_000;
-
-thread_local! {
-    /// This test thread's server and connection, started on first use, killed when the test ends.
-    static REDIS: std::cell::RefCell<Option<(RedisServer, redis::Connection)>> =
-        const { std::cell::RefCell::new(None) };
-}
-
-fn with_redis<T>(f: impl FnOnce(&mut redis::Connection) -> T) -> T {
-    REDIS.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        let (_, conn) = slot.get_or_insert_with(|| {
-            let server = RedisServer::start();
-            let conn = server.connection();
-            (server, conn)
-        });
-        f(conn)
-    })
-}
 
 fn fresh_base() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);

@@ -12,7 +12,7 @@ use sluice::store::{MemoryStore, StoreCheck};
 
 use crate::redis_server::RedisServer;
 
-const START: Micros = 1_700_000_000_000_000;
+pub(crate) const START: Micros = 1_700_000_000_000_000;
 
 thread_local! {
     /// This test thread's server and connection (each test has its own, killed when it ends;
@@ -22,7 +22,7 @@ thread_local! {
 }
 
 /// Runs `f` with this test's connection, starting its server on first use.
-fn with_redis<T>(f: impl FnOnce(&mut redis::Connection) -> T) -> T {
+pub(crate) fn with_redis<T>(f: impl FnOnce(&mut redis::Connection) -> T) -> T {
     REDIS.with(|cell| {
         let mut slot = cell.borrow_mut();
         let (_, conn) = slot.get_or_insert_with(|| {

@@ -78,8 +78,8 @@ pub struct ScriptCall {
     pub script: Script,
     /// `KEYS`.
     pub keys: Vec<String>,
-    /// `ARGV`, as integers.
-    pub args: Vec<u64>,
+    /// `ARGV`.
+    pub args: Vec<Vec<u8>>,
 }
 
 impl Scripts {
@@ -130,7 +130,7 @@ impl Scripts {
         ScriptCall {
             script: self.for_algorithm(algorithm).clone(),
             keys: vec![key],
-            args,
+            args: args.iter().map(|n| n.to_string().into_bytes()).collect(),
         }
     }
 
@@ -174,7 +174,7 @@ pub struct Item {
 pub fn batch_arguments<'a>(
     checks: impl ExactSizeIterator<Item = (bool, &'a [Item])>,
     now: Option<Micros>,
-) -> (Vec<&'a str>, Vec<u64>) {
+) -> (Vec<&'a str>, Vec<Vec<u8>>) {
     let mut index: HashMap<&str, usize> = HashMap::with_capacity(checks.len());
     let mut keys: Vec<&str> = Vec::with_capacity(checks.len());
     let mut args = BatchArgs::new(now);
@@ -191,24 +191,25 @@ pub fn batch_arguments<'a>(
     (keys, args.finish())
 }
 
-/// `ARGV` of the batch script, built check by check (see `lua/batch.lua`).
+/// `ARGV` of the batch script, built check by check (see `lua/batch.lua`): the time, and the
+/// checks' integers as one MessagePack array, which the script unpacks in C.
 #[derive(Debug)]
 pub struct BatchArgs {
+    now: Micros,
     args: Vec<u64>,
-    checks: u64,
 }
 
 impl BatchArgs {
     /// An empty batch; `now` for tests only.
     pub fn new(now: Option<Micros>) -> Self {
-        let mut args = Vec::with_capacity(64);
-        args.extend([now.unwrap_or(0), 0]);
-        Self { args, checks: 0 }
+        Self {
+            now: now.unwrap_or(0),
+            args: Vec::with_capacity(64),
+        }
     }
 
     /// Starts the next check: `items` items follow ([`BatchArgs::item`]), recorded if `commit`.
     pub fn check(&mut self, items: usize, commit: bool) {
-        self.checks += 1;
         self.args.extend([items as u64, u64::from(commit)]);
     }
 
@@ -224,11 +225,44 @@ impl BatchArgs {
         self.args.extend(capacity);
     }
 
-    /// The finished `ARGV`.
-    pub fn finish(mut self) -> Vec<u64> {
-        self.args[1] = self.checks;
-        self.args
+    /// The finished `ARGV`: `now` (0: read `TIME`) and the packed checks.
+    pub fn finish(self) -> Vec<Vec<u8>> {
+        vec![self.now.to_string().into_bytes(), msgpack_array(&self.args)]
     }
+}
+
+/// `values` as a MessagePack array of unsigned integers, each in its smallest form.
+fn msgpack_array(values: &[u64]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(5 + values.len() * 5);
+    match u32::try_from(values.len()) {
+        Ok(n) if n < 16 => out.push(0x90 | n as u8),
+        Ok(n) if n <= u32::from(u16::MAX) => {
+            out.push(0xdc);
+            out.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        Ok(n) => {
+            out.push(0xdd);
+            out.extend_from_slice(&n.to_be_bytes());
+        }
+        Err(_) => unreachable!("a batch never holds 2^32 integers"),
+    }
+    for &value in values {
+        if value < 0x80 {
+            out.push(value as u8);
+        } else if let Ok(v) = u8::try_from(value) {
+            out.extend_from_slice(&[0xcc, v]);
+        } else if let Ok(v) = u16::try_from(value) {
+            out.push(0xcd);
+            out.extend_from_slice(&v.to_be_bytes());
+        } else if let Ok(v) = u32::try_from(value) {
+            out.push(0xce);
+            out.extend_from_slice(&v.to_be_bytes());
+        } else {
+            out.push(0xcf);
+            out.extend_from_slice(&value.to_be_bytes());
+        }
+    }
+    out
 }
 
 /// Reads a script reply `{allowed, limit, remaining, reset_after_us, retry_after_us}`.
@@ -236,7 +270,12 @@ pub fn parse_reply(value: &Value) -> Result<Decision, String> {
     let Value::Array(fields) = value else {
         return Err(format!("unexpected script reply: {value:?}"));
     };
-    let [allowed, limit, remaining, reset, retry] = fields.as_slice() else {
+    parse_fields(fields)
+}
+
+/// Reads the five figures of one decision.
+fn parse_fields(fields: &[Value]) -> Result<Decision, String> {
+    let [allowed, limit, remaining, reset, retry] = fields else {
         return Err(format!(
             "script reply has {} fields, expected 5",
             fields.len()
@@ -264,18 +303,18 @@ pub fn parse_reply(value: &Value) -> Result<Decision, String> {
     })
 }
 
-/// Reads one check's entry of a batch reply: one decision per item.
+/// Reads one check's entry of a batch reply: five figures per item, one decision per item.
 pub fn parse_check_reply(value: &Value, items: usize) -> Result<Vec<Decision>, String> {
-    let Value::Array(replies) = value else {
+    let Value::Array(fields) = value else {
         return Err(format!("unexpected check reply: {value:?}"));
     };
-    if replies.len() != items {
+    if fields.len() != 5 * items {
         return Err(format!(
-            "check reply has {} results for {items} items",
-            replies.len()
+            "check reply has {} figures for {items} items",
+            fields.len()
         ));
     }
-    replies.iter().map(parse_reply).collect()
+    fields.chunks_exact(5).map(parse_fields).collect()
 }
 
 /// Reads the reply of a [`Scripts::group_call`]: one decision per key.
