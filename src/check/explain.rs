@@ -113,7 +113,7 @@ impl CheckService {
                 Outcome::Denied => "denied",
                 Outcome::Unavailable => "unavailable",
             },
-            deciding: verdict.deciding.map(|d| d.policy.name().to_owned()),
+            deciding: verdict.deciding().map(|d| d.policy.name().to_owned()),
             policies: explained,
         })
     }

@@ -67,7 +67,7 @@ async fn tightest_enforced_policy_decides_and_shadow_never_blocks() {
         .expect("valid");
     assert_eq!(first.outcome, Outcome::Allowed);
     assert_eq!(first.evaluated.len(), 3);
-    let deciding = first.deciding.expect("a policy decided");
+    let deciding = first.deciding().expect("a policy decided");
     assert_eq!(deciding.policy.name(), "per_ip");
     assert_eq!(deciding.decision.remaining, 2);
 
@@ -94,7 +94,7 @@ async fn a_denial_spends_nothing_from_the_other_policies() {
         .await
         .expect("valid");
     assert_eq!(denied.outcome, Outcome::Denied);
-    assert_eq!(denied.deciding.expect("decided").policy.name(), "per_ip");
+    assert_eq!(denied.deciding().expect("decided").policy.name(), "per_ip");
     // per_account spent 3 of 5, not 4: the denied request was all-or-nothing.
     let mut probe = login("2.2.2.2", "alice");
     probe.dry_run = true;
@@ -157,7 +157,7 @@ async fn requests_are_validated_before_anything_is_spent() {
     let mut probe = login("1.1.1.1", "alice");
     probe.dry_run = true;
     let verdict = service.check(&probe).await.expect("valid");
-    assert_eq!(verdict.deciding.expect("decided").decision.remaining, 2);
+    assert_eq!(verdict.deciding().expect("decided").decision.remaining, 2);
 }
 
 /// A store that can never answer: stands in for Redis being down.
@@ -186,7 +186,7 @@ async fn failure_modes_apply_per_policy_when_the_store_cannot_answer() {
         .await
         .expect("valid");
     assert_eq!(verdict.outcome, Outcome::Unavailable, "per_ip fails closed");
-    assert_eq!(verdict.deciding.expect("decided").mode, Mode::FailClosed);
+    assert_eq!(verdict.deciding().expect("decided").mode, Mode::FailClosed);
     assert_eq!(outcome_count(&service, "per_ip", "fail_closed"), 1);
     assert_eq!(outcome_count(&service, "per_account", "fail_open"), 1);
 
@@ -194,7 +194,7 @@ async fn failure_modes_apply_per_policy_when_the_store_cannot_answer() {
     open_only.policy = Some("per_account".into());
     let verdict = service.check(&open_only).await.expect("valid");
     assert_eq!(verdict.outcome, Outcome::Allowed);
-    assert_eq!(verdict.deciding.expect("decided").mode, Mode::FailOpen);
+    assert_eq!(verdict.deciding().expect("decided").mode, Mode::FailOpen);
 }
 
 #[tokio::test]
@@ -218,13 +218,13 @@ policies:
             Outcome::Allowed,
             "request {i} within the share"
         );
-        let deciding = verdict.deciding.expect("decided");
+        let deciding = verdict.deciding().expect("decided");
         assert_eq!(deciding.mode, Mode::Local);
         assert_eq!(deciding.decision.limit, 5, "10 / 2 replicas");
     }
     let verdict = service.check(&request).await.expect("valid");
     assert_eq!(verdict.outcome, Outcome::Denied, "the share is spent");
-    assert!(verdict.deciding.expect("decided").decision.retry_after_us > 0);
+    assert!(verdict.deciding().expect("decided").decision.retry_after_us > 0);
     assert_eq!(outcome_count(&service, "api", "local_allowed"), 5);
     assert_eq!(outcome_count(&service, "api", "local_denied"), 1);
 }

@@ -66,9 +66,8 @@ pub struct PolicyDecision {
 pub struct Verdict {
     /// The overall answer.
     pub outcome: Outcome,
-    /// The policy whose figures the client should see: the denying one with the longest wait,
-    /// else the enforced one with the least remaining. `None` when no policy applied.
-    pub deciding: Option<PolicyDecision>,
+    /// Which of `evaluated` decided (see [`Verdict::deciding`]); `None` when no policy applied.
+    pub deciding_index: Option<usize>,
     /// Every policy evaluated, in policy-file order.
     pub evaluated: Vec<PolicyDecision>,
 }
@@ -78,34 +77,46 @@ impl Verdict {
     pub fn unlimited() -> Self {
         Self {
             outcome: Outcome::Allowed,
-            deciding: None,
+            deciding_index: None,
             evaluated: Vec::new(),
         }
+    }
+
+    /// The policy whose figures the client should see: the denying one with the longest wait,
+    /// else the enforced one with the least remaining. `None` when no policy applied.
+    pub fn deciding(&self) -> Option<&PolicyDecision> {
+        self.evaluated.get(self.deciding_index?)
     }
 }
 
 /// Combines per-policy decisions: any enforced denial denies (the longest wait decides), else any
 /// fail-closed policy makes the answer unavailable, else the tightest enforced policy decides.
 pub fn decide(evaluated: Vec<PolicyDecision>) -> Verdict {
-    let enforced = || evaluated.iter().filter(|p| p.mode != Mode::Shadow);
+    let enforced = || {
+        evaluated
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.mode != Mode::Shadow)
+    };
     let denied = enforced()
-        .filter(|p| !p.decision.allowed && p.mode != Mode::FailClosed)
-        .max_by_key(|p| p.decision.retry_after_us);
-    let unavailable = enforced().find(|p| p.mode == Mode::FailClosed);
-    let (outcome, deciding) = if let Some(p) = denied {
-        (Outcome::Denied, Some(p.clone()))
-    } else if let Some(p) = unavailable {
-        (Outcome::Unavailable, Some(p.clone()))
+        .filter(|(_, p)| !p.decision.allowed && p.mode != Mode::FailClosed)
+        .max_by_key(|(_, p)| p.decision.retry_after_us);
+    let unavailable = enforced().find(|(_, p)| p.mode == Mode::FailClosed);
+    let (outcome, deciding) = if let Some((i, _)) = denied {
+        (Outcome::Denied, Some(i))
+    } else if let Some((i, _)) = unavailable {
+        (Outcome::Unavailable, Some(i))
     } else {
-        let tightest = |it: &mut dyn Iterator<Item = &PolicyDecision>| {
-            it.min_by_key(|p| p.decision.remaining).cloned()
+        let tightest = |it: &mut dyn Iterator<Item = (usize, &PolicyDecision)>| {
+            it.min_by_key(|(_, p)| p.decision.remaining).map(|(i, _)| i)
         };
-        let deciding = tightest(&mut enforced()).or_else(|| tightest(&mut evaluated.iter()));
+        let deciding =
+            tightest(&mut enforced()).or_else(|| tightest(&mut evaluated.iter().enumerate()));
         (Outcome::Allowed, deciding)
     };
     Verdict {
         outcome,
-        deciding,
+        deciding_index: deciding,
         evaluated,
     }
 }

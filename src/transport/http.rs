@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
+use axum::extract::Request;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::http::{Method, Uri};
@@ -51,10 +52,11 @@ pub fn router(service: Arc<CheckService>, metrics: Metrics, transport: Transport
         .with_state(ctx)
 }
 
-async fn check(State(ctx): State<Ctx>, headers: HeaderMap, body: Body) -> Response {
+async fn check(State(ctx): State<Ctx>, request: Request) -> Response {
     let started = Instant::now();
     let cap = ctx.service.limits().max_body_bytes;
-    let response = match read_json::<CheckBody>(&headers, body, cap).await {
+    let (parts, body) = request.into_parts();
+    let response = match read_json::<CheckBody>(&parts.headers, body, cap).await {
         Err(response) => response,
         Ok(body) => match ctx.service.check(&body.into()).await {
             Err(error) => error_response(ErrorReply::from_check_error(&error)),
@@ -75,10 +77,11 @@ async fn authz(State(ctx): State<Ctx>, method: Method, uri: Uri, headers: Header
     response
 }
 
-async fn batch(State(ctx): State<Ctx>, headers: HeaderMap, body: Body) -> Response {
+async fn batch(State(ctx): State<Ctx>, request: Request) -> Response {
     let started = Instant::now();
     let cap = ctx.service.limits().max_body_bytes;
-    let response = match read_json::<BatchBody>(&headers, body, cap).await {
+    let (parts, body) = request.into_parts();
+    let response = match read_json::<BatchBody>(&parts.headers, body, cap).await {
         Err(response) => response,
         Ok(body) => match body.requests() {
             Err(reason) => error_response((

@@ -1,6 +1,7 @@
 //! The check API's JSON bodies and rate-limit headers: the stable wire contract that clients in
 //! other languages rely on (see DESIGN.md section 2).
 
+use axum::http::header::{CACHE_CONTROL, RETRY_AFTER};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use serde::{Deserialize, Serialize};
 
@@ -65,19 +66,19 @@ impl BatchBody {
 }
 
 /// `POST /v1/check/batch` answer.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct BatchReply {
+#[derive(Debug, Clone, Serialize)]
+pub struct BatchReply<'a> {
     /// One answer per check, in order.
-    pub results: Vec<CheckReply>,
+    pub results: Vec<CheckReply<'a>>,
 }
 
-/// The answer to one check (200, 429 or 503).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CheckReply {
+/// The answer to one check (200, 429 or 503), borrowing from its verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CheckReply<'a> {
     /// Whether the request may go through.
     pub allowed: bool,
     /// The deciding policy; `null` when none applied.
-    pub policy: Option<String>,
+    pub policy: Option<&'a str>,
     /// Most units the deciding policy ever has available at once; `null` when none applied.
     pub limit: Option<u64>,
     /// Units still available; `null` when none applied.
@@ -87,12 +88,12 @@ pub struct CheckReply {
     /// Milliseconds (rounded up) until this request would pass; 0 when allowed.
     pub retry_after_ms: u64,
     /// `enforced`, `shadow`, `fail_open`, `local` (or `fail_closed` on a 503).
-    pub mode: String,
+    pub mode: &'static str,
     /// `rate_limit` on a 429, `limiter_unavailable` on a 503.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<&'static str>,
     /// Whole seconds (rounded up) until this request would pass, as in `Retry-After`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after_sec: Option<u64>,
 }
 
@@ -120,28 +121,22 @@ fn retry_after_sec(verdict: &Verdict) -> Option<u64> {
         Outcome::Allowed => None,
         Outcome::Unavailable => Some(UNAVAILABLE_RETRY_SEC),
         Outcome::Denied => Some(ceil_div(
-            verdict
-                .deciding
-                .as_ref()
-                .map_or(0, |p| p.decision.retry_after_us),
+            verdict.deciding().map_or(0, |p| p.decision.retry_after_us),
             1_000_000,
         )),
     }
 }
 
-impl CheckReply {
+impl<'a> CheckReply<'a> {
     /// The HTTP status and body for a verdict.
-    pub fn from_verdict(verdict: &Verdict) -> (StatusCode, Self) {
+    pub fn from_verdict(verdict: &'a Verdict) -> (StatusCode, Self) {
         let retry_after_sec = retry_after_sec(verdict);
         let (status, error) = match verdict.outcome {
             Outcome::Allowed => (StatusCode::OK, None),
-            Outcome::Denied => (StatusCode::TOO_MANY_REQUESTS, Some("rate_limit".to_owned())),
-            Outcome::Unavailable => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                Some("limiter_unavailable".to_owned()),
-            ),
+            Outcome::Denied => (StatusCode::TOO_MANY_REQUESTS, Some("rate_limit")),
+            Outcome::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, Some("limiter_unavailable")),
         };
-        let reply = match &verdict.deciding {
+        let reply = match verdict.deciding() {
             None => Self {
                 allowed: true,
                 policy: None,
@@ -149,13 +144,13 @@ impl CheckReply {
                 remaining: None,
                 reset_after_ms: 0,
                 retry_after_ms: 0,
-                mode: Mode::Enforced.as_str().to_owned(),
+                mode: Mode::Enforced.as_str(),
                 error,
                 retry_after_sec,
             },
             Some(part) => Self {
                 allowed: verdict.outcome == Outcome::Allowed,
-                policy: Some(part.policy.name().to_owned()),
+                policy: Some(part.policy.name()),
                 limit: Some(part.decision.limit),
                 remaining: Some(part.decision.remaining),
                 reset_after_ms: ceil_div(part.decision.reset_after_us, 1_000),
@@ -165,7 +160,7 @@ impl CheckReply {
                 } else {
                     ceil_div(part.decision.retry_after_us, 1_000)
                 },
-                mode: part.mode.as_str().to_owned(),
+                mode: part.mode.as_str(),
                 error,
                 retry_after_sec,
             },
@@ -178,17 +173,12 @@ impl CheckReply {
 /// `RateLimit-Policy` / `RateLimit` structured fields. Only enforced (or local) figures are
 /// advertised: a shadow policy must stay invisible to clients and a fail-open answer has none.
 pub fn headers(verdict: &Verdict) -> HeaderMap {
-    let mut headers = HeaderMap::new();
-    let mut put = |name: &'static str, value: String| {
-        if let Ok(value) = HeaderValue::try_from(value) {
-            headers.insert(HeaderName::from_static(name), value);
-        }
-    };
-    put("cache-control", "no-store".into());
+    let mut headers = HeaderMap::with_capacity(8);
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     if let Some(seconds) = retry_after_sec(verdict) {
-        put("retry-after", seconds.to_string());
+        headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
     }
-    let Some(part) = &verdict.deciding else {
+    let Some(part) = verdict.deciding() else {
         return headers;
     };
     if !matches!(part.mode, Mode::Enforced | Mode::Local) {
@@ -198,9 +188,18 @@ pub fn headers(verdict: &Verdict) -> HeaderMap {
     let reset_sec = ceil_div(d.reset_after_us, 1_000_000);
     let window_sec = ceil_div(part.window_us, 1_000_000).max(1);
     let name = part.policy.name();
-    put("x-ratelimit-limit", d.limit.to_string());
-    put("x-ratelimit-remaining", d.remaining.to_string());
-    put("x-ratelimit-reset", reset_sec.to_string());
+    for (name, value) in [
+        ("x-ratelimit-limit", d.limit),
+        ("x-ratelimit-remaining", d.remaining),
+        ("x-ratelimit-reset", reset_sec),
+    ] {
+        headers.insert(HeaderName::from_static(name), HeaderValue::from(value));
+    }
+    let mut put = |name: &'static str, value: String| {
+        if let Ok(value) = HeaderValue::try_from(value) {
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    };
     put(
         "ratelimit-policy",
         format!("\"{name}\";q={};w={window_sec}", d.limit),

@@ -27,7 +27,7 @@ use super::conn::Conn;
 use super::error::ErrorKind;
 use super::health::Health;
 use super::keys;
-use super::scripts::{batch_arguments, parse_check_reply, Item, Script};
+use super::scripts::{batch_keys_and_checks, parse_check_reply, Item, Script};
 use crate::limit::Decision;
 use crate::store::StoreError;
 
@@ -277,13 +277,16 @@ enum Send {
 
 /// The batch script call for `jobs`, in arrival order.
 fn batch_command(script: &Script, jobs: &[Job], send: Send) -> Cmd {
-    let (keys, args) = batch_arguments(jobs.iter().map(|job| (job.commit, &job.items[..])), None);
+    let (keys, packed) = batch_keys_and_checks(jobs.iter().map(|job| (job.commit, &job.items[..])));
     let (verb, script) = match send {
         Send::Sha => ("EVALSHA", &*script.sha),
         Send::Source => ("EVAL", &*script.source),
     };
-    let mut cmd = redis::cmd(verb);
-    cmd.arg(script).arg(keys.len()).arg(&keys).arg(args);
+    let size = script.len() + packed.len() + keys.iter().map(|k| k.len()).sum::<usize>() + 32;
+    let mut cmd = Cmd::with_capacity(keys.len() + 5, size);
+    cmd.arg(verb).arg(script).arg(keys.len()).arg(&keys);
+    // `now` 0: the script reads Redis `TIME`.
+    cmd.arg(0).arg(packed);
     cmd
 }
 

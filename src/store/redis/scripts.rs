@@ -143,15 +143,15 @@ impl Scripts {
         commit: bool,
         now: Option<Micros>,
     ) -> ScriptCall {
-        let mut args = BatchArgs::new(now);
-        args.check(checks.len(), commit);
+        let mut packed = Packed::with_capacity(2 + 7 * checks.len());
+        packed.check(checks.len(), commit);
         for (i, (_, check)) in checks.iter().enumerate() {
-            args.item(i + 1, &check.algorithm, check.cost, check.enforce);
+            packed.item(i + 1, &check.algorithm, check.cost, check.enforce);
         }
         ScriptCall {
             script: self.batch.clone(),
             keys: checks.iter().map(|(key, _)| key.clone()).collect(),
-            args: args.finish(),
+            args: vec![now.unwrap_or(0).to_string().into_bytes(), packed.finish()],
         }
     }
 }
@@ -170,47 +170,70 @@ pub struct Item {
 }
 
 /// `KEYS` and `ARGV` of a batch script call for `checks` (each: commit, items), in order: each
-/// distinct key once in `KEYS`, so that the script reads and writes it once. `now` for tests only.
+/// distinct key once in `KEYS`, so that the script reads and writes it once; `ARGV` is `now` (0:
+/// read `TIME`; for tests only) and the checks packed as MessagePack.
 pub fn batch_arguments<'a>(
     checks: impl ExactSizeIterator<Item = (bool, &'a [Item])>,
     now: Option<Micros>,
 ) -> (Vec<&'a str>, Vec<Vec<u8>>) {
-    let mut index: HashMap<&str, usize> = HashMap::with_capacity(checks.len());
+    let (keys, packed) = batch_keys_and_checks(checks);
+    (
+        keys,
+        vec![now.unwrap_or(0).to_string().into_bytes(), packed],
+    )
+}
+
+/// `KEYS` (each distinct key once) and the packed checks of a batch.
+pub(crate) fn batch_keys_and_checks<'a>(
+    checks: impl ExactSizeIterator<Item = (bool, &'a [Item])>,
+) -> (Vec<&'a str>, Vec<u8>) {
+    // Small batches (most of them at low load) scan; large ones hash.
+    const SCAN: usize = 16;
     let mut keys: Vec<&str> = Vec::with_capacity(checks.len());
-    let mut args = BatchArgs::new(now);
+    let mut index: HashMap<&str, usize> = HashMap::new();
+    let hashed = checks.len() > SCAN;
+    let mut packed = Packed::with_capacity(checks.len() * 12);
     for (commit, items) in checks {
-        args.check(items.len(), commit);
+        packed.check(items.len(), commit);
         for item in items {
-            let at = *index.entry(&item.key).or_insert_with(|| {
+            let known = if hashed {
+                index.get(item.key.as_str()).copied()
+            } else {
+                keys.iter().position(|k| *k == item.key).map(|i| i + 1)
+            };
+            let at = known.unwrap_or_else(|| {
                 keys.push(&item.key);
+                if hashed {
+                    index.insert(&item.key, keys.len());
+                }
                 keys.len()
             });
-            args.item(at, &item.algorithm, item.cost, item.enforce);
+            packed.item(at, &item.algorithm, item.cost, item.enforce);
         }
     }
-    (keys, args.finish())
+    (keys, packed.finish())
 }
 
-/// `ARGV` of the batch script, built check by check (see `lua/batch.lua`): the time, and the
-/// checks' integers as one MessagePack array, which the script unpacks in C.
+/// The checks of a batch as one MessagePack array of unsigned integers (see `lua/batch.lua`),
+/// encoded as they are appended; the array's 32-bit length is filled in at the end.
 #[derive(Debug)]
-pub struct BatchArgs {
-    now: Micros,
-    args: Vec<u64>,
+pub struct Packed {
+    bytes: Vec<u8>,
+    len: u32,
 }
 
-impl BatchArgs {
-    /// An empty batch; `now` for tests only.
-    pub fn new(now: Option<Micros>) -> Self {
-        Self {
-            now: now.unwrap_or(0),
-            args: Vec::with_capacity(64),
-        }
+impl Packed {
+    /// An empty array with room for about `integers` integers.
+    pub fn with_capacity(integers: usize) -> Self {
+        let mut bytes = Vec::with_capacity(5 + integers * 5);
+        bytes.extend_from_slice(&[0xdd, 0, 0, 0, 0]);
+        Self { bytes, len: 0 }
     }
 
-    /// Starts the next check: `items` items follow ([`BatchArgs::item`]), recorded if `commit`.
+    /// Starts the next check: `items` items follow ([`Packed::item`]), recorded if `commit`.
     pub fn check(&mut self, items: usize, commit: bool) {
-        self.args.extend([items as u64, u64::from(commit)]);
+        self.push(items as u64);
+        self.push(u64::from(commit));
     }
 
     /// One item of the current check: `key` is the 1-based index of its key in `KEYS`.
@@ -220,33 +243,18 @@ impl BatchArgs {
             Algorithm::SlidingLog(l) => (2, l.limit(), l.period_us(), None),
             Algorithm::FixedWindow(w) => (3, w.limit(), w.period_us(), None),
         };
-        self.args
-            .extend([key as u64, kind, u64::from(enforce), cost, limit, period]);
-        self.args.extend(capacity);
+        for value in [key as u64, kind, u64::from(enforce), cost, limit, period] {
+            self.push(value);
+        }
+        if let Some(capacity) = capacity {
+            self.push(capacity);
+        }
     }
 
-    /// The finished `ARGV`: `now` (0: read `TIME`) and the packed checks.
-    pub fn finish(self) -> Vec<Vec<u8>> {
-        vec![self.now.to_string().into_bytes(), msgpack_array(&self.args)]
-    }
-}
-
-/// `values` as a MessagePack array of unsigned integers, each in its smallest form.
-fn msgpack_array(values: &[u64]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(5 + values.len() * 5);
-    match u32::try_from(values.len()) {
-        Ok(n) if n < 16 => out.push(0x90 | n as u8),
-        Ok(n) if n <= u32::from(u16::MAX) => {
-            out.push(0xdc);
-            out.extend_from_slice(&(n as u16).to_be_bytes());
-        }
-        Ok(n) => {
-            out.push(0xdd);
-            out.extend_from_slice(&n.to_be_bytes());
-        }
-        Err(_) => unreachable!("a batch never holds 2^32 integers"),
-    }
-    for &value in values {
+    /// Each integer in its smallest MessagePack form.
+    fn push(&mut self, value: u64) {
+        self.len += 1;
+        let out = &mut self.bytes;
         if value < 0x80 {
             out.push(value as u8);
         } else if let Ok(v) = u8::try_from(value) {
@@ -262,7 +270,12 @@ fn msgpack_array(values: &[u64]) -> Vec<u8> {
             out.extend_from_slice(&value.to_be_bytes());
         }
     }
-    out
+
+    /// The encoded array.
+    pub fn finish(mut self) -> Vec<u8> {
+        self.bytes[1..5].copy_from_slice(&self.len.to_be_bytes());
+        self.bytes
+    }
 }
 
 /// Reads a script reply `{allowed, limit, remaining, reset_after_us, retry_after_us}`.

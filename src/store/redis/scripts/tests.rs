@@ -56,9 +56,9 @@ fn arguments_follow_the_script_headers() {
         enforce: false,
     };
     let call = scripts.group_call(&[("k".into(), &check)], true, Some(9));
-    // now, one check of one item (committed): key 1, token bucket, shadow, cost 3, quota.
+    // now, then packed (an array32 of 9 integers): one check of one item (committed): key 1, token bucket, shadow, cost 3, quota.
     assert_eq!(call.args[0], b"9");
-    let mut packed = vec![0x99, 1, 1, 1, 1, 0, 3, 0xcd, 0x03, 0xe8, 0xce];
+    let mut packed = vec![0xdd, 0, 0, 0, 9, 1, 1, 1, 1, 0, 3, 0xcd, 0x03, 0xe8, 0xce];
     packed.extend_from_slice(&60_000_000u32.to_be_bytes());
     packed.extend_from_slice(&[0xcc, 150]);
     assert_eq!(call.args[1], packed);
