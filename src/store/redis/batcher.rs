@@ -143,7 +143,8 @@ impl Dispatch {
                         open = false;
                         continue;
                     }
-                    let batch = std::mem::replace(&mut jobs, Vec::with_capacity(max_batch));
+                    // The buffer keeps its capacity; the batch gets exactly what it holds.
+                    let batch: Vec<Job> = jobs.drain(..).collect();
                     let current = conn.borrow().clone();
                     in_flight.push(self.batch(current, batch));
                 }
