@@ -189,13 +189,14 @@ fn heap_allocations_per_check() {
          {redis_16:.1}; check path alone (1 caller): embedded {embedded_path:.1}, Redis \
          {redis_path:.1}"
     );
-    // Regression guards at today's figures (1 client: every Redis batch holds one check).
+    // Regression guards, one allocation above today's figures (1 client: every Redis batch
+    // holds one check).
     for (what, figure, most) in [
-        ("HTTP, embedded, 1 client", embedded, 47.0),
-        ("HTTP, Redis, 1 client", redis, 58.0),
-        ("HTTP, Redis, 16 clients", redis_16, 56.0),
-        ("check path, embedded", embedded_path, 13.0),
-        ("check path, Redis", redis_path, 24.0),
+        ("HTTP, embedded, 1 client", embedded, 48.0),
+        ("HTTP, Redis, 1 client", redis, 59.0),
+        ("HTTP, Redis, 16 clients", redis_16, 57.0),
+        ("check path, embedded", embedded_path, 14.0),
+        ("check path, Redis", redis_path, 25.0),
     ] {
         assert!(
             figure <= most,

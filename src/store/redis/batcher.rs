@@ -144,7 +144,8 @@ impl Dispatch {
                         continue;
                     }
                     // The buffer keeps its capacity; the batch gets exactly what it holds.
-                    let batch: Vec<Job> = jobs.drain(..).collect();
+                    let mut batch = Vec::with_capacity(jobs.len());
+                    batch.append(&mut jobs);
                     let current = conn.borrow().clone();
                     in_flight.push(self.batch(current, batch));
                 }
