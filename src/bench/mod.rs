@@ -8,6 +8,7 @@ mod clients;
 mod load;
 mod memory;
 mod naive_sidecar;
+mod overload;
 mod procs;
 mod report;
 
@@ -229,6 +230,17 @@ async fn bench(args: BenchArgs) -> Result<()> {
         }
     }
     drop((daemon, embedded, naive));
+    // Past saturation on one hot key with a real limit: bounded admission, no fail-open.
+    let storm_clients = if args.quick { 64 } else { 256 };
+    report.overload = Some(
+        overload::measure(
+            &redis,
+            storm_clients,
+            args.daemon_threads,
+            plan.duration * 2,
+        )
+        .await?,
+    );
     drop(redis);
     report.memory = memory::measure(plan.keys)?;
     report.print();

@@ -137,6 +137,18 @@ impl Daemon {
         threads: usize,
         extra_redis: &str,
     ) -> Result<Self> {
+        Self::start_with(redis_url, policies, threads, extra_redis, true)
+    }
+
+    /// As [`Daemon::start`]; `bench_settings` false keeps the daemon's own deadline (5 ms) and
+    /// local layer instead of the throughput runs' 1 s deadline without a local layer.
+    pub fn start_with(
+        redis_url: Option<&str>,
+        policies: &str,
+        threads: usize,
+        extra_redis: &str,
+        bench_settings: bool,
+    ) -> Result<Self> {
         let dir = Scratch::new("daemon")?;
         let (http, admin) = (free_addr()?, free_addr()?);
         let socket = dir.0.join("sluice.sock");
@@ -147,8 +159,13 @@ impl Daemon {
             &settings,
             format!(
                 "policies = {policy_file:?}\nworker_threads = {threads}\n[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\nsocket = {socket:?}\n\
-                 [redis]\n{redis}{extra_redis}timeout = \"1s\"\n[local_layer]\nenabled = false\n[log]\nlevel = \"warn\"\n",
+                 [redis]\n{redis}{extra_redis}{bench}[log]\nlevel = \"warn\"\n",
                 redis = redis_url.map_or(String::new(), |url| format!("url = \"{url}\"\n")),
+                bench = if bench_settings {
+                    "timeout = \"1s\"\n[local_layer]\nenabled = false\n"
+                } else {
+                    ""
+                },
             ),
         )?;
         let exe = std::env::current_exe().context("locating this executable")?;

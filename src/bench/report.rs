@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use super::load::Run;
 use super::memory::Footprint;
+use super::overload::Overload;
 
 /// Redis' own accounting of script calls (`INFO commandstats`).
 #[derive(Debug, Clone, Copy, Default)]
@@ -135,6 +136,8 @@ pub struct Report {
     pub rows: Vec<Row>,
     /// Redis memory per key.
     pub memory: Vec<Footprint>,
+    /// The overload run (one hot key past saturation).
+    pub overload: Option<Overload>,
 }
 
 impl Report {
@@ -144,6 +147,7 @@ impl Report {
             machine,
             rows: Vec::new(),
             memory: Vec::new(),
+            overload: None,
         }
     }
 
@@ -235,6 +239,12 @@ impl Report {
             println!(
                 "| {} | {} | {:.0} B | {:.0} B |",
                 f.layout, f.keys, f.used_memory_per_key, f.memory_usage
+            );
+        }
+        if let Some(o) = &self.overload {
+            println!(
+                "\nOverload: {} clients on one key (token bucket 1000/min, burst 150, fail open, 5 ms deadline) for {:.1} s: {:.0} answers/s, {} enforced, {} fail_open, {} admitted (the limit allows at most {}), {} transport errors; Redis errors: {:?}",
+                o.clients, o.seconds, o.rate, o.enforced, o.fail_open, o.admitted, o.bound, o.errors, o.redis_errors
             );
         }
         let errors: u64 = self.rows.iter().map(|r| r.errors).sum();

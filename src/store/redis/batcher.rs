@@ -7,7 +7,10 @@
 //!
 //! The deadline of a batch counts from when it is written to Redis, not from when its checks were
 //! queued: time spent waiting inside sluice (a saturated CPU, a burst) is not a Redis failure and
-//! never turns into failure-mode answers. The queue is bounded, so callers wait (back-pressure).
+//! does not turn into failure-mode answers. A call past its deadline fails as a Redis timeout only
+//! if Redis answered nothing else since it was written; if other replies came in, Redis is alive
+//! and this daemon read the reply late, so the call keeps waiting (up to a 1 s backstop). The
+//! queue is bounded, so callers wait (back-pressure).
 //! A job whose caller has gone (its request was dropped) is not sent: nothing is spent for it.
 //!
 //! `NOSCRIPT` (Redis restarted, failed over, `SCRIPT FLUSH`, a Cluster node that never saw the
@@ -15,6 +18,7 @@
 //! caches the script. A timeout or a broken connection is never retried: the write may have
 //! happened. A key of the wrong type fails only the check that names it.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -82,7 +86,13 @@ struct Dispatch {
     config: BatchConfig,
     metrics: BatchMetrics,
     health: Arc<Health>,
+    /// Replies received so far: a call past its deadline while this moved was delayed by this
+    /// daemon, not by Redis.
+    progress: AtomicU64,
 }
+
+/// Longest a call past its deadline keeps waiting while Redis answers other calls (see `send`).
+const OVERDUE_BACKSTOP: Duration = Duration::from_secs(1);
 
 impl Batcher {
     /// Starts the dispatcher over the connection published by `conn`.
@@ -99,6 +109,7 @@ impl Batcher {
             config,
             metrics,
             health,
+            progress: AtomicU64::new(0),
         };
         tokio::spawn(dispatch.run(rx, conn));
         Self { tx }
@@ -206,11 +217,16 @@ impl Dispatch {
         self.metrics
             .call_duration
             .observe(started.elapsed().as_secs_f64());
+        // The breaker counts calls, not checks: one slow call of 50 checks is one failure.
         let value = match reply {
-            Ok(value) => value,
+            Ok(value) => {
+                self.health.on_success();
+                value
+            }
             Err(error) => {
                 if let Some(kind) = error.kind() {
                     self.metrics.count(kind);
+                    self.health.on_failure(kind);
                 }
                 return fail_all(jobs, &error);
             }
@@ -256,14 +272,36 @@ impl Dispatch {
         deadline: Duration,
     ) -> Result<Value, StoreError> {
         let cmd = batch_command(&self.script, jobs, send);
-        match tokio::time::timeout(deadline, conn.query(&cmd)).await {
-            Err(_) => Err(StoreError::Timeout),
-            Ok(Ok(Value::ServerError(error))) => Err(StoreError::failed(
+        let progress = self.progress.load(Ordering::Relaxed);
+        let written = Instant::now();
+        let query = conn.query(&cmd);
+        tokio::pin!(query);
+        let reply = match tokio::time::timeout(deadline, &mut query).await {
+            Ok(reply) => Some(reply),
+            // Redis answered other calls since this one was written, or this task woke a whole
+            // deadline late: the delay is this daemon's own (a saturated CPU runs the reply's
+            // reader late), not a Redis failure. Keep waiting, up to the backstop.
+            Err(_)
+                if self.progress.load(Ordering::Relaxed) != progress
+                    || written.elapsed() >= deadline * 2 =>
+            {
+                tokio::time::timeout(OVERDUE_BACKSTOP, &mut query)
+                    .await
+                    .ok()
+            }
+            Err(_) => None,
+        };
+        if reply.as_ref().is_some_and(|r| r.is_ok()) {
+            self.progress.fetch_add(1, Ordering::Relaxed);
+        }
+        match reply {
+            None => Err(StoreError::Timeout),
+            Some(Ok(Value::ServerError(error))) => Err(StoreError::failed(
                 ErrorKind::of_code(error.code()),
                 format!("Redis replied {}", error.code()),
             )),
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(error)) => Err(StoreError::failed(ErrorKind::of(&error), error.to_string())),
+            Some(Ok(value)) => Ok(value),
+            Some(Err(error)) => Err(StoreError::failed(ErrorKind::of(&error), error.to_string())),
         }
     }
 }

@@ -243,15 +243,10 @@ impl RateStore for RedisStore {
             if !self.health.allows_calls() {
                 return Err(StoreError::CircuitOpen);
             }
-            let deadline = deadline.unwrap_or(self.timeout);
-            let result = self.check_group(checks, dry_run, deadline).await;
-            match result.as_ref().map_err(StoreError::kind) {
-                Ok(_) => self.health.on_success(),
-                Err(Some(kind)) if kind.is_redis_failure() => self.health.on_failure(kind),
-                // A bad key or sluice's own overload says nothing about Redis.
-                Err(_) => {}
-            }
-            result
+            // The batcher reports each call's outcome to the breaker (a bad key, or a check
+            // that waited too long inside sluice, says nothing about Redis).
+            self.check_group(checks, dry_run, deadline.unwrap_or(self.timeout))
+                .await
         })
     }
 
