@@ -108,9 +108,14 @@ pub fn is_envoy_config(text: &str) -> bool {
 }
 
 /// The condition a policy's `domain` adds.
-pub(crate) fn domain_condition(domain: String) -> Result<(String, Pattern), (&'static str, String)> {
+pub(crate) fn domain_condition(
+    domain: String,
+) -> Result<(String, Pattern), (&'static str, String)> {
     if domain.is_empty() || domain.contains(['*', '{', '}']) {
-        return Err(("domain", format!("must be a plain non-empty name, got {domain:?}")));
+        return Err((
+            "domain",
+            format!("must be a plain non-empty name, got {domain:?}"),
+        ));
     }
     Ok((DOMAIN_DESCRIPTOR.to_owned(), Pattern::Exact(domain)))
 }
@@ -137,7 +142,13 @@ pub fn convert(text: &str) -> Result<String, Vec<String>> {
             continue;
         }
         for descriptor in &config.descriptors {
-            walk(&config.domain, descriptor, &mut Vec::new(), &mut leaves, &mut problems);
+            walk(
+                &config.domain,
+                descriptor,
+                &mut Vec::new(),
+                &mut leaves,
+                &mut problems,
+            );
         }
     }
     if !problems.is_empty() {
@@ -164,7 +175,10 @@ fn walk(
     path.push((node.key.clone(), node.value.clone()));
     let valid_key = !node.key.is_empty()
         && node.key.len() <= crate::check::MAX_DESCRIPTOR_NAME
-        && node.key.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+        && node
+            .key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
         && !node.key.starts_with("rls.");
     if !valid_key {
         problems.push(format!(
@@ -172,9 +186,20 @@ fn walk(
             here(path)
         ));
     } else if path[..path.len() - 1].iter().any(|(k, _)| *k == node.key) {
-        problems.push(format!("{}: key `{}` repeats along the path", here(path), node.key));
-    } else if node.value.as_deref().is_some_and(|v| v.is_empty() || v.contains(['{', '}'])) {
-        problems.push(format!("{}: value must be non-empty, without `{{` `}}`", here(path)));
+        problems.push(format!(
+            "{}: key `{}` repeats along the path",
+            here(path),
+            node.key
+        ));
+    } else if node
+        .value
+        .as_deref()
+        .is_some_and(|v| v.is_empty() || v.contains(['{', '}']))
+    {
+        problems.push(format!(
+            "{}: value must be non-empty, without `{{` `}}`",
+            here(path)
+        ));
     } else if path.len() > MAX_DEPTH {
         problems.push(format!("{}: nested deeper than {MAX_DEPTH}", here(path)));
     } else if let Some(rate) = &node.rate_limit {
@@ -198,9 +223,11 @@ fn walk(
 /// The limit and period of a `rate_limit` block; `None` for `unlimited`.
 fn leaf(rate: &RawRateLimit) -> Result<Option<(u64, &'static str)>, String> {
     if !rate.replaces.is_empty() {
-        return Err("`replaces` has no sluice equivalent (a limit that drops another one \
+        return Err(
+            "`replaces` has no sluice equivalent (a limit that drops another one \
                     matched by a different descriptor); give the descriptors separate limits"
-            .into());
+                .into(),
+        );
     }
     if rate.unlimited {
         return Ok(None);
@@ -213,13 +240,19 @@ fn leaf(rate: &RawRateLimit) -> Result<Option<(u64, &'static str)>, String> {
         Some("week") => "7d",
         Some("month") => "30d",
         Some("year") => "365d",
-        other => return Err(format!("unit must be second, minute, hour, day, week, month or year, got {other:?}")),
+        other => {
+            return Err(format!(
+                "unit must be second, minute, hour, day, week, month or year, got {other:?}"
+            ))
+        }
     };
     match rate.requests_per_unit {
         None => Err("`requests_per_unit` is required".into()),
-        Some(0) => Err("`requests_per_unit: 0` (a block list) has no sluice equivalent: \
+        Some(0) => Err(
+            "`requests_per_unit: 0` (a block list) has no sluice equivalent: \
                         deny those requests in Envoy (RBAC) instead"
-            .into()),
+                .into(),
+        ),
         Some(n) => Ok(Some((n, period))),
     }
 }
@@ -233,7 +266,9 @@ fn to_policies(leaves: Vec<Leaf>) -> Vec<OutPolicy> {
         let (limit, period, shadow, kind) = match leaf.limit {
             Some((limit, period)) => (limit, period, leaf.shadow, "limit"),
             // An unlimited entry matters only where a limited one of its group covers it.
-            None if covered(leaf, &leaves) => (crate::config::policies::MAX_LIMIT, "1s", true, "unlimited"),
+            None if covered(leaf, &leaves) => {
+                (crate::config::policies::MAX_LIMIT, "1s", true, "unlimited")
+            }
             None => continue,
         };
         let mut conditions: BTreeMap<String, String> = leaf
@@ -249,7 +284,11 @@ fn to_policies(leaves: Vec<Leaf>) -> Vec<OutPolicy> {
             .collect();
         policies.push(OutPolicy {
             name: unique_name(leaf, &mut taken),
-            description: format!("envoyproxy/ratelimit {kind}: {} {}", leaf.domain, shown.join(" / ")),
+            description: format!(
+                "envoyproxy/ratelimit {kind}: {} {}",
+                leaf.domain,
+                shown.join(" / ")
+            ),
             domain: leaf.domain.clone(),
             conditions,
             group,
@@ -269,9 +308,11 @@ fn covered(leaf: &Leaf, leaves: &[Leaf]) -> bool {
         other.limit.is_some()
             && other.domain == leaf.domain
             && other.path.len() == leaf.path.len()
-            && other.path.iter().zip(&leaf.path).all(|((k1, v1), (k2, v2))| {
-                k1 == k2 && overlaps(v1.as_deref(), v2.as_deref())
-            })
+            && other
+                .path
+                .iter()
+                .zip(&leaf.path)
+                .all(|((k1, v1), (k2, v2))| k1 == k2 && overlaps(v1.as_deref(), v2.as_deref()))
     })
 }
 
@@ -294,9 +335,14 @@ fn unique_name(leaf: &Leaf, taken: &mut BTreeSet<String>) -> String {
     let valid = |n: &str| {
         !n.is_empty()
             && n.len() <= crate::limit::MAX_POLICY_NAME
-            && n.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+            && n.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
     };
-    if let Some(name) = leaf.name.as_deref().filter(|n| valid(n) && !taken.contains(*n)) {
+    if let Some(name) = leaf
+        .name
+        .as_deref()
+        .filter(|n| valid(n) && !taken.contains(*n))
+    {
         taken.insert(name.to_owned());
         return name.to_owned();
     }

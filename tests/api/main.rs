@@ -8,6 +8,8 @@ mod batch;
 mod check;
 mod cli;
 mod examples;
+mod grpc;
+mod grpc_client;
 mod helpers;
 mod inject;
 mod k8s;

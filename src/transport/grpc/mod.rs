@@ -107,16 +107,16 @@ fn reason_of(error: &CheckError) -> String {
 /// serving until `drain`).
 pub async fn routes(rls: Rls, mut drain: watch::Receiver<bool>) -> tonic::service::Routes {
     let (reporter, health) = tonic_health::server::health_reporter();
-    reporter
-        .set_serving::<RateLimitServiceServer<Rls>>()
-        .await;
+    reporter.set_serving::<RateLimitServiceServer<Rls>>().await;
     // Tell health-checking Envoys to move away while the listener drains.
     tokio::spawn(async move {
         let _ = drain.wait_for(|stop| *stop).await;
         reporter
             .set_not_serving::<RateLimitServiceServer<Rls>>()
             .await;
-        reporter.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+        reporter
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
     });
     let rls = RateLimitServiceServer::new(rls).max_decoding_message_size(MAX_MESSAGE_BYTES);
     tonic::service::Routes::new(health).add_service(rls)
