@@ -18,9 +18,11 @@
 //! block list), a key repeated along a path, keys outside `[A-Za-z0-9_.-]`.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use super::PolicyFileError;
 use crate::limit::Pattern;
 
 /// Pseudo-descriptor carrying a gRPC request's `domain`; a policy's `domain` matches on it.
@@ -118,6 +120,28 @@ pub(crate) fn domain_condition(
         ));
     }
     Ok((DOMAIN_DESCRIPTOR.to_owned(), Pattern::Exact(domain)))
+}
+
+/// Reads an envoyproxy/ratelimit file and returns the equivalent policy file, validated, with a
+/// header naming its source (`sluice config convert`).
+pub fn convert_file(path: &Path) -> Result<String, PolicyFileError> {
+    let fail = |problems| PolicyFileError {
+        file: path.to_owned(),
+        problems,
+    };
+    let text =
+        std::fs::read_to_string(path).map_err(|e| fail(vec![format!("cannot read: {e}")]))?;
+    if !is_envoy_config(&text) {
+        return Err(fail(vec![
+            "not an envoyproxy/ratelimit file (no top-level `domain`)".into(),
+        ]));
+    }
+    let converted = convert(&text).map_err(fail)?;
+    super::parse_policies(path, &converted)?;
+    Ok(format!(
+        "# sluice policies converted from the envoyproxy/ratelimit file {}\n{converted}",
+        path.display()
+    ))
 }
 
 /// Converts every document of an envoyproxy/ratelimit file into a sluice policy file (YAML).

@@ -10,6 +10,7 @@ mod cli;
 mod examples;
 mod grpc;
 mod grpc_client;
+mod grpc_envoy_config;
 mod helpers;
 mod inject;
 mod k8s;
