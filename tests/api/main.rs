@@ -11,6 +11,7 @@ mod examples;
 mod grpc;
 mod grpc_client;
 mod grpc_envoy_config;
+mod grpc_envoy_example;
 mod grpc_redis;
 mod helpers;
 mod inject;
