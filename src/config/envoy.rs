@@ -394,3 +394,43 @@ fn unique_name(leaf: &Leaf, taken: &mut BTreeSet<String>) -> String {
     taken.insert(name.clone());
     name
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn value_patterns_overlap_as_their_matches_do() {
+        assert!(overlaps(None, Some("x")));
+        assert!(overlaps(Some("ab*"), Some("abc")));
+        assert!(overlaps(Some("ab*"), Some("a*")));
+        assert!(!overlaps(Some("ab*"), Some("b")));
+        assert!(!overlaps(Some("x"), Some("y")));
+        assert!(overlaps(Some("x"), Some("x")));
+    }
+
+    #[test]
+    fn names_are_valid_unique_and_prefer_the_configured_one() {
+        let leaf = |name: Option<&str>, value: &str| Leaf {
+            domain: "Edge.Proxy".into(),
+            path: vec![("remote_address".into(), Some(value.into()))],
+            limit: Some((1, "1s")),
+            name: name.map(str::to_owned),
+            shadow: false,
+        };
+        let mut taken = BTreeSet::new();
+        assert_eq!(unique_name(&leaf(Some("mine"), "a"), &mut taken), "mine");
+        // Taken or invalid configured names fall back to one made from the path.
+        assert_eq!(
+            unique_name(&leaf(Some("mine"), "10.0.0.1"), &mut taken),
+            "edge_proxy_remote_address_10_0_0_1"
+        );
+        let again = unique_name(&leaf(Some("Not Valid"), "10.0.0.1"), &mut taken);
+        assert!(
+            again.starts_with("edge_proxy_remote_address_10_0_0_1_"),
+            "{again}"
+        );
+        let long = unique_name(&leaf(None, &"v".repeat(100)), &mut taken);
+        assert!(long.len() <= crate::limit::MAX_POLICY_NAME, "{long}");
+    }
+}

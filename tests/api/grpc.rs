@@ -349,3 +349,29 @@ async fn health_and_metrics() {
     );
     assert_eq!(ok, 1.0);
 }
+
+/// On shutdown the gRPC listeners drain: an open client connection does not hold the daemon
+/// past its grace period, the socket file is removed and new connections are refused.
+#[tokio::test]
+async fn shutdown_drains_the_grpc_listeners() {
+    let mut daemon = spawn_grpc(SHIPPED_POLICIES).await;
+    let mut client = daemon.uds().await;
+    ask(
+        &mut client,
+        request("edge", vec![descriptor(&[("ip", "1")])]),
+    )
+    .await;
+    let started = std::time::Instant::now();
+    daemon.app.stop().await;
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(!daemon.socket.exists(), "socket file removed");
+    assert!(tokio::net::TcpStream::connect(daemon.addr).await.is_err());
+    assert!(client
+        .should_rate_limit(request("edge", vec![descriptor(&[("ip", "1")])]))
+        .await
+        .is_err());
+}

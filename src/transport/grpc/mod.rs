@@ -16,7 +16,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-use crate::check::{CheckError, CheckService};
+use crate::check::CheckService;
 use crate::telemetry::Metrics;
 use proto::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
@@ -93,14 +93,10 @@ impl RateLimitService for Rls {
             }
             Err(error) => {
                 self.count("invalid_argument", started);
-                Err(Status::invalid_argument(reason_of(&error)))
+                Err(Status::invalid_argument(error.to_string()))
             }
         }
     }
-}
-
-fn reason_of(error: &CheckError) -> String {
-    error.to_string()
 }
 
 /// The gRPC routes: the rate limit service and the health service (`""` and [`SERVICE_NAME`]
