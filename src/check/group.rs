@@ -55,10 +55,15 @@ impl CheckService {
                 owners.push(index);
             }
         }
-        let identities: Vec<(String, Key)> = planned
-            .iter()
-            .map(|p| (p.policy.name().to_owned(), p.check.key.clone()))
-            .collect();
+        // Only a local-layer answer (denials only) needs placing by identity.
+        let identities: Vec<(Arc<crate::limit::Policy>, Key)> = if self.hot.is_some() {
+            planned
+                .iter()
+                .map(|p| (Arc::clone(&p.policy), p.check.key.clone()))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let overall = self.run(dry_run, planned).await;
         let mut per_item: Vec<Vec<PolicyDecision>> = vec![Vec::new(); items.len()];
         if overall.evaluated.len() == owners.len() {
@@ -68,9 +73,9 @@ impl CheckService {
         } else {
             // The local layer answered with the denials only: place each by its identity.
             for part in &overall.evaluated {
-                let found = identities
-                    .iter()
-                    .position(|(name, key)| name == part.policy.name() && *key == part.key);
+                let found = identities.iter().position(|(policy, key)| {
+                    Arc::ptr_eq(policy, &part.policy) && *key == part.key
+                });
                 if let Some(at) = found {
                     per_item[owners[at]].push(part.clone());
                 }
