@@ -51,7 +51,7 @@ fn status(item: &Verdict) -> DescriptorStatus {
         code: code(item.outcome) as i32,
         ..DescriptorStatus::default()
     };
-    if let Some(part) = &item.deciding {
+    if let Some(part) = item.deciding() {
         status.current_limit = Some(current_limit(part));
         status.limit_remaining = u32::try_from(part.decision.remaining).unwrap_or(u32::MAX);
         if part.mode != Mode::FailOpen {
