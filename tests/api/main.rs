@@ -13,6 +13,7 @@ mod grpc_client;
 mod grpc_envoy_config;
 mod grpc_envoy_example;
 mod grpc_redis;
+mod grpc_stock_client;
 mod helpers;
 mod inject;
 mod k8s;
