@@ -209,3 +209,71 @@ fn config_convert_prints_the_policies_that_are_loaded() {
         refused.stderr
     );
 }
+
+/// An envoyproxy/ratelimit file given as `policies` is hot reloaded like a policy file: an edit
+/// takes effect, a file sluice cannot convert is rejected and the old limits keep serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn their_file_is_hot_reloaded_and_validated() {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use sluice::app::App;
+    use sluice::clock::ManualClock;
+    use sluice::config::HumanDuration;
+
+    use crate::grpc_client::grpc_settings;
+    use crate::helpers::{metric_value, run_app, START_US};
+
+    let limit = |n: u32| {
+        format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: {n}}}\n")
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("ratelimit.yaml");
+    std::fs::write(&file, limit(1)).expect("write");
+    let mut settings = grpc_settings(&dir);
+    settings.policies = file.clone();
+    settings.policies_poll = HumanDuration(50_000);
+    let app = App::build(&settings)
+        .await
+        .expect("daemon builds from their file");
+    let addr = app.grpc_addr().expect("gRPC on");
+    let daemon = run_app(app, Arc::new(ManualClock::new(START_US)), dir);
+    let mut client = RateLimitServiceClient::new(crate::grpc_client::tcp_channel(addr).await);
+    assert_eq!(admitted(&mut client, "d", &[("k", "v")], 5).await, 1);
+
+    let reloads = |result: &'static str| {
+        let daemon = &daemon;
+        async move {
+            metric_value(
+                &daemon.metrics().await,
+                "sluice_policy_reloads_total",
+                &[("result", result)],
+            )
+        }
+    };
+    let wait = |result: &'static str| async move {
+        let started = Instant::now();
+        while reloads(result).await < 1.0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "no {result} reload"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    std::fs::write(&file, limit(3)).expect("write");
+    wait("ok").await;
+    assert_eq!(
+        admitted(&mut client, "d", &[("k", "v")], 5).await,
+        2,
+        "3 per hour, 1 spent"
+    );
+
+    std::fs::write(&file, format!("{}    shadow_mode: maybe\n", limit(9))).expect("write");
+    wait("invalid").await;
+    assert_eq!(
+        admitted(&mut client, "d", &[("k", "w")], 5).await,
+        3,
+        "the old limits serve"
+    );
+}
