@@ -162,6 +162,15 @@ async fn hits_addend_spends_and_zero_only_checks() {
         );
     }
     assert_eq!(ask(&mut client, three).await.overall_code, OVER_LIMIT);
+    // A group is spent whole: a peek cannot ride along with spending descriptors.
+    let mixed = request("d", vec![peek.clone(), descriptor(&[("ip", "p")])]);
+    let refused = client.should_rate_limit(mixed).await.expect_err("refused");
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    assert!(
+        refused.message().contains("must spend, or none"),
+        "{}",
+        refused.message()
+    );
     let mut too_much = descriptor(&[("user", "h2")]);
     too_much.hits_addend = Some(6);
     let refused = client
