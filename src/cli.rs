@@ -56,6 +56,11 @@ enum ConfigCommand {
         /// The file to validate.
         file: PathBuf,
     },
+    /// Print the sluice policies equivalent to an envoyproxy/ratelimit configuration file.
+    Convert {
+        /// The envoyproxy/ratelimit file (YAML; several domains as several documents).
+        file: PathBuf,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -95,6 +100,15 @@ pub fn main() -> ExitCode {
         Command::Config {
             command: ConfigCommand::Check { file },
         } => config_check(&file),
+        Command::Config {
+            command: ConfigCommand::Convert { file },
+        } => match crate::config::envoy::convert_file(&file) {
+            Ok(policies) => {
+                print!("{policies}");
+                ExitCode::SUCCESS
+            }
+            Err(error) => fail(EXIT_CONFIG, error),
+        },
         Command::Inject(args) => crate::inject::run(args),
         Command::Bench(args) => crate::bench::run(args),
         Command::BenchNaiveSidecar(args) => crate::bench::run_naive_sidecar(args),

@@ -23,7 +23,8 @@ pub struct Metrics {
     pub decisions: IntCounterVec,
     /// Time to answer a check request, by transport (tcp, uds).
     pub check_duration: HistogramVec,
-    /// HTTP responses of the check API by transport and status code.
+    /// Check API responses by transport and status code (gRPC: `ok`, `over_limit`,
+    /// `invalid_argument`).
     pub responses: IntCounterVec,
     /// Keys held by the embedded store.
     pub memory_keys: IntGauge,

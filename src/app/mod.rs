@@ -14,6 +14,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+mod grpc_listeners;
 mod stores;
 
 use crate::check::CheckService;
@@ -45,6 +46,7 @@ pub struct App {
     http: Option<(TcpListener, SocketAddr)>,
     socket: Option<(UnixListener, PathBuf)>,
     admin: (TcpListener, SocketAddr),
+    grpc: grpc_listeners::GrpcListeners,
     service: Arc<CheckService>,
     memory: Arc<MemoryStore>,
     metrics: Metrics,
@@ -115,6 +117,7 @@ impl App {
                 Some((listener, path))
             }
         };
+        let grpc = grpc_listeners::GrpcListeners::bind(settings).await?;
         let admin_addr = settings
             .admin_addr()
             .map_err(|e| StartError::Config(e.to_string()))?;
@@ -129,6 +132,7 @@ impl App {
             http,
             socket,
             admin: (admin, admin_local),
+            grpc,
             memory,
             service,
             metrics,
@@ -146,6 +150,16 @@ impl App {
     /// The Unix socket path, if enabled.
     pub fn socket_path(&self) -> Option<&Path> {
         self.socket.as_ref().map(|(_, path)| path.as_path())
+    }
+
+    /// The bound gRPC (Envoy rate limit service) TCP address, if enabled.
+    pub fn grpc_addr(&self) -> Option<SocketAddr> {
+        self.grpc.addr()
+    }
+
+    /// The gRPC (Envoy rate limit service) Unix socket path, if enabled.
+    pub fn grpc_socket_path(&self) -> Option<&Path> {
+        self.grpc.socket_path()
     }
 
     /// The bound admin address.
@@ -184,6 +198,16 @@ impl App {
             let app = http::router(self.service.clone(), self.metrics.clone(), Transport::Uds);
             checks.spawn(serve(listener, app, drain_rx.clone(), self.grace));
         }
+        let grpc_socket = self.grpc.socket_path().map(Path::to_path_buf);
+        self.grpc
+            .spawn(
+                &mut checks,
+                self.service.clone(),
+                self.metrics.clone(),
+                drain_rx.clone(),
+                self.grace,
+            )
+            .await;
         let (admin_listener, admin_addr) = self.admin;
         tracing::info!(addr = %admin_addr, "admin listening");
         let admin_app = admin::router(
@@ -214,8 +238,8 @@ impl App {
                 tracing::warn!(%error, "check listener task failed");
             }
         }
-        if let Some(path) = socket_path {
-            uds::remove(&path);
+        for path in socket_path.iter().chain(grpc_socket.iter()) {
+            uds::remove(path);
         }
         let _ = stop_tx.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(1), admin_task).await;

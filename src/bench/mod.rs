@@ -5,6 +5,7 @@
 //! check, ratios to the baselines, and Redis memory per key. Figures, not assertions.
 
 mod clients;
+mod grpc;
 mod load;
 mod memory;
 mod naive_sidecar;
@@ -145,14 +146,15 @@ async fn bench(args: BenchArgs) -> Result<()> {
         return report.write_json(&args.json);
     }
     let redis = Redis::start()?;
+    let policies = format!("{POLICIES}{}", grpc::POLICIES);
     let daemon = Daemon::start(
         Some(&redis.url()),
-        POLICIES,
+        &policies,
         args.daemon_threads,
         &format!("{}\n", args.redis_settings.replace(';', "\n")),
     )?;
     // The same daemon on its embedded store: what HTTP and the check path cost without Redis.
-    let embedded = Daemon::start(None, POLICIES, args.daemon_threads, "")?;
+    let embedded = Daemon::start(None, &policies, args.daemon_threads, "")?;
     // What a team writes in an afternoon, with as many worker threads as the daemon.
     let threads = match args.daemon_threads {
         0 => std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).clamp(1, 4)),
@@ -175,6 +177,10 @@ async fn bench(args: BenchArgs) -> Result<()> {
                 (
                     "sluice uds".into(),
                     clients::sluice(Target::Unix(daemon.socket.clone()), policy, keys),
+                ),
+                (
+                    "sluice grpc".into(),
+                    grpc::sluice(daemon.grpc, policy, keys),
                 ),
                 ("raw EVALSHA".into(), raw),
                 (

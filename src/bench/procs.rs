@@ -125,6 +125,8 @@ pub struct Daemon {
     pub socket: PathBuf,
     /// The admin listener.
     pub admin: SocketAddr,
+    /// Envoy's rate limit service (gRPC).
+    pub grpc: SocketAddr,
     _dir: Scratch,
 }
 
@@ -150,7 +152,7 @@ impl Daemon {
         bench_settings: bool,
     ) -> Result<Self> {
         let dir = Scratch::new("daemon")?;
-        let (http, admin) = (free_addr()?, free_addr()?);
+        let (http, admin, grpc) = (free_addr()?, free_addr()?, free_addr()?);
         let socket = dir.0.join("sluice.sock");
         let policy_file = dir.0.join("policies.yaml");
         std::fs::write(&policy_file, policies)?;
@@ -158,7 +160,7 @@ impl Daemon {
         std::fs::write(
             &settings,
             format!(
-                "policies = {policy_file:?}\nworker_threads = {threads}\n[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\nsocket = {socket:?}\n\
+                "policies = {policy_file:?}\nworker_threads = {threads}\n[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\nsocket = {socket:?}\ngrpc = \"{grpc}\"\n\
                  [redis]\n{redis}{extra_redis}{bench}[log]\nlevel = \"warn\"\n",
                 redis = redis_url.map_or(String::new(), |url| format!("url = \"{url}\"\n")),
                 bench = if bench_settings {
@@ -183,6 +185,7 @@ impl Daemon {
             http,
             socket,
             admin,
+            grpc,
             _dir: dir,
         };
         wait_until("the daemon's Redis connection", || daemon.redis_healthy())?;

@@ -5,6 +5,7 @@
 
 mod degrade;
 mod explain;
+mod group;
 mod hot_keys;
 mod plan;
 mod request;
@@ -16,6 +17,7 @@ use std::time::{Duration, Instant};
 
 pub use degrade::LocalShare;
 pub use explain::{Explanation, PolicyExplanation};
+pub use group::{GroupItem, GroupVerdict};
 pub use hot_keys::HotKeys;
 pub use plan::{Planned, TENANT_DESCRIPTOR};
 pub use request::{CheckError, CheckRequest, MAX_DESCRIPTOR_NAME};

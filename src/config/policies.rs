@@ -85,6 +85,14 @@ struct RawPolicy {
     timeout: Option<HumanDuration>,
     tiers: Option<RawTiers>,
     cost: Option<RawCost>,
+    /// Envoy rate limit service domain this policy belongs to (see [`super::envoy`]).
+    domain: Option<String>,
+    #[serde(default = "yes")]
+    limit_override: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn all_percent() -> u8 {
@@ -146,6 +154,10 @@ pub fn parse_policies(path: &Path, text: &str) -> Result<PolicySet, PolicyFileEr
         file: path.to_owned(),
         problems,
     };
+    if super::envoy::is_envoy_config(text) {
+        let converted = super::envoy::convert(text).map_err(fail)?;
+        return parse_policies(path, &converted);
+    }
     let raw: RawFile = serde_yaml::from_str(text).map_err(|e| fail(vec![e.to_string()]))?;
     let mut problems = Vec::new();
     let mut policies = Vec::new();
@@ -203,12 +215,15 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, FieldError> {
             })
         }
     };
-    let conditions = raw
+    let mut conditions = raw
         .conditions
         .into_iter()
         .map(|(name, text)| Pattern::parse(&text).map(|pattern| (name, pattern)))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|reason| ("match", reason))?;
+    if let Some(domain) = raw.domain {
+        conditions.push(super::envoy::domain_condition(domain)?);
+    }
     let cost = match raw.cost {
         None => None,
         Some(table) => {
@@ -238,6 +253,7 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, FieldError> {
         shadow: raw.shadow,
         enforce_percent: raw.enforce_percent,
         timeout_us: raw.timeout.map(|t| t.0),
+        limit_override: raw.limit_override,
     })
     .map_err(|e| (e.field, e.reason))
 }

@@ -16,8 +16,9 @@ pub const DEFAULT_SETTINGS_FILE: &str = "config/sluice.toml";
 
 /// Top-level keys that `SLUICE_*` variables may set; others (such as `SLUICE_CONFIG`) are left
 /// alone instead of failing the unknown-field check.
-const ENV_KEYS: [&str; 12] = [
+const ENV_KEYS: [&str; 13] = [
     "listen",
+    "envoy",
     "policies",
     "policies_poll",
     "tenants",
@@ -60,6 +61,8 @@ pub struct Settings {
     pub limits: RequestLimits,
     /// Logging.
     pub log: LogSettings,
+    /// Envoy's rate limit service API (gRPC).
+    pub envoy: super::envoy_settings::EnvoySettings,
     /// How long in-flight checks get to finish on SIGTERM.
     pub shutdown_grace: HumanDuration,
     /// Tokio worker threads; 0 means half the cores, 1 to 4 (a sidecar shares its node).
@@ -79,6 +82,7 @@ impl Default for Settings {
             policies_poll: HumanDuration(1_000_000),
             limits: RequestLimits::default(),
             log: LogSettings::default(),
+            envoy: Default::default(),
             shutdown_grace: HumanDuration(10_000_000),
             worker_threads: 0,
         }
@@ -98,6 +102,12 @@ pub struct Listen {
     pub socket_mode: String,
     /// Admin listener (probes, metrics, policy dump).
     pub admin: String,
+    /// Envoy's rate limit service (gRPC) over TCP; empty (the default) disables it. Its
+    /// conventional address is `127.0.0.1:8081`.
+    pub grpc: String,
+    /// Envoy's rate limit service (gRPC) over a Unix socket (Envoy's `pipe` address); unset
+    /// disables it.
+    pub grpc_socket: Option<PathBuf>,
 }
 
 impl Default for Listen {
@@ -107,6 +117,8 @@ impl Default for Listen {
             socket: None,
             socket_mode: "0660".into(),
             admin: "127.0.0.1:7071".into(),
+            grpc: String::new(),
+            grpc_socket: None,
         }
     }
 }
@@ -292,6 +304,7 @@ impl Settings {
     /// Checks everything that extraction cannot: addresses, modes, ranges.
     pub fn validate(&self) -> Result<(), SettingsError> {
         self.http_addr()?;
+        self.grpc_addr()?;
         self.admin_addr()?;
         self.socket_mode_bits()?;
         if self.http_addr()?.is_none() && self.socket_path().is_none() {
@@ -391,7 +404,7 @@ impl Settings {
     }
 }
 
-fn parse_addr(key: &str, text: &str) -> Result<SocketAddr, SettingsError> {
+pub(super) fn parse_addr(key: &str, text: &str) -> Result<SocketAddr, SettingsError> {
     text.parse().map_err(|_| {
         SettingsError(format!(
             "{key}: {text:?} is not an address such as \"127.0.0.1:7070\""

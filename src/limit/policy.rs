@@ -80,6 +80,8 @@ pub struct PolicyParts {
     pub enforce_percent: u8,
     /// Deadline of this policy's store calls, overriding the store's default.
     pub timeout_us: Option<Micros>,
+    /// Whether a caller may replace the quota for one request (Envoy's descriptor `limit`).
+    pub limit_override: bool,
 }
 
 /// Why a [`PolicyParts`] is not a valid policy; names the offending field.

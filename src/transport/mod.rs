@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod authz;
+pub mod grpc;
 pub mod http;
 pub mod serve;
 pub mod uds;
@@ -15,6 +16,8 @@ pub enum Transport {
     Tcp,
     /// HTTP over the Unix socket.
     Uds,
+    /// Envoy's rate limit service (gRPC), on TCP or the Unix socket.
+    Grpc,
 }
 
 impl Transport {
@@ -23,6 +26,7 @@ impl Transport {
         match self {
             Self::Tcp => "tcp",
             Self::Uds => "uds",
+            Self::Grpc => "grpc",
         }
     }
 }

@@ -99,7 +99,7 @@ pub async fn spawn_served(dir: TempDir, settings: Settings) -> TestApp {
 }
 
 /// Runs a built daemon in this test's runtime until the [`TestApp`] stops or is dropped.
-fn run_app(app: App, clock: Arc<ManualClock>, dir: TempDir) -> TestApp {
+pub fn run_app(app: App, clock: Arc<ManualClock>, dir: TempDir) -> TestApp {
     let tcp = Target::Tcp(app.http_addr().expect("TCP listener enabled"));
     let uds = Target::Unix(
         app.socket_path()

@@ -24,6 +24,7 @@ pub(crate) fn parts(name: &str) -> PolicyParts {
         shadow: false,
         enforce_percent: 100,
         timeout_us: None,
+        limit_override: true,
     }
 }
 

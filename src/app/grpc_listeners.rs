@@ -1,0 +1,94 @@
+//! The gRPC listeners of Envoy's rate limit service (TCP and Unix socket), bound at build time
+//! like the others and served by `App::run`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use super::StartError;
+use crate::check::CheckService;
+use crate::config::Settings;
+use crate::telemetry::Metrics;
+use crate::transport::{grpc, uds};
+
+/// The bound gRPC listeners (each optional) and how answers are made.
+pub(super) struct GrpcListeners {
+    tcp: Option<(TcpListener, SocketAddr)>,
+    socket: Option<(UnixListener, PathBuf)>,
+    with_headers: bool,
+}
+
+impl GrpcListeners {
+    /// Binds `listen.grpc` and `listen.grpc_socket` when set.
+    pub(super) async fn bind(settings: &Settings) -> Result<Self, StartError> {
+        let config = |e: crate::config::SettingsError| StartError::Config(e.to_string());
+        let bind_err = |what: &str, target: &dyn std::fmt::Display, e: std::io::Error| {
+            StartError::Bind(format!("cannot bind {what} {target}: {e}"))
+        };
+        let tcp = match settings.grpc_addr().map_err(config)? {
+            None => None,
+            Some(addr) => {
+                super::warn_if_exposed("listen.grpc", addr);
+                let listener = TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| bind_err("listen.grpc", &addr, e))?;
+                let local = listener
+                    .local_addr()
+                    .map_err(|e| bind_err("listen.grpc", &addr, e))?;
+                Some((listener, local))
+            }
+        };
+        let socket = match settings.grpc_socket_path() {
+            None => None,
+            Some(path) => {
+                let mode = settings.socket_mode_bits().map_err(config)?;
+                let listener = uds::bind(&path, mode)
+                    .map_err(|e| bind_err("listen.grpc_socket", &path.display(), e))?;
+                Some((listener, path))
+            }
+        };
+        Ok(Self {
+            tcp,
+            socket,
+            with_headers: settings.envoy.response_headers,
+        })
+    }
+
+    pub(super) fn addr(&self) -> Option<SocketAddr> {
+        self.tcp.as_ref().map(|(_, addr)| *addr)
+    }
+
+    pub(super) fn socket_path(&self) -> Option<&Path> {
+        self.socket.as_ref().map(|(_, path)| path.as_path())
+    }
+
+    /// Serves each bound listener on `tasks` until `drain`.
+    pub(super) async fn spawn(
+        self,
+        tasks: &mut JoinSet<()>,
+        service: Arc<CheckService>,
+        metrics: Metrics,
+        drain: watch::Receiver<bool>,
+        grace: Duration,
+    ) {
+        let routes = |service: &Arc<CheckService>| {
+            let rls = grpc::Rls::new(service.clone(), metrics.clone(), self.with_headers);
+            grpc::routes(rls, drain.clone())
+        };
+        if let Some((listener, addr)) = self.tcp {
+            tracing::info!(%addr, "Envoy rate limit service (gRPC) listening on TCP");
+            let routes = routes(&service).await;
+            tasks.spawn(grpc::serve_tcp(listener, routes, drain.clone(), grace));
+        }
+        if let Some((listener, path)) = self.socket {
+            tracing::info!(path = %path.display(), "Envoy rate limit service (gRPC) listening on Unix socket");
+            let routes = routes(&service).await;
+            tasks.spawn(grpc::serve_uds(listener, routes, drain.clone(), grace));
+        }
+    }
+}
