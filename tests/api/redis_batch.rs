@@ -346,3 +346,42 @@ async fn noscript_mid_batch_costs_no_check_and_no_double_spend() {
         ) >= 1.0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_batches_spanning_slots_and_nodes_stay_exact() {
+    let cluster = crate::redis_server::RedisCluster::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut settings = test_settings(dir.path());
+    settings.redis.cluster = cluster.urls();
+    settings.redis.timeout = sluice::config::HumanDuration(2_000_000);
+    let app = Arc::new(spawn_app_in(dir, settings, POLICIES).await);
+    let login = |ip: String| json!({"policy": "login", "descriptors": {"ip": ip}});
+    let mut ready = false;
+    for _ in 0..400 {
+        if json_of(&app.check_tcp(&login("warm".into())).await)["mode"] == "enforced" {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(ready, "the daemon never reached the cluster");
+    // 16 partitions (16 slots over 3 nodes), 8 concurrent checks each, limit 5: every batch spans
+    // several slots (one call per slot) and exactly 5 per partition pass.
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..128 {
+        let app = Arc::clone(&app);
+        tasks.spawn(async move {
+            let reply = json_of(&app.check_tcp(&login(format!("10.0.0.{}", i % 16))).await);
+            (i % 16, reply)
+        });
+    }
+    let mut allowed = [0; 16];
+    while let Some(done) = tasks.join_next().await {
+        let (ip, reply) = done.expect("check");
+        assert_eq!(reply["mode"], "enforced", "{reply}");
+        if reply["allowed"] == true {
+            allowed[ip] += 1;
+        }
+    }
+    assert_eq!(allowed, [5; 16]);
+}
