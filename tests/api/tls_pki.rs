@@ -1,0 +1,167 @@
+//! Certificates for the TLS tests, generated per test with rcgen: a CA, a server certificate for
+//! `localhost` and 127.0.0.1 (signed by it), a client certificate (signed by it), and a second,
+//! unrelated CA; plus a `redis-server` serving only TLS on a free port, killed on drop.
+
+use std::path::PathBuf;
+use std::process::Child;
+use std::time::Duration;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, SanType,
+};
+use tempfile::TempDir;
+
+use crate::redis_server::{free_port, spawn_server, wait_until};
+
+/// PEM files in a temporary directory.
+pub struct TestPki {
+    dir: TempDir,
+}
+
+impl TestPki {
+    /// Generates every certificate.
+    pub fn generate() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca = ca("sluice test CA");
+        let server = leaf(&ca, "redis", &["localhost"], true);
+        let client = leaf(&ca, "sluice", &[], false);
+        let other = ca_pem("some other CA");
+        let write =
+            |name: &str, pem: &str| std::fs::write(dir.path().join(name), pem).expect("write pem");
+        write("ca.pem", &ca.pem());
+        write("server.pem", &server.0);
+        write("server.key", &server.1);
+        write("client.pem", &client.0);
+        write("client.key", &client.1);
+        write("other-ca.pem", &other);
+        Self { dir }
+    }
+
+    /// A file of the set (`ca.pem`, `server.pem`, `server.key`, `client.pem`, `client.key`,
+    /// `other-ca.pem`).
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// `redis-server` arguments that serve TLS only (`--port 0`) on `port`.
+    pub fn server_args(&self, port: u16, auth_clients: bool) -> Vec<String> {
+        let path = |name: &str| self.path(name).display().to_string();
+        vec![
+            "--port".into(),
+            "0".into(),
+            "--tls-port".into(),
+            port.to_string(),
+            "--tls-cert-file".into(),
+            path("server.pem"),
+            "--tls-key-file".into(),
+            path("server.key"),
+            "--tls-ca-cert-file".into(),
+            path("ca.pem"),
+            "--tls-auth-clients".into(),
+            if auth_clients { "yes" } else { "no" }.into(),
+        ]
+    }
+
+    /// A TLS client of `url` that trusts the CA and presents the client certificate.
+    pub fn client(&self, url: &str) -> redis::Client {
+        sluice::store::redis::access::install_crypto_provider();
+        let read = |name: &str| std::fs::read(self.path(name)).expect("read pem");
+        let certs = redis::TlsCertificates {
+            client_tls: Some(redis::ClientTlsConfig {
+                client_cert: read("client.pem"),
+                client_key: read("client.key"),
+            }),
+            root_cert: Some(read("ca.pem")),
+        };
+        redis::Client::build_with_tls(url, certs).expect("tls client")
+    }
+}
+
+fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
+    let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, name);
+    CertifiedIssuer::self_signed(params, KeyPair::generate().expect("key")).expect("ca")
+}
+
+fn ca_pem(name: &str) -> String {
+    ca(name).pem()
+}
+
+/// A certificate and key signed by `ca`; a server certificate also names 127.0.0.1 and may act as
+/// a client (Redis nodes connect to each other with it).
+fn leaf(
+    ca: &CertifiedIssuer<'_, KeyPair>,
+    cn: &str,
+    names: &[&str],
+    server: bool,
+) -> (String, String) {
+    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    let mut params = CertificateParams::new(names).expect("params");
+    params.distinguished_name.push(DnType::CommonName, cn);
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    if server {
+        let ip = "127.0.0.1".parse().expect("ip");
+        params.subject_alt_names.push(SanType::IpAddress(ip));
+        params
+            .extended_key_usages
+            .push(ExtendedKeyUsagePurpose::ServerAuth);
+    }
+    let key = KeyPair::generate().expect("key");
+    let cert = params.signed_by(&key, ca).expect("sign");
+    (cert.pem(), key.serialize_pem())
+}
+
+/// A `redis-server` that speaks TLS only, killed on drop.
+pub struct TlsRedis {
+    child: Child,
+    /// Its TLS port.
+    pub port: u16,
+    _dir: TempDir,
+}
+
+impl TlsRedis {
+    /// Starts it with `extra` arguments and waits until a TLS PING (with the client
+    /// certificate) answers.
+    pub fn start(pki: &TestPki, auth_clients: bool, extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let mut args = pki.server_args(port, auth_clients);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let child = spawn_server(&dir, port, &args);
+        let server = Self {
+            child,
+            port,
+            _dir: dir,
+        };
+        let client = pki.client(&server.url());
+        wait_until("redis-server --tls-port", || {
+            client
+                .get_connection_with_timeout(Duration::from_millis(300))
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                .is_ok()
+        });
+        server
+    }
+
+    /// `rediss://localhost:<port>` (the name the server certificate carries).
+    pub fn url(&self) -> String {
+        format!("rediss://localhost:{}", self.port)
+    }
+
+    /// A synchronous TLS connection as the default user, for inspecting state.
+    pub fn connection(&self, pki: &TestPki) -> redis::Connection {
+        pki.client(&self.url())
+            .get_connection_with_timeout(Duration::from_secs(2))
+            .expect("connect to TLS redis")
+    }
+}
+
+impl Drop for TlsRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
