@@ -22,7 +22,7 @@ policies:
 const WAIT: Duration = Duration::from_secs(20);
 
 /// The README's ACL line, with its placeholder password replaced.
-fn readme_acl(user: &str, password: &str) -> Vec<String> {
+pub fn readme_acl(user: &str, password: &str) -> Vec<String> {
     let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README.md");
     let line = readme
         .lines()

@@ -12,7 +12,7 @@ use rcgen::{
 };
 use tempfile::TempDir;
 
-use crate::redis_server::{free_port, spawn_server, wait_until};
+use crate::redis_server::{free_port, spawn_sentinel, spawn_server, wait_until};
 
 /// PEM files in a temporary directory.
 pub struct TestPki {
@@ -118,7 +118,7 @@ pub struct TlsRedis {
     child: Child,
     /// Its TLS port.
     pub port: u16,
-    _dir: TempDir,
+    dir: TempDir,
 }
 
 impl TlsRedis {
@@ -131,11 +131,7 @@ impl TlsRedis {
         args.extend(extra.iter().map(|s| s.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let child = spawn_server(&dir, port, &args);
-        let server = Self {
-            child,
-            port,
-            _dir: dir,
-        };
+        let server = Self { child, port, dir };
         let client = pki.client(&server.url());
         wait_until("redis-server --tls-port", || {
             client
@@ -144,6 +140,47 @@ impl TlsRedis {
                 .is_ok()
         });
         server
+    }
+
+    /// Starts a TLS-only Sentinel (`--tls-replication yes`: it reaches the primary over TLS too)
+    /// watching this server as `mymaster`, and waits until it names it.
+    pub fn sentinel(&self, pki: &TestPki) -> TlsRedis {
+        let port = free_port();
+        let conf = self.dir.path().join(format!("sentinel-{port}.conf"));
+        let mut text = String::new();
+        let args = pki.server_args(port, false);
+        for pair in args.chunks(2) {
+            text.push_str(&format!(
+                "{} {}\n",
+                pair[0].trim_start_matches("--"),
+                pair[1]
+            ));
+        }
+        text.push_str(&format!(
+            "bind 127.0.0.1\ndir {}\ntls-replication yes\nsentinel monitor mymaster 127.0.0.1 {} 1\n",
+            self.dir.path().display(),
+            self.port
+        ));
+        std::fs::write(&conf, text).expect("sentinel conf");
+        let sentinel = TlsRedis {
+            child: spawn_sentinel(&conf),
+            port,
+            dir: tempfile::tempdir().expect("tempdir"),
+        };
+        let client = pki.client(&format!("rediss://127.0.0.1:{port}"));
+        let primary = self.port;
+        wait_until("TLS Sentinel naming the primary", || {
+            client
+                .get_connection_with_timeout(Duration::from_millis(300))
+                .and_then(|mut c| {
+                    redis::cmd("SENTINEL")
+                        .arg("get-master-addr-by-name")
+                        .arg("mymaster")
+                        .query::<(String, u16)>(&mut c)
+                })
+                .is_ok_and(|(_, port)| port == primary)
+        });
+        sentinel
     }
 
     /// `rediss://localhost:<port>` (the name the server certificate carries).
@@ -163,5 +200,61 @@ impl Drop for TlsRedis {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Three TLS-only cluster-enabled primaries (`--tls-cluster yes`: the bus and the slot map speak
+/// TLS), created with `redis-cli --tls --cluster create`.
+pub struct TlsCluster {
+    /// The nodes.
+    pub nodes: Vec<TlsRedis>,
+}
+
+impl TlsCluster {
+    /// Starts the nodes, creates the cluster and waits for `cluster_state:ok`.
+    pub fn start(pki: &TestPki) -> Self {
+        let mut nodes: Vec<TlsRedis> = Vec::new();
+        for _ in 0..3 {
+            let conf = format!("nodes-{}.conf", nodes.len());
+            let extra = [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                &conf,
+                "--tls-cluster",
+                "yes",
+                "--tls-replication",
+                "yes",
+            ];
+            nodes.push(TlsRedis::start(pki, false, &extra));
+        }
+        let ca = pki.path("ca.pem");
+        let status = std::process::Command::new("redis-cli")
+            .arg("--tls")
+            .arg("--cacert")
+            .arg(&ca)
+            .args(["--cluster", "create"])
+            .args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)))
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("redis-cli runs (install redis-tools)");
+        assert!(status.success(), "redis-cli --tls --cluster create failed");
+        for node in &nodes {
+            let client = pki.client(&node.url());
+            wait_until("TLS cluster_state:ok", || {
+                client
+                    .get_connection_with_timeout(Duration::from_millis(300))
+                    .and_then(|mut c| redis::cmd("CLUSTER").arg("INFO").query::<String>(&mut c))
+                    .is_ok_and(|info| info.contains("cluster_state:ok"))
+            });
+        }
+        Self { nodes }
+    }
+
+    /// Seed URLs (by name, as the certificate has it).
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(TlsRedis::url).collect()
     }
 }
