@@ -27,6 +27,7 @@ mod redis_differential;
 mod redis_exactness;
 mod redis_failures;
 mod redis_policies;
+mod redis_serve_env;
 mod redis_server;
 mod redis_store;
 mod redis_tls;
