@@ -112,7 +112,10 @@ fn redis_options(settings: &RedisSettings) -> Result<RedisOptions, String> {
     let access = Access {
         username: settings.username.clone(),
         password: settings.password.clone(),
-        tls: TlsOptions::load(files, tls.insecure)?,
+        tls: TlsOptions {
+            skip_hostname: !tls.verify_hostname,
+            ..TlsOptions::load(files, tls.insecure)?
+        },
     };
     let sentinel = &settings.sentinel;
     let target = match &settings.url {

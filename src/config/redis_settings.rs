@@ -118,6 +118,14 @@ impl RedisSettings {
         if self.tls.cert_file.is_some() != self.tls.key_file.is_some() {
             return Err("redis.tls: cert_file and key_file go together (mutual TLS)".into());
         }
+        if !self.tls.verify_hostname && !self.sentinel.nodes.is_empty() {
+            return Err(
+                "redis.tls.verify_hostname = false is not available with Sentinel; give \
+                 the data nodes certificates that name their announced addresses (IP SANs, or \
+                 Sentinel's announce-hostnames)"
+                    .into(),
+            );
+        }
         if self.tls.insecure && self.tls.ca_file.is_some() {
             return Err(
                 "redis.tls: insecure skips verification, so ca_file would be ignored; \
@@ -131,7 +139,7 @@ impl RedisSettings {
 
 /// TLS to Redis, used by every `rediss://` URL (to the Sentinels and to the primary they name, to
 /// every Cluster node). Files are read once, at start.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsSettings {
     /// PEM bundle of the CAs that may sign the server's certificate; unset: the Mozilla roots
@@ -141,9 +149,26 @@ pub struct TlsSettings {
     pub cert_file: Option<PathBuf>,
     /// PEM private key of `cert_file`.
     pub key_file: Option<PathBuf>,
+    /// Check that the certificate names the URL's host (default). `false` still verifies the
+    /// chain against the CA but accepts any name, as `redis-cli` does: for servers whose
+    /// certificate does not name the address clients use (GCP Memorystore puts its IP in the CN
+    /// only). Not available with Sentinel (redis-rs has no such switch for the primary it names).
+    pub verify_hostname: bool,
     /// Accept any server certificate (no chain, no hostname check). For self-signed test setups
     /// only; logged as a warning at start.
     pub insecure: bool,
+}
+
+impl Default for TlsSettings {
+    fn default() -> Self {
+        Self {
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            verify_hostname: true,
+            insecure: false,
+        }
+    }
 }
 
 impl TlsSettings {
@@ -152,6 +177,7 @@ impl TlsSettings {
         self.ca_file.is_some()
             || self.cert_file.is_some()
             || self.key_file.is_some()
+            || !self.verify_hostname
             || self.insecure
     }
 }

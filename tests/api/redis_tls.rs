@@ -185,6 +185,35 @@ async fn insecure_accepts_a_self_signed_server() {
     assert_eq!(enforced_statuses(&app).await, [200, 200, 200, 429]);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_hostname_false_checks_the_chain_but_not_the_name() {
+    let pki = TestPki::generate();
+    let (cert, key) = (pki.path("named.pem"), pki.path("named.key"));
+    let (cert, key) = (cert.to_str().expect("utf-8"), key.to_str().expect("utf-8"));
+    let redis = TlsRedis::start(
+        &pki,
+        false,
+        &["--tls-cert-file", cert, "--tls-key-file", key],
+    );
+    // The certificate names redis.internal only: by default the name is checked, and refused.
+    let ca = pki.path("ca.pem");
+    let error = first_error(&redis.url(), &access(Some(&ca), None)).await;
+    assert_eq!(ErrorKind::of(&error), ErrorKind::Tls, "{error}");
+    assert!(error.to_string().contains("not valid for name"), "{error}");
+    // Without the name check, the CA's signature is still required.
+    let mut wrong = access(Some(&pki.path("other-ca.pem")), None);
+    wrong.tls.skip_hostname = true;
+    let error = first_error(&redis.url(), &wrong).await;
+    assert!(error.to_string().contains("UnknownIssuer"), "{error}");
+    // The right CA without the name check: enforced.
+    let app = spawn(redis.url(), |s| {
+        s.redis.tls.ca_file = Some(ca);
+        s.redis.tls.verify_hostname = false;
+    })
+    .await;
+    assert_eq!(enforced_statuses(&app).await, [200, 200, 200, 429]);
+}
+
 #[test]
 fn config_check_validates_tls_like_serve() {
     let pki = TestPki::generate();
@@ -233,6 +262,11 @@ fn config_check_validates_tls_like_serve() {
             "insecure",
         ),
         ("cluster = [\"rediss://a:1\", \"redis://b:2\"]", "rediss://"),
+        (
+            "sentinel = { nodes = [\"rediss://s:26379\"], master = \"m\" }\n\
+             tls = { verify_hostname = false }",
+            "Sentinel",
+        ),
     ] {
         let out = check(redis);
         assert_eq!(out.code, Some(64), "{redis}: {out:?}");

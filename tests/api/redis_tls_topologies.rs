@@ -79,6 +79,22 @@ async fn cluster_over_tls() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_over_tls_without_the_name_check() {
+    let pki = TestPki::generate();
+    // Certificates that name `redis.internal`, reached at 127.0.0.1 (seed and slot map).
+    let cluster = TlsCluster::start_with(&pki, "named");
+    let seed = vec![format!("rediss://127.0.0.1:{}", cluster.nodes[0].port)];
+    let ca = ca_only(&pki);
+    let app = spawn_on_redis(POLICIES, |s| {
+        s.redis.cluster = seed;
+        s.redis.tls.verify_hostname = false;
+        ca(s);
+    })
+    .await;
+    assert_enforced(&app, 6).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_over_tls_with_an_acl_user() {
     let pki = TestPki::generate();
     let primary = TlsRedis::start(&pki, false, &[]);

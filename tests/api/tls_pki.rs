@@ -25,6 +25,7 @@ impl TestPki {
         let dir = tempfile::tempdir().expect("tempdir");
         let ca = ca("sluice test CA");
         let server = leaf(&ca, "redis", &["localhost"], true);
+        let named = leaf(&ca, "redis.internal", &["redis.internal"], false);
         let client = leaf(&ca, "sluice", &[], false);
         let other = ca_pem("some other CA");
         let write =
@@ -32,6 +33,8 @@ impl TestPki {
         write("ca.pem", &ca.pem());
         write("server.pem", &server.0);
         write("server.key", &server.1);
+        write("named.pem", &named.0);
+        write("named.key", &named.1);
         write("client.pem", &client.0);
         write("client.key", &client.1);
         write("other-ca.pem", &other);
@@ -39,7 +42,8 @@ impl TestPki {
     }
 
     /// A file of the set (`ca.pem`, `server.pem`, `server.key`, `client.pem`, `client.key`,
-    /// `other-ca.pem`).
+    /// `other-ca.pem`, and `named.pem`/`named.key`: a server certificate for `redis.internal`
+    /// only).
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
@@ -95,18 +99,21 @@ fn leaf(
     ca: &CertifiedIssuer<'_, KeyPair>,
     cn: &str,
     names: &[&str],
-    server: bool,
+    with_ip: bool,
 ) -> (String, String) {
+    let is_server = !names.is_empty();
     let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
     let mut params = CertificateParams::new(names).expect("params");
     params.distinguished_name.push(DnType::CommonName, cn);
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    if server {
-        let ip = "127.0.0.1".parse().expect("ip");
-        params.subject_alt_names.push(SanType::IpAddress(ip));
+    if is_server {
         params
             .extended_key_usages
             .push(ExtendedKeyUsagePurpose::ServerAuth);
+    }
+    if with_ip {
+        let ip = "127.0.0.1".parse().expect("ip");
+        params.subject_alt_names.push(SanType::IpAddress(ip));
     }
     let key = KeyPair::generate().expect("key");
     let cert = params.signed_by(&key, ca).expect("sign");
@@ -132,7 +139,8 @@ impl TlsRedis {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let child = spawn_server(&dir, port, &args);
         let server = Self { child, port, dir };
-        let client = pki.client(&server.url());
+        // Up is all this asks (whatever name its certificate has): the tests verify.
+        let client = pki.client(&format!("{}/#insecure", server.url()));
         wait_until("redis-server --tls-port", || {
             client
                 .get_connection_with_timeout(Duration::from_millis(300))
@@ -213,10 +221,21 @@ pub struct TlsCluster {
 impl TlsCluster {
     /// Starts the nodes, creates the cluster and waits for `cluster_state:ok`.
     pub fn start(pki: &TestPki) -> Self {
+        Self::start_with(pki, "server")
+    }
+
+    /// Like [`TlsCluster::start`], the nodes serving `<cert>.pem` / `<cert>.key`.
+    pub fn start_with(pki: &TestPki, cert: &str) -> Self {
+        let cert_file = pki.path(&format!("{cert}.pem")).display().to_string();
+        let key_file = pki.path(&format!("{cert}.key")).display().to_string();
         let mut nodes: Vec<TlsRedis> = Vec::new();
         for _ in 0..3 {
             let conf = format!("nodes-{}.conf", nodes.len());
             let extra = [
+                "--tls-cert-file",
+                &cert_file,
+                "--tls-key-file",
+                &key_file,
                 "--cluster-enabled",
                 "yes",
                 "--cluster-config-file",
@@ -242,7 +261,7 @@ impl TlsCluster {
             .expect("redis-cli runs (install redis-tools)");
         assert!(status.success(), "redis-cli --tls --cluster create failed");
         for node in &nodes {
-            let client = pki.client(&node.url());
+            let client = pki.client(&format!("{}/#insecure", node.url()));
             wait_until("TLS cluster_state:ok", || {
                 client
                     .get_connection_with_timeout(Duration::from_millis(300))

@@ -42,6 +42,8 @@ impl fmt::Debug for Access {
 pub struct TlsOptions {
     /// CA bundle and client certificate (each `None` when not configured).
     pub certificates: Option<TlsCertificates>,
+    /// Verify the chain but not that the certificate names the host (single primary, Cluster).
+    pub skip_hostname: bool,
     /// Skip certificate verification entirely.
     pub insecure: bool,
 }
@@ -65,6 +67,7 @@ impl fmt::Debug for TlsOptions {
                 "client_cert",
                 &certs.is_some_and(|c| c.client_tls.is_some()),
             )
+            .field("verify_hostname", &!self.skip_hostname)
             .field("insecure", &self.insecure)
             .finish()
     }
@@ -104,6 +107,7 @@ impl TlsOptions {
             });
         let options = Self {
             certificates,
+            skip_hostname: false,
             insecure,
         };
         // redis-rs parses the PEMs when a client is built: do it once now, for the errors.

@@ -146,10 +146,15 @@ pub fn node_client(
     }
     install_crypto_provider();
     let client = redis::Client::build_with_tls(info, access.tls.certificates())?;
-    if !access.tls.insecure {
+    if !access.tls.insecure && !access.tls.skip_hostname {
         return Ok(client);
     }
     let info = client.get_connection_info().clone();
+    if !access.tls.insecure {
+        let mut addr = info.addr().clone();
+        addr.set_danger_accept_invalid_hostnames(true);
+        return redis::Client::open(info.set_addr(addr));
+    }
     let addr = match info.addr().clone() {
         ConnectionAddr::TcpTls {
             host,
@@ -194,24 +199,10 @@ pub async fn connect(
             Ok(Conn::Single(manager))
         }
         RedisTarget::Cluster(nodes) => {
-            let mut builder = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
+            let builder = cluster_builder(nodes, access)
                 .connection_timeout(timeouts.connect)
                 .response_timeout(timeouts.response)
                 .tcp_settings(tcp_settings());
-            if let Some(username) = &access.username {
-                builder = builder.username(username);
-            }
-            if let Some(password) = &access.password {
-                builder = builder.password(password);
-            }
-            let first = nodes.first().map(String::as_str).unwrap_or_default();
-            if first.into_connection_info().is_ok_and(|info| is_tls(&info)) {
-                // Nodes found through CLUSTER SLOTS get the same TLS as the seeds.
-                install_crypto_provider();
-                builder = builder
-                    .certs(access.tls.certificates())
-                    .tls(tls_mode(access));
-            }
             let client = builder.build()?;
             Ok(Conn::Cluster(client.get_async_connection().await?))
         }
@@ -229,6 +220,27 @@ pub async fn connect(
             Ok(Conn::Resolved(conn))
         }
     }
+}
+
+/// A Cluster client for the seed `nodes`: `access`'s credentials, and when the seeds are
+/// `rediss://`, its TLS for them and for every node found through CLUSTER SLOTS.
+fn cluster_builder(nodes: &[String], access: &Access) -> ClusterClientBuilder {
+    let mut builder = ClusterClientBuilder::new(nodes.iter().map(String::as_str));
+    if let Some(username) = &access.username {
+        builder = builder.username(username);
+    }
+    if let Some(password) = &access.password {
+        builder = builder.password(password);
+    }
+    let first = nodes.first().map(String::as_str).unwrap_or_default();
+    if first.into_connection_info().is_ok_and(|info| is_tls(&info)) {
+        install_crypto_provider();
+        builder = builder
+            .certs(access.tls.certificates())
+            .tls(tls_mode(access))
+            .danger_accept_invalid_hostnames(access.tls.skip_hostname);
+    }
+    builder
 }
 
 /// The Sentinels (their URLs' credentials; TLS when they are `rediss://`, which then also applies
@@ -308,15 +320,7 @@ pub fn validate(target: &RedisTarget, access: &Access) -> Result<(), String> {
     }
     let built = match target {
         RedisTarget::Single(_) => Ok(()),
-        RedisTarget::Cluster(nodes) => {
-            let mut builder = ClusterClientBuilder::new(nodes.iter().map(String::as_str));
-            if urls.iter().any(|url| url.starts_with("rediss://")) {
-                builder = builder
-                    .certs(access.tls.certificates())
-                    .tls(tls_mode(access));
-            }
-            builder.build().map(drop)
-        }
+        RedisTarget::Cluster(nodes) => cluster_builder(nodes, access).build().map(drop),
         RedisTarget::Sentinel(sentinel) => sentinel_client(sentinel, access).map(drop),
     };
     built.map_err(|e| format!("{}: {e}", describe(target)))
