@@ -269,10 +269,15 @@ fn summarize(status: u16, json: &serde_json::Value) -> String {
 fn config_check(file: &Path) -> ExitCode {
     let is_settings = file.extension().is_some_and(|ext| ext == "toml");
     let policy_file = if is_settings {
-        match Settings::load(Some(file)) {
-            Ok(settings) => settings.policies,
+        let settings = match Settings::load(Some(file)) {
+            Ok(settings) => settings,
             Err(error) => return fail(EXIT_CONFIG, format_args!("{}: {error}", file.display())),
+        };
+        // The same checks `serve` makes before it connects (TLS files, URLs, clients).
+        if let Err(error) = crate::app::check_redis(&settings.redis) {
+            return fail(EXIT_CONFIG, format_args!("{}: {error}", file.display()));
         }
+        settings.policies
     } else {
         file.to_owned()
     };

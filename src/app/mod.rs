@@ -17,6 +17,8 @@ use tokio::task::JoinSet;
 mod grpc_listeners;
 mod stores;
 
+pub use stores::check_redis;
+
 use crate::check::CheckService;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{load_policies, Settings};

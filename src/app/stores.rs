@@ -10,6 +10,7 @@ use crate::check::{CheckService, HotKeys, LocalShare};
 use crate::clock::Clock;
 use crate::config::{RedisSettings, Settings};
 use crate::limit::PolicySet;
+use crate::store::redis::access::{Access, TlsFiles, TlsOptions};
 use crate::store::redis::batcher::{BatchConfig, BatchMetrics};
 use crate::store::redis::conn::{RedisTarget, SentinelTarget, Timeouts};
 use crate::store::redis::prober::Backoff;
@@ -49,7 +50,8 @@ pub(super) fn service(
         )
     };
     let service = if settings.redis.enabled() {
-        let redis = RedisStore::start(redis_options(&settings.redis), redis_metrics(metrics))
+        let options = redis_options(&settings.redis).map_err(StartError::Config)?;
+        let redis = RedisStore::start(options, redis_metrics(metrics))
             .map_err(|e| StartError::Config(format!("redis: {e}")))?;
         let redis = Arc::new(redis);
         let table = tiers(
@@ -88,7 +90,33 @@ pub(super) fn service(
     Ok((service, memory))
 }
 
-fn redis_options(settings: &RedisSettings) -> RedisOptions {
+/// Checks the Redis settings the way `serve` uses them (TLS files read and parsed, URLs and
+/// clients built, nothing connected), for `sluice config check`.
+pub fn check_redis(settings: &RedisSettings) -> Result<(), String> {
+    if !settings.enabled() {
+        return Ok(());
+    }
+    let options = redis_options(settings)?;
+    crate::store::redis::conn::validate(&options.target, &options.access)
+        .map_err(|e| format!("redis: {e}"))
+}
+
+/// The Redis store's options: the target, credentials and TLS material (files read here, once).
+fn redis_options(settings: &RedisSettings) -> Result<RedisOptions, String> {
+    let tls = &settings.tls;
+    let files = TlsFiles {
+        ca: tls.ca_file.as_deref(),
+        cert: tls.cert_file.as_deref(),
+        key: tls.key_file.as_deref(),
+    };
+    let access = Access {
+        username: settings.username.clone(),
+        password: settings.password.clone(),
+        tls: TlsOptions {
+            skip_hostname: !tls.verify_hostname,
+            ..TlsOptions::load(files, tls.insecure)?
+        },
+    };
     let sentinel = &settings.sentinel;
     let target = match &settings.url {
         Some(url) if !url.is_empty() => RedisTarget::Single(url.clone()),
@@ -100,8 +128,9 @@ fn redis_options(settings: &RedisSettings) -> RedisOptions {
         }),
         _ => RedisTarget::Cluster(settings.cluster.clone()),
     };
-    RedisOptions {
+    Ok(RedisOptions {
         target,
+        access,
         key_prefix: settings.key_prefix.clone(),
         timeout: settings.timeout.as_std(),
         timeouts: Timeouts {
@@ -121,7 +150,7 @@ fn redis_options(settings: &RedisSettings) -> RedisOptions {
             min: settings.breaker.probe_min.as_std(),
             max: settings.breaker.probe_max.as_std(),
         },
-    }
+    })
 }
 
 fn redis_metrics(metrics: &Metrics) -> RedisMetrics {

@@ -12,7 +12,7 @@ pub use duration::{parse_duration, HumanDuration};
 pub use envoy_settings::EnvoySettings;
 pub use policies::policy_file_version;
 pub use policies::{load_policies, parse_policies, PolicyFileError};
-pub use redis_settings::{BreakerSettings, RedisSettings, SentinelSettings};
+pub use redis_settings::{BreakerSettings, RedisSettings, SentinelSettings, TlsSettings};
 pub use settings::{
     LocalLayerSettings, LocalSettings, LogFormat, LogSettings, MemorySettings, RequestLimits,
     Settings, SettingsError, TenantSettings,

@@ -1,5 +1,7 @@
-//! Redis settings: where it is (one primary, a Cluster, or Sentinels), deadlines, pipelining and
-//! the circuit breaker.
+//! Redis settings: where it is (one primary, a Cluster, or Sentinels), who sluice is there (ACL
+//! user, TLS), deadlines, pipelining and the circuit breaker.
+
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -15,6 +17,12 @@ pub struct RedisSettings {
     pub cluster: Vec<String>,
     /// A Sentinel set watching the primary.
     pub sentinel: SentinelSettings,
+    /// ACL user on the data nodes (`SLUICE_REDIS__USERNAME`); overrides the URLs' user.
+    pub username: Option<String>,
+    /// Password on the data nodes (`SLUICE_REDIS__PASSWORD`); overrides the URLs' password.
+    pub password: Option<String>,
+    /// TLS for `rediss://` URLs.
+    pub tls: TlsSettings,
     /// Prefix of every key: `<prefix>:{<policy>:<partition>}`.
     pub key_prefix: String,
     /// Deadline of one check's Redis calls (policies may set their own); past it the policy's
@@ -38,6 +46,9 @@ impl Default for RedisSettings {
             url: None,
             cluster: Vec::new(),
             sentinel: SentinelSettings::default(),
+            username: None,
+            password: None,
+            tls: TlsSettings::default(),
             key_prefix: "rl".into(),
             timeout: HumanDuration(5_000),
             connect_timeout: HumanDuration(1_000_000),
@@ -61,6 +72,114 @@ impl RedisSettings {
             + usize::from(!self.cluster.is_empty())
             + usize::from(!self.sentinel.nodes.is_empty())
     }
+
+    /// Every URL sluice connects to: the primary, the Cluster seeds or the Sentinels.
+    pub fn urls(&self) -> impl Iterator<Item = &str> {
+        self.url
+            .iter()
+            .chain(&self.cluster)
+            .chain(&self.sentinel.nodes)
+            .map(String::as_str)
+            .filter(|url| !url.is_empty())
+    }
+
+    /// Checks credentials and TLS settings against the URLs (no I/O: the files are read when the
+    /// store is built, by `serve` and `config check` alike).
+    pub fn validate_access(&self) -> Result<(), String> {
+        let sentinel = &self.sentinel;
+        if (self.username.is_some() && sentinel.username.is_some())
+            || (self.password.is_some() && sentinel.password.is_some())
+        {
+            return Err(
+                "redis: set the data nodes' credentials in redis.username/redis.password \
+                 or in redis.sentinel.username/password, not both"
+                    .into(),
+            );
+        }
+        let tls = self
+            .urls()
+            .filter(|url| url.starts_with("rediss://"))
+            .count();
+        let total = self.urls().count();
+        if tls > 0 && tls < total {
+            return Err(
+                "redis: mix of redis:// and rediss:// URLs; use rediss:// for all of them \
+                 or none"
+                    .into(),
+            );
+        }
+        if tls == 0 && self.tls.is_set() {
+            return Err(
+                "redis.tls is set but no URL uses rediss://; TLS is chosen by the URL \
+                 scheme (rediss://host:6380)"
+                    .into(),
+            );
+        }
+        if self.tls.cert_file.is_some() != self.tls.key_file.is_some() {
+            return Err("redis.tls: cert_file and key_file go together (mutual TLS)".into());
+        }
+        if !self.tls.verify_hostname && !self.sentinel.nodes.is_empty() {
+            return Err(
+                "redis.tls.verify_hostname = false is not available with Sentinel; give \
+                 the data nodes certificates that name their announced addresses (IP SANs, or \
+                 Sentinel's announce-hostnames)"
+                    .into(),
+            );
+        }
+        if self.tls.insecure && self.tls.ca_file.is_some() {
+            return Err(
+                "redis.tls: insecure skips verification, so ca_file would be ignored; \
+                 set one of them"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// TLS to Redis, used by every `rediss://` URL (to the Sentinels and to the primary they name, to
+/// every Cluster node). Files are read once, at start.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsSettings {
+    /// PEM bundle of the CAs that may sign the server's certificate; unset: the Mozilla roots
+    /// built into sluice (webpki-roots), which cover the managed services' public CAs.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate (chain) for mutual TLS; needs `key_file`.
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of `cert_file`.
+    pub key_file: Option<PathBuf>,
+    /// Check that the certificate names the URL's host (default). `false` still verifies the
+    /// chain against the CA but accepts any name, as `redis-cli` does: for servers whose
+    /// certificate does not name the address clients use (GCP Memorystore puts its IP in the CN
+    /// only). Not available with Sentinel (redis-rs has no such switch for the primary it names).
+    pub verify_hostname: bool,
+    /// Accept any server certificate (no chain, no hostname check). For self-signed test setups
+    /// only; logged as a warning at start.
+    pub insecure: bool,
+}
+
+impl Default for TlsSettings {
+    fn default() -> Self {
+        Self {
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            verify_hostname: true,
+            insecure: false,
+        }
+    }
+}
+
+impl TlsSettings {
+    /// Whether any TLS setting is set (they only mean something with a `rediss://` URL).
+    pub fn is_set(&self) -> bool {
+        self.ca_file.is_some()
+            || self.cert_file.is_some()
+            || self.key_file.is_some()
+            || !self.verify_hostname
+            || self.insecure
+    }
 }
 
 /// Sentinel discovery of the primary.
@@ -71,9 +190,9 @@ pub struct SentinelSettings {
     pub nodes: Vec<String>,
     /// The monitored primary's name.
     pub master: String,
-    /// Username for the data nodes.
+    /// Username for the data nodes (same as `redis.username`; set one of them).
     pub username: Option<String>,
-    /// Password for the data nodes.
+    /// Password for the data nodes (same as `redis.password`; set one of them).
     pub password: Option<String>,
 }
 

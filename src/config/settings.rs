@@ -321,6 +321,7 @@ impl Settings {
                     .into(),
             ));
         }
+        redis.validate_access().map_err(SettingsError)?;
         if !redis.sentinel.nodes.is_empty() && redis.sentinel.master.is_empty() {
             return Err(SettingsError(
                 "redis.sentinel.master: name the primary the Sentinels watch".into(),

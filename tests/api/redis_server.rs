@@ -11,7 +11,7 @@ use tempfile::TempDir;
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// A port that is free now, with its Cluster bus port (+10000) free too.
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     for _ in 0..200 {
         let Ok(listener) = TcpListener::bind("127.0.0.1:0") else {
             continue;
@@ -52,7 +52,7 @@ pub fn spawn_server(dir: &TempDir, port: u16, extra: &[&str]) -> Child {
         .expect("redis-server runs (install redis-server)")
 }
 
-fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
+pub fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
     let started = Instant::now();
     while !ready() {
         assert!(started.elapsed() < START_TIMEOUT, "{what} did not come up");

@@ -1,7 +1,8 @@
 //! Connections to Redis: one primary through an auto-reconnecting multiplexed connection, the
 //! primary named by a Sentinel set (resolved again on every rebuild, never reconnecting to an old
 //! address), or a Cluster (which follows MOVED/ASK itself). Connecting never blocks start-up: the
-//! prober connects in the background and publishes the connection.
+//! prober connects in the background and publishes the connection. Every connection carries the
+//! same [`Access`]: the ACL user and password, and TLS for `rediss://` URLs.
 
 use std::time::Duration;
 
@@ -11,10 +12,14 @@ use redis::aio::{
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::{socket2, TcpSettings};
-use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::sentinel::SentinelClientBuilder;
+use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{
-    AsyncConnectionConfig, Cmd, IntoConnectionInfo, RedisConnectionInfo, RedisResult, Value,
+    AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisResult,
+    TlsMode, Value,
 };
+
+use super::access::{install_crypto_provider, Access};
 
 /// Where Redis is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,15 +119,76 @@ pub struct Timeouts {
     pub response: Duration,
 }
 
+fn is_tls(info: &ConnectionInfo) -> bool {
+    matches!(info.addr(), ConnectionAddr::TcpTls { .. })
+}
+
+/// A client for one node: the URL, with `credentials` (when given) replacing the URL's, and for
+/// `rediss://` the TLS material (and the `insecure` switch) applied.
+pub fn node_client(
+    url: &str,
+    credentials: Option<&Access>,
+    access: &Access,
+) -> RedisResult<redis::Client> {
+    let mut info = url.into_connection_info()?.set_tcp_settings(tcp_settings());
+    if let Some(credentials) = credentials {
+        let mut redis = info.redis_settings().clone();
+        if let Some(username) = &credentials.username {
+            redis = redis.set_username(username);
+        }
+        if let Some(password) = &credentials.password {
+            redis = redis.set_password(password);
+        }
+        info = info.set_redis_settings(redis);
+    }
+    if !is_tls(&info) {
+        return redis::Client::open(info);
+    }
+    install_crypto_provider();
+    let client = redis::Client::build_with_tls(info, access.tls.certificates())?;
+    if !access.tls.insecure && !access.tls.skip_hostname {
+        return Ok(client);
+    }
+    let info = client.get_connection_info().clone();
+    if !access.tls.insecure {
+        let mut addr = info.addr().clone();
+        addr.set_danger_accept_invalid_hostnames(true);
+        return redis::Client::open(info.set_addr(addr));
+    }
+    let addr = match info.addr().clone() {
+        ConnectionAddr::TcpTls {
+            host,
+            port,
+            tls_params,
+            ..
+        } => ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: true,
+            tls_params,
+        },
+        other => other,
+    };
+    redis::Client::open(info.set_addr(addr))
+}
+
+fn tls_mode(access: &Access) -> TlsMode {
+    if access.tls.insecure {
+        TlsMode::Insecure
+    } else {
+        TlsMode::Secure
+    }
+}
+
 /// Connects (for Sentinel: asks the Sentinels for the primary, which must say it is one).
-pub async fn connect(target: &RedisTarget, timeouts: Timeouts) -> RedisResult<Conn> {
+pub async fn connect(
+    target: &RedisTarget,
+    access: &Access,
+    timeouts: Timeouts,
+) -> RedisResult<Conn> {
     match target {
         RedisTarget::Single(url) => {
-            let info = url
-                .as_str()
-                .into_connection_info()?
-                .set_tcp_settings(tcp_settings());
-            let client = redis::Client::open(info)?;
+            let client = node_client(url, Some(access), access)?;
             // One attempt per (re)connection: the prober does the retrying, with its own pacing,
             // and sees every error (NOAUTH, refused, ...) instead of a retry loop's timeout.
             let config = ConnectionManagerConfig::new()
@@ -133,30 +199,15 @@ pub async fn connect(target: &RedisTarget, timeouts: Timeouts) -> RedisResult<Co
             Ok(Conn::Single(manager))
         }
         RedisTarget::Cluster(nodes) => {
-            let client = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
+            let builder = cluster_builder(nodes, access)
                 .connection_timeout(timeouts.connect)
                 .response_timeout(timeouts.response)
-                .tcp_settings(tcp_settings())
-                .build()?;
+                .tcp_settings(tcp_settings());
+            let client = builder.build()?;
             Ok(Conn::Cluster(client.get_async_connection().await?))
         }
         RedisTarget::Sentinel(sentinel) => {
-            let mut auth = RedisConnectionInfo::default();
-            if let Some(username) = &sentinel.username {
-                auth = auth.set_username(username);
-            }
-            if let Some(password) = &sentinel.password {
-                auth = auth.set_password(password);
-            }
-            let node = SentinelNodeConnectionInfo::default()
-                .set_redis_connection_info(auth)
-                .set_tcp_settings(tcp_settings());
-            let mut client = SentinelClient::build(
-                sentinel.nodes.iter().map(String::as_str).collect(),
-                sentinel.master.clone(),
-                Some(node),
-                SentinelServerType::Master,
-            )?;
+            let mut client = sentinel_client(sentinel, access)?;
             let primary = tokio::time::timeout(timeouts.connect, client.async_get_client())
                 .await
                 .map_err(|_| timed_out("asking Sentinel for the primary"))??;
@@ -171,6 +222,69 @@ pub async fn connect(target: &RedisTarget, timeouts: Timeouts) -> RedisResult<Co
     }
 }
 
+/// A Cluster client for the seed `nodes`: `access`'s credentials, and when the seeds are
+/// `rediss://`, its TLS for them and for every node found through CLUSTER SLOTS.
+fn cluster_builder(nodes: &[String], access: &Access) -> ClusterClientBuilder {
+    let mut builder = ClusterClientBuilder::new(nodes.iter().map(String::as_str));
+    if let Some(username) = &access.username {
+        builder = builder.username(username);
+    }
+    if let Some(password) = &access.password {
+        builder = builder.password(password);
+    }
+    let first = nodes.first().map(String::as_str).unwrap_or_default();
+    if first.into_connection_info().is_ok_and(|info| is_tls(&info)) {
+        install_crypto_provider();
+        builder = builder
+            .certs(access.tls.certificates())
+            .tls(tls_mode(access))
+            .danger_accept_invalid_hostnames(access.tls.skip_hostname);
+    }
+    builder
+}
+
+/// The Sentinels (their URLs' credentials; TLS when they are `rediss://`, which then also applies
+/// to the primary they name) and the primary's credentials.
+fn sentinel_client(sentinel: &SentinelTarget, access: &Access) -> RedisResult<SentinelClient> {
+    let infos = sentinel
+        .nodes
+        .iter()
+        .map(|url| url.as_str().into_connection_info())
+        .collect::<RedisResult<Vec<ConnectionInfo>>>()?;
+    let tls = infos.iter().any(is_tls);
+    let mut builder = SentinelClientBuilder::new(
+        infos.iter().map(|info| info.addr().clone()),
+        &sentinel.master,
+        SentinelServerType::Master,
+    )?
+    .set_client_to_sentinel_tcp_settings(tcp_settings())
+    .set_client_to_redis_tcp_settings(tcp_settings());
+    let sentinel_auth = infos.iter().map(ConnectionInfo::redis_settings);
+    if let Some(username) = sentinel_auth.clone().find_map(|r| r.username()) {
+        builder = builder.set_client_to_sentinel_username(username);
+    }
+    if let Some(password) = sentinel_auth.clone().find_map(|r| r.password()) {
+        builder = builder.set_client_to_sentinel_password(password);
+    }
+    let username = access.username.as_ref().or(sentinel.username.as_ref());
+    if let Some(username) = username {
+        builder = builder.set_client_to_redis_username(username);
+    }
+    let password = access.password.as_ref().or(sentinel.password.as_ref());
+    if let Some(password) = password {
+        builder = builder.set_client_to_redis_password(password);
+    }
+    if tls {
+        install_crypto_provider();
+        builder = builder
+            .set_client_to_sentinel_tls_mode(tls_mode(access))
+            .set_client_to_sentinel_certificates(access.tls.certificates())
+            .set_client_to_redis_tls_mode(tls_mode(access))
+            .set_client_to_redis_certificates(access.tls.certificates());
+    }
+    builder.build()
+}
+
 fn timed_out(what: &str) -> redis::RedisError {
     redis::RedisError::from(std::io::Error::new(
         std::io::ErrorKind::TimedOut,
@@ -178,8 +292,9 @@ fn timed_out(what: &str) -> redis::RedisError {
     ))
 }
 
-/// Validates `target` (URL syntax) without connecting.
-pub fn validate(target: &RedisTarget) -> Result<(), String> {
+/// Validates `target` and `access` without connecting: every URL parses and its scheme is
+/// supported, and the clients build (TLS material included) exactly as the prober will build them.
+pub fn validate(target: &RedisTarget, access: &Access) -> Result<(), String> {
     let urls = match target {
         RedisTarget::Single(url) => std::slice::from_ref(url),
         RedisTarget::Cluster(nodes) => nodes.as_slice(),
@@ -191,11 +306,24 @@ pub fn validate(target: &RedisTarget) -> Result<(), String> {
         }
     };
     for url in urls {
-        url.as_str()
+        let info = url
+            .as_str()
             .into_connection_info()
             .map_err(|e| format!("{}: {e}", mask_password(url)))?;
+        if !info.addr().is_supported() {
+            return Err(format!("{}: unsupported address", mask_password(url)));
+        }
+        if let RedisTarget::Single(_) = target {
+            node_client(url, Some(access), access)
+                .map_err(|e| format!("{}: {e}", mask_password(url)))?;
+        }
     }
-    Ok(())
+    let built = match target {
+        RedisTarget::Single(_) => Ok(()),
+        RedisTarget::Cluster(nodes) => cluster_builder(nodes, access).build().map(drop),
+        RedisTarget::Sentinel(sentinel) => sentinel_client(sentinel, access).map(drop),
+    };
+    built.map_err(|e| format!("{}: {e}", describe(target)))
 }
 
 /// The target for logs, passwords masked.
@@ -245,7 +373,17 @@ mod tests {
 
     #[test]
     fn bad_urls_are_refused_before_connecting() {
-        assert!(validate(&RedisTarget::Single("nonsense".into())).is_err());
-        assert!(validate(&RedisTarget::Single("redis://127.0.0.1:6379".into())).is_ok());
+        let access = Access::default();
+        assert!(validate(&RedisTarget::Single("nonsense".into()), &access).is_err());
+        assert!(validate(
+            &RedisTarget::Single("redis://127.0.0.1:6379".into()),
+            &access
+        )
+        .is_ok());
+        assert!(validate(
+            &RedisTarget::Single("rediss://127.0.0.1:6380".into()),
+            &access
+        )
+        .is_ok());
     }
 }

@@ -24,8 +24,11 @@ pub enum ErrorKind {
     Busy,
     /// The node is out of memory.
     Oom,
-    /// `NOAUTH` / `WRONGPASS`.
+    /// `NOAUTH` / `WRONGPASS`, or an ACL refusal (`NOPERM`).
     Auth,
+    /// TLS handshake or certificate verification failed (wrong CA, wrong name, client
+    /// certificate refused).
+    Tls,
     /// Slot errors (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, `CROSSSLOT`).
     Cluster,
     /// One counter's key holds something else (`WRONGTYPE`, a foreign value): that check alone
@@ -42,7 +45,7 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// Every kind, for pre-registering metric series.
-    pub const ALL: [ErrorKind; 15] = [
+    pub const ALL: [ErrorKind; 16] = [
         Self::Deadline,
         Self::Timeout,
         Self::Connection,
@@ -53,6 +56,7 @@ impl ErrorKind {
         Self::Busy,
         Self::Oom,
         Self::Auth,
+        Self::Tls,
         Self::Cluster,
         Self::BadKey,
         Self::Protocol,
@@ -73,6 +77,7 @@ impl ErrorKind {
             Self::Busy => "busy",
             Self::Oom => "oom",
             Self::Auth => "auth",
+            Self::Tls => "tls",
             Self::Cluster => "cluster",
             Self::BadKey => "bad_key",
             Self::Protocol => "protocol",
@@ -86,7 +91,12 @@ impl ErrorKind {
     pub fn opens_at_once(self) -> bool {
         matches!(
             self,
-            Self::Readonly | Self::Loading | Self::Connection | Self::NotConnected | Self::Auth
+            Self::Readonly
+                | Self::Loading
+                | Self::Connection
+                | Self::NotConnected
+                | Self::Auth
+                | Self::Tls
         )
     }
 
@@ -104,7 +114,7 @@ impl ErrorKind {
             "LOADING" => Self::Loading,
             "BUSY" => Self::Busy,
             "OOM" => Self::Oom,
-            "NOAUTH" | "WRONGPASS" => Self::Auth,
+            "NOAUTH" | "WRONGPASS" | "NOPERM" => Self::Auth,
             "MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN" | "CROSSSLOT" => Self::Cluster,
             "WRONGTYPE" | "BADSTATE" => Self::BadKey,
             _ => Self::Other,
@@ -113,7 +123,9 @@ impl ErrorKind {
 
     /// The kind of a client-side error.
     pub fn of(error: &RedisError) -> Self {
-        if error.is_timeout() {
+        if super::access::is_tls_error(error) {
+            Self::Tls
+        } else if error.is_timeout() {
             Self::Timeout
         } else if error.kind() == redis::ErrorKind::AuthenticationFailed {
             Self::Auth

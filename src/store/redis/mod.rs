@@ -12,6 +12,7 @@
 //! denied, each allowed key recorded by its own (atomic, re-deciding) check; a race can then deny
 //! in the second step after another key was spent.
 
+pub mod access;
 pub mod batcher;
 pub mod conn;
 pub mod error;
@@ -27,6 +28,7 @@ use std::time::Duration;
 use prometheus::IntGauge;
 use tokio::sync::watch;
 
+use self::access::Access;
 use self::batcher::{BatchConfig, BatchMetrics, Batcher};
 use self::conn::{RedisTarget, Timeouts};
 use self::error::ErrorKind;
@@ -41,6 +43,8 @@ use crate::limit::Decision;
 pub struct RedisOptions {
     /// Where Redis is.
     pub target: RedisTarget,
+    /// Credentials and TLS.
+    pub access: Access,
     /// Prefix of every key.
     pub key_prefix: String,
     /// Default deadline of one check's Redis round trip (from the write of its batch).
@@ -84,11 +88,17 @@ impl RedisStore {
     /// Starts connecting in the background and returns at once. Until connected the circuit is
     /// open: checks skip Redis and their failure modes apply. Needs a Tokio runtime.
     pub fn start(options: RedisOptions, metrics: RedisMetrics) -> Result<Self, String> {
-        conn::validate(&options.target)?;
+        conn::validate(&options.target, &options.access)?;
         if options.key_prefix.contains(['{', '}']) {
             return Err("redis.key_prefix must not contain `{` or `}`".into());
         }
-        tracing::info!(redis = %conn::describe(&options.target), "using the Redis store");
+        tracing::info!(redis = %conn::describe(&options.target), tls = ?options.access.tls, "using the Redis store");
+        if options.access.tls.insecure {
+            tracing::warn!(
+                "redis.tls.insecure is on: Redis' certificate is NOT verified, anyone on the path \
+                 can read and change the counters; for self-signed test setups only"
+            );
+        }
         for kind in ErrorKind::ALL {
             metrics.batch.errors.with_label_values(&[kind.as_str()]);
         }
@@ -102,10 +112,15 @@ impl RedisStore {
         let cluster = matches!(options.target, RedisTarget::Cluster(_));
         let (publish, connection) = watch::channel(None);
         if let RedisTarget::Sentinel(sentinel) = &options.target {
-            tokio::spawn(sentinel_watch::watch(sentinel.clone(), Arc::clone(&health)));
+            tokio::spawn(sentinel_watch::watch(
+                sentinel.clone(),
+                options.access.clone(),
+                Arc::clone(&health),
+            ));
         }
         let prober = Prober {
             target: options.target,
+            access: options.access,
             timeouts: options.timeouts,
             probe_key: format!("{}:{{sluice:probe}}", options.key_prefix),
             scripts: scripts.sources(),

@@ -11,6 +11,7 @@ use std::time::Duration;
 use prometheus::IntCounterVec;
 use tokio::sync::watch;
 
+use super::access::Access;
 use super::conn::{self, Conn, RedisTarget, Timeouts};
 use super::error::ErrorKind;
 use super::health::{Circuit, Health};
@@ -28,6 +29,8 @@ pub struct Backoff {
 pub struct Prober {
     /// Where Redis is.
     pub target: RedisTarget,
+    /// Credentials and TLS.
+    pub access: Access,
     /// Connect and reply timeouts.
     pub timeouts: Timeouts,
     /// The key the write probe sets (in the daemon's prefix, with an expiry).
@@ -111,7 +114,7 @@ impl Prober {
     }
 
     async fn connect_and_probe(&self) -> redis::RedisResult<Conn> {
-        let mut conn = conn::connect(&self.target, self.timeouts).await?;
+        let mut conn = conn::connect(&self.target, &self.access, self.timeouts).await?;
         conn.probe(&self.probe_key).await?;
         for source in &self.scripts {
             conn.load_script(source).await?;

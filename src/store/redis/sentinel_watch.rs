@@ -8,26 +8,33 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 
-use super::conn::{mask_password, SentinelTarget};
+use super::access::Access;
+use super::conn::{mask_password, node_client, SentinelTarget};
 use super::health::Health;
 
 /// Watches until the store is dropped (`health` is then the last reference).
-pub async fn watch(target: SentinelTarget, health: Arc<Health>) {
+pub async fn watch(target: SentinelTarget, access: Access, health: Arc<Health>) {
     let mut next = 0usize;
     while Arc::strong_count(&health) > 1 {
         let Some(url) = target.nodes.get(next % target.nodes.len().max(1)) else {
             return;
         };
         next += 1;
-        if let Err(error) = listen(url, &target.master, &health).await {
+        if let Err(error) = listen(url, &access, &target.master, &health).await {
             tracing::debug!(sentinel = %mask_password(url), %error, "Sentinel announcements lost; trying another");
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
-async fn listen(url: &str, master: &str, health: &Health) -> redis::RedisResult<()> {
-    let client = redis::Client::open(url)?;
+async fn listen(
+    url: &str,
+    access: &Access,
+    master: &str,
+    health: &Health,
+) -> redis::RedisResult<()> {
+    // The Sentinel's own credentials come from its URL; TLS as for every `rediss://` URL.
+    let client = node_client(url, None, access)?;
     let mut pubsub = client.get_async_pubsub().await?;
     pubsub.subscribe("+switch-master").await?;
     let mut messages = pubsub.on_message();
