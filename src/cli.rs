@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::app::{App, StartError};
 use crate::client::{self, Target};
-use crate::config::{load_policies, Settings};
+use crate::config::{load_policies, FileLimits, Settings};
 use crate::transport::wire::CheckBody;
 
 /// Exit code for bad usage or configuration (sysexits EX_USAGE).
@@ -268,7 +268,7 @@ fn summarize(status: u16, json: &serde_json::Value) -> String {
 
 fn config_check(file: &Path) -> ExitCode {
     let is_settings = file.extension().is_some_and(|ext| ext == "toml");
-    let policy_file = if is_settings {
+    let (policy_file, limits) = if is_settings {
         let settings = match Settings::load(Some(file)) {
             Ok(settings) => settings,
             Err(error) => return fail(EXIT_CONFIG, format_args!("{}: {error}", file.display())),
@@ -277,11 +277,11 @@ fn config_check(file: &Path) -> ExitCode {
         if let Err(error) = crate::app::check_redis(&settings.redis) {
             return fail(EXIT_CONFIG, format_args!("{}: {error}", file.display()));
         }
-        settings.policies
+        (settings.policies, settings.files)
     } else {
-        file.to_owned()
+        (file.to_owned(), FileLimits::default())
     };
-    match load_policies(&policy_file) {
+    match load_policies(&policy_file, &limits) {
         Ok((set, _)) => {
             let names: Vec<&str> = set.iter().map(|p| p.name()).collect();
             println!(

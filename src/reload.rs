@@ -2,6 +2,11 @@
 //! follows symlinks, so a Kubernetes ConfigMap update (kubelet swaps the `..data` symlink) is seen
 //! like any edit. A changed file is validated whole and swapped in atomically; an invalid one is
 //! logged (once per distinct content) and counted, and the old set keeps serving.
+//!
+//! The file is a run-time input like a request: its metadata is looked at first (an unchanged
+//! file is not read again; a device, FIFO or oversized file is refused unread), it is read within
+//! `files.max_bytes` and `files.read_timeout` and parsed off the worker threads, so checks never
+//! wait for it. A file with no policies is refused unless `policies_allow_empty` is set.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -9,7 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::check::CheckService;
-use crate::config::{parse_policies, policy_file_version};
+use crate::config::bounded_read::{self, FileStamp};
+use crate::config::{parse_policies, policy_file_version, FileLimits};
 use crate::telemetry::Metrics;
 
 /// Watches one policy file for one service.
@@ -19,11 +25,23 @@ pub struct Reloader {
     metrics: Metrics,
     /// Version of the content last seen (loaded or rejected), so each change is handled once.
     seen: Option<u32>,
+    /// The file's metadata when last read: while it matches, the file is not read again.
+    stamp: Option<FileStamp>,
+    limits: FileLimits,
+    allow_empty: bool,
 }
 
 impl Reloader {
-    /// `loaded` is the version of the content the service started with.
-    pub fn new(path: PathBuf, service: Arc<CheckService>, metrics: Metrics, loaded: u32) -> Self {
+    /// `loaded` is the version of the content the service started with; `limits` bound every
+    /// read; `allow_empty` lets a file with no policies replace the set in force.
+    pub fn new(
+        path: PathBuf,
+        service: Arc<CheckService>,
+        metrics: Metrics,
+        loaded: u32,
+        limits: FileLimits,
+        allow_empty: bool,
+    ) -> Self {
         metrics.policies_version.set(i64::from(loaded));
         for result in ["ok", "unchanged", "invalid"] {
             metrics.policy_reloads.with_label_values(&[result]);
@@ -33,6 +51,9 @@ impl Reloader {
             service,
             metrics,
             seen: Some(loaded),
+            stamp: None,
+            limits,
+            allow_empty,
         }
     }
 
@@ -54,20 +75,31 @@ impl Reloader {
             };
             tokio::select! {
                 _ = &mut stop => return,
-                _ = ticker.tick() => self.reload(false),
+                _ = ticker.tick() => self.reload(false).await,
                 _ = signalled => {
                     tracing::info!("SIGHUP received: reloading policies");
-                    self.reload(true);
+                    self.reload(true).await;
                 }
             }
         }
     }
 
     /// Reloads if the content changed (or always, when `forced`).
-    pub fn reload(&mut self, forced: bool) {
-        let text = match std::fs::read_to_string(&self.path) {
-            Ok(text) => text,
+    pub async fn reload(&mut self, forced: bool) {
+        if !forced && self.stamp.is_some() {
+            let now = bounded_read::stamp_async(self.path.clone(), self.limits).await;
+            if now.as_ref().ok() == self.stamp.as_ref() {
+                return;
+            }
+        }
+        let read = bounded_read::read_async(self.path.clone(), self.limits).await;
+        let text = match read {
+            Ok((text, stamp)) => {
+                self.stamp = Some(stamp);
+                text
+            }
             Err(error) => {
+                self.stamp = None;
                 if forced || self.seen.is_some() {
                     tracing::warn!(path = %self.path.display(), %error, "policy file unreadable; keeping the policies in force");
                     self.metrics
@@ -90,17 +122,37 @@ impl Reloader {
             return;
         }
         self.seen = Some(version);
-        match parse_policies(&self.path, &text) {
+        let path = self.path.clone();
+        let parsed = tokio::task::spawn_blocking(move || parse_policies(&path, &text)).await;
+        let Ok(parsed) = parsed else {
+            tracing::warn!("policy file parser failed; the policies in force keep serving");
+            return;
+        };
+        match parsed {
+            Ok(policies) if policies.is_empty() && !self.allow_empty => {
+                self.metrics
+                    .policy_reloads
+                    .with_label_values(&["invalid"])
+                    .inc();
+                tracing::error!(
+                    version,
+                    "policy file has no policies: refused, the policies in force keep serving \
+                     (set policies_allow_empty to allow removing every limit)"
+                );
+            }
             Ok(policies) => {
+                if policies.is_empty() {
+                    tracing::warn!(
+                        version,
+                        "policy file has no policies: every limit is removed \
+                         (policies_allow_empty is set)"
+                    );
+                }
                 let count = policies.len();
                 self.service.replace_policies(policies);
                 self.metrics.policies_version.set(i64::from(version));
                 self.metrics.policy_reloads.with_label_values(&["ok"]).inc();
-                tracing::info!(
-                    version = format_args!("{version:08x}"),
-                    policies = count,
-                    "policies reloaded"
-                );
+                tracing::info!(version, policies = count, "policies reloaded");
             }
             Err(error) => {
                 self.metrics

@@ -21,7 +21,7 @@ pub use stores::check_redis;
 
 use crate::check::CheckService;
 use crate::clock::{Clock, SystemClock};
-use crate::config::{load_policies, Settings};
+use crate::config::{load_policies, AuthzSettings, Settings};
 use crate::limit::PolicySet;
 use crate::reload::Reloader;
 use crate::store::MemoryStore;
@@ -55,6 +55,8 @@ pub struct App {
     ready: Arc<AtomicBool>,
     grace: Duration,
     reloader: Option<(Reloader, Duration)>,
+    authz: AuthzSettings,
+    max_connections: usize,
 }
 
 impl App {
@@ -63,7 +65,7 @@ impl App {
     pub async fn build(settings: &Settings) -> Result<Self, StartError> {
         let path = &settings.policies;
         let (policies, version) =
-            load_policies(path).map_err(|e| StartError::Config(e.to_string()))?;
+            load_policies(path, &settings.files).map_err(|e| StartError::Config(e.to_string()))?;
         let mut app = Self::build_with(settings, policies, Arc::new(SystemClock::new())).await?;
         app.reloader = Some((
             Reloader::new(
@@ -71,6 +73,8 @@ impl App {
                 app.service.clone(),
                 app.metrics.clone(),
                 version,
+                settings.files,
+                settings.policies_allow_empty,
             ),
             settings.policies_poll.as_std(),
         ));
@@ -114,7 +118,7 @@ impl App {
                 let mode = settings
                     .socket_mode_bits()
                     .map_err(|e| StartError::Config(e.to_string()))?;
-                let listener = uds::bind(&path, mode)
+                let listener = uds::bind(&path, mode, settings.listen.trust_socket_dir)
                     .map_err(|e| bind_err("listen.socket", &path.display(), e))?;
                 Some((listener, path))
             }
@@ -141,6 +145,8 @@ impl App {
             ready: Arc::new(AtomicBool::new(true)),
             grace: settings.shutdown_grace.as_std(),
             reloader: None,
+            authz: settings.authz.clone(),
+            max_connections: settings.limits.max_connections,
         })
     }
 
@@ -187,18 +193,40 @@ impl App {
         let mut checks = JoinSet::new();
         if let Some((listener, addr)) = self.http {
             tracing::info!(%addr, "check API listening on TCP");
-            let app = http::router(self.service.clone(), self.metrics.clone(), Transport::Tcp);
+            let app = http::router(
+                self.service.clone(),
+                self.metrics.clone(),
+                Transport::Tcp,
+                self.authz.clone(),
+            );
             // Answers are small single writes: never hold one back for Nagle.
             let listener = listener.tap_io(|tcp| {
                 let _ = tcp.set_nodelay(true);
             });
-            checks.spawn(serve(listener, app, drain_rx.clone(), self.grace));
+            checks.spawn(serve(
+                listener,
+                app,
+                drain_rx.clone(),
+                self.grace,
+                self.max_connections,
+            ));
         }
         let socket_path = self.socket.as_ref().map(|(_, path)| path.clone());
         if let Some((listener, path)) = self.socket {
             tracing::info!(path = %path.display(), "check API listening on Unix socket");
-            let app = http::router(self.service.clone(), self.metrics.clone(), Transport::Uds);
-            checks.spawn(serve(listener, app, drain_rx.clone(), self.grace));
+            let app = http::router(
+                self.service.clone(),
+                self.metrics.clone(),
+                Transport::Uds,
+                self.authz.clone(),
+            );
+            checks.spawn(serve(
+                listener,
+                app,
+                drain_rx.clone(),
+                self.grace,
+                self.max_connections,
+            ));
         }
         let grpc_socket = self.grpc.socket_path().map(Path::to_path_buf);
         self.grpc

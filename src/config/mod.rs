@@ -1,17 +1,24 @@
 //! Configuration: daemon settings (figment: defaults, TOML file, `SLUICE_*` env) and policy files
 //! (YAML, validated whole into domain types).
 
+mod authz_settings;
+pub mod bounded_read;
 mod duration;
 pub mod envoy;
 mod envoy_settings;
+mod log_level;
 mod policies;
+mod redact;
 mod redis_settings;
 mod settings;
 
+pub use authz_settings::{AuthzSettings, ControlHeader, OriginalFrom};
+pub use bounded_read::FileLimits;
 pub use duration::{parse_duration, HumanDuration};
 pub use envoy_settings::EnvoySettings;
 pub use policies::policy_file_version;
 pub use policies::{load_policies, parse_policies, PolicyFileError};
+pub use redact::mask_url;
 pub use redis_settings::{BreakerSettings, RedisSettings, SentinelSettings, TlsSettings};
 pub use settings::{
     LocalLayerSettings, LocalSettings, LogFormat, LogSettings, MemorySettings, RequestLimits,

@@ -139,11 +139,15 @@ pub fn policy_file_version(text: &str) -> u32 {
     u32::from_be_bytes([digest[16], digest[17], digest[18], digest[19]])
 }
 
-/// Reads and validates the policy file at `path`; also returns its [`policy_file_version`].
-pub fn load_policies(path: &Path) -> Result<(PolicySet, u32), PolicyFileError> {
-    let text = std::fs::read_to_string(path).map_err(|e| PolicyFileError {
+/// Reads (within `limits`) and validates the policy file at `path`; also returns its
+/// [`policy_file_version`].
+pub fn load_policies(
+    path: &Path,
+    limits: &super::FileLimits,
+) -> Result<(PolicySet, u32), PolicyFileError> {
+    let (text, _) = super::bounded_read::read(path, limits).map_err(|e| PolicyFileError {
         file: path.to_owned(),
-        problems: vec![format!("cannot read: {e}")],
+        problems: vec![format!("cannot read: {}", e.reason)],
     })?;
     Ok((parse_policies(path, &text)?, policy_file_version(&text)))
 }

@@ -9,16 +9,19 @@ use figment::Figment;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use super::redis_settings::RedisSettings;
-use super::HumanDuration;
+use super::{AuthzSettings, FileLimits, HumanDuration};
 
 /// The settings file used when none is given and it exists.
 pub const DEFAULT_SETTINGS_FILE: &str = "config/sluice.toml";
 
 /// Top-level keys that `SLUICE_*` variables may set; others (such as `SLUICE_CONFIG`) are left
 /// alone instead of failing the unknown-field check.
-const ENV_KEYS: [&str; 13] = [
+const ENV_KEYS: [&str; 16] = [
     "listen",
     "envoy",
+    "authz",
+    "files",
+    "policies_allow_empty",
     "policies",
     "policies_poll",
     "tenants",
@@ -65,9 +68,20 @@ pub struct Settings {
     pub envoy: super::envoy_settings::EnvoySettings,
     /// How long in-flight checks get to finish on SIGTERM.
     pub shutdown_grace: HumanDuration,
-    /// Tokio worker threads; 0 means half the cores, 1 to 4 (a sidecar shares its node).
+    /// Tokio worker threads; 0 means half the cores, 1 to 4 (a sidecar shares its node); at
+    /// most [`MAX_WORKER_THREADS`].
     pub worker_threads: usize,
+    /// What `/v1/authz` believes of the headers a proxy forwards.
+    pub authz: AuthzSettings,
+    /// Bounds on the files read while running (policies, tenant table).
+    pub files: FileLimits,
+    /// Accept a reload to a policy file with no policies (which removes every limit); without
+    /// it such a reload is refused. Logged loudly either way.
+    pub policies_allow_empty: bool,
 }
+
+/// Most worker threads accepted.
+pub const MAX_WORKER_THREADS: usize = 64;
 
 impl Default for Settings {
     fn default() -> Self {
@@ -85,6 +99,9 @@ impl Default for Settings {
             envoy: Default::default(),
             shutdown_grace: HumanDuration(10_000_000),
             worker_threads: 0,
+            authz: AuthzSettings::default(),
+            files: FileLimits::default(),
+            policies_allow_empty: false,
         }
     }
 }
@@ -108,6 +125,11 @@ pub struct Listen {
     /// Envoy's rate limit service (gRPC) over a Unix socket (Envoy's `pipe` address); unset
     /// disables it.
     pub grpc_socket: Option<PathBuf>,
+    /// Bind the socket even if its directory is writable by others or owned by another user:
+    /// only for a directory no one else can reach (a Kubernetes `emptyDir` shared by the pod's
+    /// containers). Otherwise such a directory is refused: its other writers could replace
+    /// the socket with their own.
+    pub trust_socket_dir: bool,
 }
 
 impl Default for Listen {
@@ -119,6 +141,7 @@ impl Default for Listen {
             admin: "127.0.0.1:7071".into(),
             grpc: String::new(),
             grpc_socket: None,
+            trust_socket_dir: false,
         }
     }
 }
@@ -229,6 +252,10 @@ pub struct RequestLimits {
     pub max_value_bytes: usize,
     /// Largest cost of one check.
     pub max_cost: u64,
+    /// Longest a client may take to send a request's body (headers have their own 10 s).
+    pub body_read_timeout: HumanDuration,
+    /// Most connections open at once on each check listener; past it, accepting waits.
+    pub max_connections: usize,
 }
 
 impl Default for RequestLimits {
@@ -239,6 +266,8 @@ impl Default for RequestLimits {
             max_descriptors: 32,
             max_value_bytes: 256,
             max_cost: 1_000_000,
+            body_read_timeout: HumanDuration(10_000_000),
+            max_connections: 1024,
         }
     }
 }
@@ -366,6 +395,25 @@ impl Settings {
         if l.max_cost == 0 {
             return Err(SettingsError("limits.max_cost: must be at least 1".into()));
         }
+        if l.max_connections == 0 || l.body_read_timeout.0 == 0 {
+            return Err(SettingsError(
+                "limits.max_connections and limits.body_read_timeout must be above 0".into(),
+            ));
+        }
+        if self.worker_threads > MAX_WORKER_THREADS {
+            return Err(SettingsError(format!(
+                "worker_threads: {} is over {MAX_WORKER_THREADS} (0 picks half the cores, 1 to 4)",
+                self.worker_threads
+            )));
+        }
+        if self.files.max_bytes == 0 || self.files.read_timeout.0 == 0 {
+            return Err(SettingsError(
+                "files.max_bytes and files.read_timeout must be above 0".into(),
+            ));
+        }
+        self.authz.validate()?;
+        super::log_level::validate(&self.log.level)
+            .map_err(|reason| SettingsError(format!("log.level: {reason}")))?;
         Ok(())
     }
 

@@ -78,6 +78,7 @@ env:
   - {{name: SLUICE_LISTEN__HTTP, value: "127.0.0.1:7070"}}
   - {{name: SLUICE_LISTEN__SOCKET, value: "{SOCKET_PATH}"}}
   - {{name: SLUICE_LISTEN__SOCKET_MODE, value: "0666"}}
+  - {{name: SLUICE_LISTEN__TRUST_SOCKET_DIR, value: "true"}}
   - {{name: SLUICE_LISTEN__ADMIN, value: "0.0.0.0:{ADMIN_PORT}"}}
   - {{name: SLUICE_POLICIES, value: /etc/sluice/policies/policies.yaml}}
   - {{name: SLUICE_LOCAL__REPLICAS, value: "{replicas}"}}

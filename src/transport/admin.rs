@@ -79,8 +79,8 @@ async fn render_metrics(State(ctx): State<AdminCtx>) -> Response {
 /// What the check API would answer for this request body, policy by policy: which apply and
 /// why the others do not, partitions, tiers, costs, current state. Nothing is spent.
 async fn explain(State(ctx): State<AdminCtx>, headers: HeaderMap, body: Body) -> Response {
-    let cap = ctx.service.limits().max_body_bytes;
-    let body = match super::http::read_json::<CheckBody>(&headers, body, cap).await {
+    let limits = ctx.service.limits();
+    let body = match super::http::read_json::<CheckBody>(&headers, body, limits).await {
         Ok(body) => body,
         Err(response) => return response,
     };

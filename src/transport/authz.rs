@@ -2,11 +2,16 @@
 //! (nginx `auth_request`, Envoy `ext_authz` over HTTP, Traefik `forwardAuth`). Any method; the
 //! answer is the same as `/v1/check`'s (status, JSON body, rate-limit headers).
 //!
-//! - Descriptors: each `X-Sluice-Descriptor-<name>: <value>` header. `method` and `path` default
-//!   to the original request's: `X-Original-Method` / `X-Original-URI` (nginx),
-//!   `X-Forwarded-Method` / `X-Forwarded-Uri` (Traefik), else this request's own method and path
-//!   after `/v1/authz` (Envoy's `path_prefix`); the query string is dropped.
-//! - `X-Sluice-Policy`, `X-Sluice-Cost`, `X-Sluice-Dry-Run: true` as in the JSON form.
+//! A proxy copies the client's own headers into the subrequest unless told not to, so only what
+//! `[authz]` names is believed (DESIGN.md §4a):
+//! - Descriptors: each `X-Sluice-Descriptor-<name>: <value>` header whose name is in
+//!   `authz.descriptors`; any other descriptor header, or one sent twice, is a 400.
+//! - `method` and `path` always come from the original request, by `authz.original`:
+//!   `X-Original-Method` / `X-Original-URI` (nginx), `X-Forwarded-Method` / `X-Forwarded-Uri`
+//!   (Traefik), or this request's own method and path after `/v1/authz` (Envoy's `path_prefix`);
+//!   the path is normalised as nginx does ([`super::path`]).
+//! - `X-Sluice-Policy`, `X-Sluice-Cost`, `X-Sluice-Dry-Run` only when listed in `authz.control`
+//!   (a 400 otherwise); dry run takes `true`/`false`/`1`/`0`, anything else is a 400.
 //! - `X-Sluice-Deny-Status` (or `?deny_status=`) replaces 429 on a denial: nginx `auth_request`
 //!   understands only 401 and 403 as "deny" (anything else becomes a 500).
 
@@ -14,44 +19,38 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
+use super::http::error_response;
 use super::wire::{self, CheckReply, ErrorReply};
 use crate::check::{CheckRequest, CheckService};
+use crate::config::{AuthzSettings, ControlHeader, OriginalFrom};
 use crate::limit::Descriptors;
 
 const DESCRIPTOR_PREFIX: &str = "x-sluice-descriptor-";
 
-/// Answers an authorization subrequest.
+/// Answers an authorization subrequest, believing only the headers `config` names.
 pub async fn authz(
     service: &CheckService,
+    config: &AuthzSettings,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
 ) -> Response {
-    let request = match request_from(&method, &uri, &headers) {
+    let bad_request = |reason: String| {
+        error_response((
+            StatusCode::BAD_REQUEST,
+            ErrorReply::new("bad_request", reason),
+        ))
+    };
+    let request = match request_from(config, &method, &uri, &headers) {
         Ok(request) => request,
-        Err(reason) => {
-            return (
-                StatusCode::BAD_REQUEST,
-                Json(ErrorReply::new("bad_request", reason)),
-            )
-                .into_response()
-        }
+        Err(reason) => return bad_request(reason),
     };
     let deny_status = match deny_status(&uri, &headers) {
         Ok(status) => status,
-        Err(reason) => {
-            return (
-                StatusCode::BAD_REQUEST,
-                Json(ErrorReply::new("bad_request", reason)),
-            )
-                .into_response()
-        }
+        Err(reason) => return bad_request(reason),
     };
     match service.check(&request).await {
-        Err(error) => {
-            let (status, reply) = ErrorReply::from_check_error(&error);
-            (status, Json(reply)).into_response()
-        }
+        Err(error) => error_response(ErrorReply::from_check_error(&error)),
         Ok(verdict) => {
             let (mut status, reply) = CheckReply::from_verdict(&verdict);
             if status == StatusCode::TOO_MANY_REQUESTS {
@@ -62,53 +61,111 @@ pub async fn authz(
     }
 }
 
-fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers.get(name).and_then(|v| v.to_str().ok())
+/// The one value of header `name`; a header sent twice is refused rather than one copy picked.
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, String> {
+    let mut values = headers.get_all(name).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(format!("header {name} is sent more than once"));
+    }
+    value
+        .to_str()
+        .map(Some)
+        .map_err(|_| format!("header {name} is not visible ASCII"))
 }
 
-fn request_from(method: &Method, uri: &Uri, headers: &HeaderMap) -> Result<CheckRequest, String> {
+/// A control header's value: `None` when absent; a 400 when sent but not enabled.
+fn control<'a>(
+    config: &AuthzSettings,
+    headers: &'a HeaderMap,
+    which: ControlHeader,
+) -> Result<Option<&'a str>, String> {
+    let value = header(headers, which.header())?;
+    if value.is_some() && !config.allows(which) {
+        return Err(format!(
+            "header {} is not honoured here (authz.control)",
+            which.header()
+        ));
+    }
+    Ok(value)
+}
+
+fn request_from(
+    config: &AuthzSettings,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> Result<CheckRequest, String> {
     let mut descriptors = Descriptors::new();
-    for (name, value) in headers {
-        if let Some(descriptor) = name.as_str().strip_prefix(DESCRIPTOR_PREFIX) {
-            let value = value
-                .to_str()
-                .map_err(|_| format!("header {name} is not visible ASCII"))?;
+    for name in headers.keys() {
+        let Some(descriptor) = name.as_str().strip_prefix(DESCRIPTOR_PREFIX) else {
+            continue;
+        };
+        if !config.descriptors.iter().any(|d| d == descriptor) {
+            return Err(format!(
+                "header {name} is not honoured here (authz.descriptors lists {:?})",
+                config.descriptors
+            ));
+        }
+        if let Some(value) = header(headers, name.as_str())? {
             descriptors.insert(descriptor.to_owned(), value.to_owned());
         }
     }
-    let original_method = header(headers, "x-original-method")
-        .or_else(|| header(headers, "x-forwarded-method"))
-        .unwrap_or(method.as_str());
-    let original_uri = header(headers, "x-original-uri")
-        .or_else(|| header(headers, "x-forwarded-uri"))
-        .map(str::to_owned)
-        .unwrap_or_else(|| {
+    let (original_method, original_uri) = match config.original {
+        OriginalFrom::Nginx => original(headers, "x-original-method", "x-original-uri")?,
+        OriginalFrom::Traefik => original(headers, "x-forwarded-method", "x-forwarded-uri")?,
+        OriginalFrom::Path => {
             let rest = uri.path().strip_prefix("/v1/authz").unwrap_or("");
-            if rest.is_empty() {
-                "/".to_owned()
-            } else {
-                rest.to_owned()
-            }
-        });
-    let path = original_uri.split('?').next().unwrap_or("/").to_owned();
-    descriptors
-        .entry("method".into())
-        .or_insert_with(|| original_method.to_owned());
-    descriptors.entry("path".into()).or_insert(path);
-    let cost = match header(headers, "x-sluice-cost") {
+            (method.as_str(), if rest.is_empty() { "/" } else { rest })
+        }
+    };
+    let path = super::path::normalize(original_uri, config.path_case_insensitive)?;
+    descriptors.insert("method".into(), original_method.to_owned());
+    descriptors.insert("path".into(), path);
+    let cost = match control(config, headers, ControlHeader::Cost)? {
         None => 1,
         Some(text) => text
             .trim()
             .parse()
             .map_err(|_| format!("X-Sluice-Cost {text:?} is not a whole number"))?,
     };
+    let dry_run = match control(config, headers, ControlHeader::DryRun)? {
+        None => false,
+        Some(text) => parse_flag(text)
+            .ok_or_else(|| format!("X-Sluice-Dry-Run {text:?}: use true, false, 1 or 0"))?,
+    };
     Ok(CheckRequest {
-        policy: header(headers, "x-sluice-policy").map(str::to_owned),
+        policy: control(config, headers, ControlHeader::Policy)?.map(str::to_owned),
         descriptors,
         cost,
-        dry_run: header(headers, "x-sluice-dry-run")
-            .is_some_and(|v| v.eq_ignore_ascii_case("true")),
+        dry_run,
     })
+}
+
+/// The original method and URI from the proxy's two headers; both must be there.
+fn original<'a>(
+    headers: &'a HeaderMap,
+    method: &str,
+    uri: &str,
+) -> Result<(&'a str, &'a str), String> {
+    let missing = |name: &str| format!("header {name} is missing (authz.original)");
+    Ok((
+        header(headers, method)?.ok_or_else(|| missing(method))?,
+        header(headers, uri)?.ok_or_else(|| missing(uri))?,
+    ))
+}
+
+/// `true`/`false` (any case), `1`/`0`; anything else is not a flag.
+fn parse_flag(text: &str) -> Option<bool> {
+    match text.trim() {
+        "1" => Some(true),
+        "0" => Some(false),
+        t if t.eq_ignore_ascii_case("true") => Some(true),
+        t if t.eq_ignore_ascii_case("false") => Some(false),
+        _ => None,
+    }
 }
 
 fn deny_status(uri: &Uri, headers: &HeaderMap) -> Result<Option<StatusCode>, String> {
@@ -117,7 +174,7 @@ fn deny_status(uri: &Uri, headers: &HeaderMap) -> Result<Option<StatusCode>, Str
             .split('&')
             .find_map(|pair| pair.strip_prefix("deny_status="))
     });
-    let Some(text) = header(headers, "x-sluice-deny-status").or(from_query) else {
+    let Some(text) = header(headers, "x-sluice-deny-status")?.or(from_query) else {
         return Ok(None);
     };
     text.trim()

@@ -18,6 +18,7 @@ use serde::de::DeserializeOwned;
 use super::wire::{self, BatchBody, BatchReply, CheckBody, CheckReply, ErrorReply};
 use super::Transport;
 use crate::check::CheckService;
+use crate::config::{AuthzSettings, RequestLimits};
 use crate::telemetry::Metrics;
 
 /// Shared by every request (axum clones the state per request: keep that one Arc).
@@ -29,10 +30,18 @@ struct Shared {
     transport: Transport,
     /// This transport's latency histogram, looked up once rather than per request.
     duration: Histogram,
+    /// What `/v1/authz` believes of forwarded headers.
+    authz: AuthzSettings,
 }
 
-/// The check API: `POST /v1/check` and `POST /v1/check/batch`.
-pub fn router(service: Arc<CheckService>, metrics: Metrics, transport: Transport) -> Router {
+/// The check API: `POST /v1/check`, `POST /v1/check/batch` and `/v1/authz` (trusting what
+/// `authz` names).
+pub fn router(
+    service: Arc<CheckService>,
+    metrics: Metrics,
+    transport: Transport,
+    authz_settings: AuthzSettings,
+) -> Router {
     let duration = metrics
         .check_duration
         .with_label_values(&[transport.as_str()]);
@@ -41,6 +50,7 @@ pub fn router(service: Arc<CheckService>, metrics: Metrics, transport: Transport
         metrics,
         transport,
         duration,
+        authz: authz_settings,
     });
     Router::new()
         .route("/v1/check", post(check))
@@ -54,9 +64,8 @@ pub fn router(service: Arc<CheckService>, metrics: Metrics, transport: Transport
 
 async fn check(State(ctx): State<Ctx>, request: Request) -> Response {
     let started = Instant::now();
-    let cap = ctx.service.limits().max_body_bytes;
     let (parts, body) = request.into_parts();
-    let response = match read_json::<CheckBody>(&parts.headers, body, cap).await {
+    let response = match read_json::<CheckBody>(&parts.headers, body, ctx.service.limits()).await {
         Err(response) => response,
         Ok(body) => match ctx.service.check(&body.into()).await {
             Err(error) => error_response(ErrorReply::from_check_error(&error)),
@@ -72,16 +81,15 @@ async fn check(State(ctx): State<Ctx>, request: Request) -> Response {
 
 async fn authz(State(ctx): State<Ctx>, method: Method, uri: Uri, headers: HeaderMap) -> Response {
     let started = Instant::now();
-    let response = super::authz::authz(&ctx.service, method, uri, headers).await;
+    let response = super::authz::authz(&ctx.service, &ctx.authz, method, uri, headers).await;
     ctx.observe(started, &response);
     response
 }
 
 async fn batch(State(ctx): State<Ctx>, request: Request) -> Response {
     let started = Instant::now();
-    let cap = ctx.service.limits().max_body_bytes;
     let (parts, body) = request.into_parts();
-    let response = match read_json::<BatchBody>(&parts.headers, body, cap).await {
+    let response = match read_json::<BatchBody>(&parts.headers, body, ctx.service.limits()).await {
         Err(response) => response,
         Ok(body) => match body.requests() {
             Err(reason) => error_response((
@@ -115,13 +123,15 @@ impl Shared {
     }
 }
 
-/// Reads a capped body and parses it; any failure is a 4xx with a JSON reason. The content type
-/// is not insisted on (`curl -d` sends a form type), the body must be JSON all the same.
+/// Reads a body capped in size and in time and parses it; any failure is a 4xx with a JSON
+/// reason. The content type is not insisted on (`curl -d` sends a form type), the body must be
+/// a JSON object all the same (serde would read an array as positional fields).
 pub(crate) async fn read_json<T: DeserializeOwned>(
     headers: &HeaderMap,
     body: Body,
-    cap: usize,
+    limits: &RequestLimits,
 ) -> Result<T, Response> {
+    let cap = limits.max_body_bytes;
     let too_large = || {
         error_response((
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -138,9 +148,22 @@ pub(crate) async fn read_json<T: DeserializeOwned>(
     if declared.is_some_and(|len| len > cap) {
         return Err(too_large());
     }
-    let bytes = match axum::body::to_bytes(body, cap).await {
-        Ok(bytes) => bytes,
-        Err(error) => {
+    let read = tokio::time::timeout(
+        limits.body_read_timeout.as_std(),
+        axum::body::to_bytes(body, cap),
+    );
+    let bytes = match read.await {
+        Err(_) => {
+            return Err(error_response((
+                StatusCode::REQUEST_TIMEOUT,
+                ErrorReply::new(
+                    "request_timeout",
+                    "the request body did not arrive within limits.body_read_timeout",
+                ),
+            )))
+        }
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(error)) => {
             let over_cap = std::error::Error::source(&error)
                 .is_some_and(|e| e.is::<http_body_util::LengthLimitError>());
             return Err(if over_cap {
@@ -153,6 +176,12 @@ pub(crate) async fn read_json<T: DeserializeOwned>(
             });
         }
     };
+    if let Err(reason) = wire::object_only(&bytes) {
+        return Err(error_response((
+            StatusCode::BAD_REQUEST,
+            ErrorReply::new("bad_request", format!("invalid JSON body: {reason}")),
+        )));
+    }
     serde_json::from_slice(&bytes).map_err(|error| {
         error_response((
             StatusCode::BAD_REQUEST,

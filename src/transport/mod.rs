@@ -5,6 +5,7 @@ pub mod admin;
 pub mod authz;
 pub mod grpc;
 pub mod http;
+pub mod path;
 pub mod serve;
 pub mod uds;
 pub mod wire;

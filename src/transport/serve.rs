@@ -1,7 +1,10 @@
 //! Serves a router on any listener (TCP or Unix socket) with a drain that is ours to end: on
 //! drain, stop accepting and let each connection finish its request; connections still open after
-//! the grace period are closed (axum's own `serve` cannot close them once spawned).
+//! the grace period are closed (axum's own `serve` cannot close them once spawned). At most
+//! `max_connections` are open at once: past it, accepting waits for one to close (the kernel's
+//! backlog holds the newcomers), so a flood of idle or stalled clients costs bounded memory.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::serve::Listener;
@@ -9,28 +12,38 @@ use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
 /// Longest a client may take to send a request's headers (slow clients hold a connection).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Serves `router` on `listener` until `drain` turns true; then waits up to `grace` for open
-/// connections to finish and closes the rest.
+/// Serves `router` on `listener` until `drain` turns true, with at most `max_connections` open;
+/// then waits up to `grace` for open connections to finish and closes the rest.
 pub async fn serve<L: Listener>(
     mut listener: L,
     router: Router,
     mut drain: watch::Receiver<bool>,
     grace: Duration,
+    max_connections: usize,
 ) {
     let mut connections = JoinSet::new();
+    let slots = Arc::new(Semaphore::new(max_connections));
     loop {
+        let slot = tokio::select! {
+            _ = drained(&mut drain) => break,
+            slot = slots.clone().acquire_owned() => slot,
+            // Reap finished connections so the set does not grow with the daemon's age.
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+        };
+        let Ok(slot) = slot else { break };
         tokio::select! {
             _ = drained(&mut drain) => break,
             (io, _) = listener.accept() => {
                 let service = TowerToHyperService::new(router.clone());
                 let mut drain = drain.clone();
                 connections.spawn(async move {
+                    let _slot = slot;
                     let conn = http1::Builder::new()
                         .timer(TokioTimer::new())
                         .header_read_timeout(HEADER_READ_TIMEOUT)

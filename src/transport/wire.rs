@@ -3,7 +3,9 @@
 
 use axum::http::header::{CACHE_CONTROL, RETRY_AFTER};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 use crate::check::{CheckError, CheckRequest, Mode, Outcome, Verdict};
 use crate::limit::{Descriptors, Micros};
@@ -15,8 +17,8 @@ pub struct CheckBody {
     /// Check only this policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<String>,
-    /// The request's attributes.
-    #[serde(default)]
+    /// The request's attributes; a name given twice is an error, not "the last one wins".
+    #[serde(default, deserialize_with = "unique_descriptors")]
     pub descriptors: Descriptors,
     /// Units to spend; 1 when absent.
     #[serde(default = "one")]
@@ -30,6 +32,39 @@ fn one() -> u64 {
     1
 }
 
+/// Reads a descriptor object, refusing a name given twice.
+fn unique_descriptors<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Descriptors, D::Error> {
+    struct Unique;
+    impl<'de> Visitor<'de> for Unique {
+        type Value = Descriptors;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object of descriptor names to string values")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Descriptors, A::Error> {
+            let mut descriptors = Descriptors::new();
+            while let Some((name, value)) = map.next_entry::<String, String>()? {
+                if descriptors.contains_key(&name) {
+                    return Err(serde::de::Error::custom(format_args!(
+                        "descriptor `{name}` given more than once"
+                    )));
+                }
+                descriptors.insert(name, value);
+            }
+            Ok(descriptors)
+        }
+    }
+    deserializer.deserialize_map(Unique)
+}
+
+/// Only a JSON object is a request: serde reads an array as the struct's fields by position
+/// (`["login", {...}, 1, false]`), which no client means.
+pub fn object_only(json: &[u8]) -> Result<(), &'static str> {
+    match json.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => Ok(()),
+        _ => Err("expected a JSON object"),
+    }
+}
+
 impl From<CheckBody> for CheckRequest {
     fn from(body: CheckBody) -> Self {
         Self {
@@ -41,13 +76,13 @@ impl From<CheckBody> for CheckRequest {
     }
 }
 
-/// `POST /v1/check/batch` body. Items stay raw JSON until [`BatchBody::requests`], so that an
-/// error can name the item.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+/// `POST /v1/check/batch` body. Items stay raw JSON text until [`BatchBody::requests`], so that
+/// an error can name the item (and duplicate names in an item are still seen).
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct BatchBody {
     /// Independent checks, answered in the same order.
-    pub checks: Vec<serde_json::Value>,
+    pub checks: Vec<Box<RawValue>>,
 }
 
 impl BatchBody {
@@ -57,7 +92,9 @@ impl BatchBody {
             .into_iter()
             .enumerate()
             .map(|(index, item)| {
-                serde_json::from_value::<CheckBody>(item)
+                object_only(item.get().as_bytes())
+                    .map_err(|error| format!("checks[{index}]: {error}"))?;
+                serde_json::from_str::<CheckBody>(item.get())
                     .map(Into::into)
                     .map_err(|error| format!("checks[{index}]: {error}"))
             })

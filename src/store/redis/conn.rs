@@ -343,16 +343,7 @@ pub fn describe(target: &RedisTarget) -> String {
 
 /// `redis://user:secret@host` -> `redis://user:***@host`, for every log line.
 pub fn mask_password(url: &str) -> String {
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return url.to_owned();
-    };
-    let rest = &url[scheme_end..];
-    let Some(at) = rest.rfind('@') else {
-        return url.to_owned();
-    };
-    let credentials = &rest[..at];
-    let user = credentials.split_once(':').map_or("", |(user, _)| user);
-    format!("{}{user}:***{}", &url[..scheme_end], &rest[at..])
+    crate::config::mask_url(url)
 }
 
 #[cfg(test)]
