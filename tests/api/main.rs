@@ -18,6 +18,7 @@ mod helpers;
 mod inject;
 mod k8s;
 mod kustomize;
+mod nginx;
 mod observability;
 mod policies;
 mod policy_layer;
