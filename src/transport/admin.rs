@@ -34,11 +34,32 @@ pub fn router(service: Arc<CheckService>, metrics: Metrics, ready: Arc<AtomicBoo
         .route("/metrics", get(render_metrics))
         .route("/v1/policies", get(policies))
         .route("/v1/explain", post(explain))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(AdminCtx {
             service,
             metrics,
             ready,
         })
+        .layer(axum::middleware::from_fn(super::request_caps::enforce))
+}
+
+async fn not_found() -> Response {
+    super::http::error_response((
+        StatusCode::NOT_FOUND,
+        ErrorReply::new(
+            "not_found",
+            "no such endpoint; the admin listener serves /livez, /readyz, /metrics, \
+             /v1/policies and POST /v1/explain",
+        ),
+    ))
+}
+
+async fn method_not_allowed() -> Response {
+    super::http::error_response((
+        StatusCode::METHOD_NOT_ALLOWED,
+        ErrorReply::new("method_not_allowed", "use GET (POST for /v1/explain)"),
+    ))
 }
 
 async fn livez() -> &'static str {

@@ -6,6 +6,7 @@ pub mod authz;
 pub mod grpc;
 pub mod http;
 pub mod path;
+pub mod request_caps;
 pub mod serve;
 pub mod uds;
 pub mod wire;

@@ -15,6 +15,8 @@ use hyper_util::service::TowerToHyperService;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
+use super::request_caps::{HYPER_MAX_BUF, HYPER_MAX_HEADERS};
+
 /// Longest a client may take to send a request's headers (slow clients hold a connection).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -47,6 +49,8 @@ pub async fn serve<L: Listener>(
                     let conn = http1::Builder::new()
                         .timer(TokioTimer::new())
                         .header_read_timeout(HEADER_READ_TIMEOUT)
+                        .max_buf_size(HYPER_MAX_BUF)
+                        .max_headers(HYPER_MAX_HEADERS)
                         .serve_connection(TokioIo::new(io), service);
                     tokio::pin!(conn);
                     tokio::select! {
