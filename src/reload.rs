@@ -29,6 +29,8 @@ pub struct Reloader {
     stamp: Option<FileStamp>,
     limits: FileLimits,
     allow_empty: bool,
+    /// Why the file could not be read last time, so each distinct failure is logged once.
+    unreadable: Option<String>,
 }
 
 impl Reloader {
@@ -54,6 +56,7 @@ impl Reloader {
             stamp: None,
             limits,
             allow_empty,
+            unreadable: None,
         }
     }
 
@@ -96,17 +99,20 @@ impl Reloader {
         let text = match read {
             Ok((text, stamp)) => {
                 self.stamp = Some(stamp);
+                self.unreadable = None;
                 text
             }
             Err(error) => {
                 self.stamp = None;
-                if forced || self.seen.is_some() {
-                    tracing::warn!(path = %self.path.display(), %error, "policy file unreadable; keeping the policies in force");
+                let reason = error.to_string();
+                if forced || self.unreadable.as_ref() != Some(&reason) {
+                    tracing::warn!(%error, "policy file unreadable; keeping the policies in force");
                     self.metrics
                         .policy_reloads
                         .with_label_values(&["invalid"])
                         .inc();
                 }
+                self.unreadable = Some(reason);
                 self.seen = None;
                 return;
             }

@@ -80,7 +80,7 @@ pub(super) fn service(
         );
         match &tenants.file {
             Some(path) => {
-                let source = FileTiers::new(path.clone(), tenants.refresh.as_std())
+                let source = FileTiers::new(path.clone(), tenants.refresh.as_std(), settings.files)
                     .map_err(|e| StartError::Config(format!("tenants.file: {e}")))?;
                 service.with_tenant_tiers(tiers(Arc::new(source), Duration::from_secs(1)))
             }

@@ -127,21 +127,20 @@ pub async fn read_async(
     path: PathBuf,
     limits: FileLimits,
 ) -> Result<(String, FileStamp), ReadError> {
-    let fallback = path.clone();
-    tokio::task::spawn_blocking(move || read(&path, &limits))
-        .await
-        .unwrap_or_else(|e| {
-            Err(ReadError {
-                path: fallback,
-                reason: format!("reader failed: {e}"),
-            })
-        })
+    off_thread(path, move |path| read(path, &limits)).await
 }
 
 /// [`stamp`] from async code, off the worker threads.
 pub async fn stamp_async(path: PathBuf, limits: FileLimits) -> Result<FileStamp, ReadError> {
+    off_thread(path, move |path| stamp(path, &limits)).await
+}
+
+async fn off_thread<T: Send + 'static>(
+    path: PathBuf,
+    work: impl FnOnce(&Path) -> Result<T, ReadError> + Send + 'static,
+) -> Result<T, ReadError> {
     let fallback = path.clone();
-    tokio::task::spawn_blocking(move || stamp(&path, &limits))
+    tokio::task::spawn_blocking(move || work(&path))
         .await
         .unwrap_or_else(|e| {
             Err(ReadError {

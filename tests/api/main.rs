@@ -35,6 +35,7 @@ mod redis_server;
 mod redis_store;
 mod redis_tls;
 mod redis_tls_topologies;
+mod reload_bounds;
 mod reload_signal;
 mod shutdown;
 mod tls_pki;
