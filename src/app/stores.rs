@@ -27,14 +27,17 @@ pub(super) fn service(
     clock: Arc<dyn Clock>,
     metrics: &Metrics,
 ) -> Result<(CheckService, Arc<MemoryStore>), StartError> {
-    let memory = Arc::new(MemoryStore::new(
-        settings.memory.max_keys,
-        clock,
-        Some(MemoryMetrics {
-            keys: metrics.memory_keys.clone(),
-            evictions: metrics.memory_evictions.clone(),
-        }),
-    ));
+    let memory = Arc::new(
+        MemoryStore::new(
+            settings.memory.max_keys,
+            clock,
+            Some(MemoryMetrics {
+                keys: metrics.memory_keys.clone(),
+                evictions: metrics.memory_evictions.clone(),
+            }),
+        )
+        .with_max_bytes(settings.memory.max_bytes),
+    );
     let local = LocalShare::new(
         memory.clone(),
         settings.local.replicas,

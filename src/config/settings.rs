@@ -228,12 +228,17 @@ impl Default for LocalSettings {
 pub struct MemorySettings {
     /// Most keys kept; past this, keys are evicted (soonest-to-expire of a sample).
     pub max_keys: usize,
+    /// Most bytes the keys may hold (estimated per key, sliding-log entries included); past
+    /// this, keys are evicted likewise. The default is half the 128 MiB memory limit that
+    /// `sluice inject` sets, so the sidecar is never OOM-killed by its own store.
+    pub max_bytes: usize,
 }
 
 impl Default for MemorySettings {
     fn default() -> Self {
         Self {
             max_keys: 1_000_000,
+            max_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -383,6 +388,7 @@ impl Settings {
             ("limits.max_descriptors", l.max_descriptors),
             ("limits.max_value_bytes", l.max_value_bytes),
             ("memory.max_keys", self.memory.max_keys),
+            ("memory.max_bytes", self.memory.max_bytes),
             ("redis.max_batch", redis.max_batch),
             ("redis.pipelines_in_flight", redis.pipelines_in_flight),
             ("redis.queue", redis.queue),

@@ -1,9 +1,10 @@
 //! The embedded store: counters in process memory, sharded so that checks on different keys do
-//! not contend, bounded in size, exact under concurrency.
+//! not contend, bounded in keys and in bytes, exact under concurrency.
 
 use std::collections::hash_map::{Entry, RandomState};
 use std::collections::HashMap;
 use std::hash::BuildHasher;
+use std::mem::size_of;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -12,6 +13,10 @@ use prometheus::{IntCounter, IntGauge};
 use super::{RateStore, StoreCheck, StoreFuture};
 use crate::clock::Clock;
 use crate::limit::{Decision, Key, Micros, State};
+
+/// What one key costs besides its own heap parts: the map entry, its control byte and the
+/// table's spare capacity (a hashbrown table is at most 7/8 full), rounded up.
+const ENTRY_OVERHEAD: usize = (size_of::<(Key, Slot)>() + 1) * 8 / 7 + 8;
 
 /// How many entries are looked at to pick an eviction victim when a shard is full.
 const EVICTION_SAMPLE: usize = 8;
@@ -28,6 +33,40 @@ struct Slot {
 struct Shard {
     slots: HashMap<Key, Slot>,
     last_purge: Micros,
+    /// Estimated bytes held by `slots` ([`slot_bytes`] summed).
+    bytes: usize,
+}
+
+/// Estimated bytes one key holds: the entry, its partition string and a sliding log's entries
+/// (allocator rounding included), so that the budget tracks what the process really uses.
+fn slot_bytes(key: &Key, slot: &Slot) -> usize {
+    let heap = |bytes: usize| {
+        if bytes == 0 {
+            0
+        } else {
+            bytes.next_multiple_of(16) + 16
+        }
+    };
+    let state = match &slot.state {
+        State::Log(log) => heap(log.entries.capacity() * size_of::<(Micros, u64)>()),
+        State::Bucket(_) | State::Window(_) => 0,
+    };
+    ENTRY_OVERHEAD + heap(key.partition().len()) + state
+}
+
+impl Shard {
+    /// Drops every slot idle at `now`, keeping `bytes` in step.
+    fn drop_idle(&mut self, now: Micros) {
+        let mut freed = 0;
+        self.slots.retain(|key, slot| {
+            let keep = slot.idle_at > now;
+            if !keep {
+                freed += slot_bytes(key, slot);
+            }
+            keep
+        });
+        self.bytes = self.bytes.saturating_sub(freed);
+    }
 }
 
 /// Metrics the memory store keeps up to date.
@@ -49,6 +88,8 @@ pub struct MemoryMetrics {
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     shard_capacity: usize,
+    /// Each shard's share of the byte budget.
+    shard_bytes: usize,
     hasher: RandomState,
     clock: Arc<dyn Clock>,
     metrics: Option<MemoryMetrics>,
@@ -62,10 +103,24 @@ impl MemoryStore {
         Self {
             shards: (0..shard_count).map(|_| Mutex::default()).collect(),
             shard_capacity: max_keys.div_ceil(shard_count),
+            shard_bytes: usize::MAX,
             hasher: RandomState::new(),
             clock,
             metrics,
         }
+    }
+
+    /// Also bounds the estimated bytes held to about `max_bytes` (a sliding log's key holds its
+    /// entries, so a key count alone does not bound memory): past it, keys are evicted as when
+    /// the key cap is reached.
+    pub fn with_max_bytes(mut self, max_bytes: usize) -> Self {
+        self.shard_bytes = (max_bytes / self.shards.len()).max(1);
+        self
+    }
+
+    /// Estimated bytes held by the keys (what `memory.max_bytes` bounds).
+    pub fn bytes(&self) -> usize {
+        (0..self.shards.len()).map(|i| self.lock(i).bytes).sum()
     }
 
     fn shard_of(&self, key: &Key) -> usize {
@@ -123,8 +178,12 @@ impl MemoryStore {
     fn admit(&self, shard: &mut Shard, check: &StoreCheck, now: Micros) {
         let is_new = !shard.slots.contains_key(&check.key);
         if is_new && shard.slots.len() >= self.shard_capacity {
-            self.make_room(shard, now);
+            self.evict_one(shard, now, None);
         }
+        let before = shard
+            .slots
+            .get_key_value(&check.key)
+            .map_or(0, |(key, slot)| slot_bytes(key, slot));
         let slot = match shard.slots.entry(check.key.clone()) {
             Entry::Occupied(entry) => {
                 let slot = entry.into_mut();
@@ -140,24 +199,37 @@ impl MemoryStore {
         };
         check.algorithm.admit(&mut slot.state, now, check.cost);
         slot.idle_at = check.algorithm.idle_at(&slot.state);
+        let after = slot_bytes(&check.key, slot);
+        shard.bytes = (shard.bytes + after).saturating_sub(before);
+        // Over the byte budget: evict others (never the key just admitted) until under it.
+        let mut tries = shard.slots.len();
+        while shard.bytes > self.shard_bytes && shard.slots.len() > 1 && tries > 0 {
+            tries -= 1;
+            self.evict_one(shard, now, Some(&check.key));
+        }
     }
 
-    fn make_room(&self, shard: &mut Shard, now: Micros) {
+    /// Makes room: purges idle keys (at most once a second), else evicts the soonest-to-expire
+    /// of a sample (sparing `keep`).
+    fn evict_one(&self, shard: &mut Shard, now: Micros, keep: Option<&Key>) {
         if now.saturating_sub(shard.last_purge) >= PURGE_INTERVAL_US {
             shard.last_purge = now;
-            shard.slots.retain(|_, slot| slot.idle_at > now);
-        }
-        if shard.slots.len() < self.shard_capacity {
-            return;
+            shard.drop_idle(now);
+            if shard.bytes <= self.shard_bytes && shard.slots.len() < self.shard_capacity {
+                return;
+            }
         }
         let victim = shard
             .slots
             .iter()
+            .filter(|(key, _)| Some(*key) != keep)
             .take(EVICTION_SAMPLE)
             .min_by_key(|(_, slot)| slot.idle_at)
             .map(|(key, _)| key.clone());
         if let Some(key) = victim {
-            shard.slots.remove(&key);
+            if let Some(slot) = shard.slots.remove(&key) {
+                shard.bytes = shard.bytes.saturating_sub(slot_bytes(&key, &slot));
+            }
             if let Some(metrics) = &self.metrics {
                 metrics.evictions.inc();
             }
@@ -170,7 +242,7 @@ impl MemoryStore {
         let mut remaining = 0;
         for index in 0..self.shards.len() {
             let mut shard = self.lock(index);
-            shard.slots.retain(|_, slot| slot.idle_at > now);
+            shard.drop_idle(now);
             remaining += shard.slots.len();
         }
         if let Some(metrics) = &self.metrics {

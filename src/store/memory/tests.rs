@@ -120,3 +120,45 @@ fn exact_under_concurrency() {
     let admitted: usize = threads.into_iter().map(|t| t.join().expect("thread")).sum();
     assert_eq!(admitted, 1_000, "4000 attempts against a limit of 1000");
 }
+
+#[test]
+fn a_byte_budget_bounds_memory_whatever_the_key_count() {
+    let (store, clock) = store(1_000_000);
+    let store = store.with_max_bytes(256 * 1024);
+    for i in 0..5_000 {
+        let value = format!("203.0.113.{i}");
+        for _ in 0..10 {
+            store.check_now(&[check("login", &value, log(100), true)], false);
+            clock.advance(1_000);
+        }
+    }
+    let held = store.bytes();
+    assert!(held <= 256 * 1024, "{held} bytes held");
+    assert!(store.len() < 5_000, "evicted by bytes, not by the key cap");
+    // The running estimate is the sum of the keys' estimates (nothing drifts).
+    let summed: usize = (0..store.shards.len())
+        .map(|i| {
+            let shard = store.lock(i);
+            shard
+                .slots
+                .iter()
+                .map(|(k, s)| slot_bytes(k, s))
+                .sum::<usize>()
+        })
+        .sum();
+    assert_eq!(held, summed);
+    // About what the issue measured for a login key (~231 B with a few entries).
+    let one = check("login", "198.51.100.7", log(10), true);
+    store.check_now(std::slice::from_ref(&one), false);
+    let shard = store.lock(store.shard_of(&one.key));
+    let (key, slot) = shard.slots.get_key_value(&one.key).expect("held");
+    let estimate = slot_bytes(key, slot);
+    assert!(
+        (150..=400).contains(&estimate),
+        "{estimate} bytes per login key"
+    );
+    drop(shard);
+    clock.advance(3_600 * SECOND);
+    store.sweep();
+    assert_eq!(store.bytes(), 0, "sweeping returns the bytes");
+}
