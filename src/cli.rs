@@ -77,12 +77,12 @@ struct CheckArgs {
     /// Evaluate without spending.
     #[arg(long)]
     dry_run: bool,
-    /// Daemon's Unix socket (default: from settings).
+    /// Daemon's Unix socket (default: $SLUICE_SOCKET, else $SLUICE_URL, else from settings).
     #[arg(long, conflicts_with = "http")]
     socket: Option<PathBuf>,
-    /// Daemon's TCP address, e.g. 127.0.0.1:7070.
-    #[arg(long)]
-    http: Option<std::net::SocketAddr>,
+    /// Daemon's TCP address: http://127.0.0.1:7070, 127.0.0.1:7070 or localhost:7070.
+    #[arg(long, alias = "url", value_parser = Target::parse_http)]
+    http: Option<Target>,
     /// Settings file used to find the daemon when neither --socket nor --http is given.
     #[arg(long, short, env = "SLUICE_CONFIG")]
     config: Option<PathBuf>,
@@ -91,9 +91,20 @@ struct CheckArgs {
     json: bool,
 }
 
-/// Parses the command line and runs the command.
+/// Parses the command line and runs the command. A usage error exits 64 (2 means "limiter
+/// unavailable" in `sluice check`'s contract).
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            let _ = error.print();
+            return if error.use_stderr() {
+                ExitCode::from(EXIT_CONFIG)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
     match cli.command {
         Command::Serve { config } => serve(config.as_deref()),
         Command::Check(args) => check(args),
@@ -185,13 +196,9 @@ fn check(args: CheckArgs) -> ExitCode {
         };
         descriptors.insert(name.to_owned(), value.to_owned());
     }
-    let target = match (&args.socket, args.http) {
-        (Some(path), _) => Target::Unix(path.clone()),
-        (None, Some(addr)) => Target::Tcp(addr),
-        (None, None) => match default_target(args.config.as_deref()) {
-            Ok(target) => target,
-            Err(error) => return fail(EXIT_CONFIG, error),
-        },
+    let target = match target(&args) {
+        Ok(target) => target,
+        Err(error) => return fail(EXIT_CONFIG, error),
     };
     let body = CheckBody {
         policy: args.policy,
@@ -229,6 +236,25 @@ fn check(args: CheckArgs) -> ExitCode {
         503 => ExitCode::from(2),
         _ => ExitCode::from(EXIT_CONFIG),
     }
+}
+
+/// The daemon to ask, in the order every client of sluice uses: `--socket`, `--http`/`--url`,
+/// `SLUICE_SOCKET`, `SLUICE_URL` (what `sluice inject` sets), then the settings file.
+fn target(args: &CheckArgs) -> Result<Target, String> {
+    if let Some(path) = &args.socket {
+        return Ok(Target::Unix(path.clone()));
+    }
+    if let Some(target) = &args.http {
+        return Ok(target.clone());
+    }
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    if let Some(path) = env("SLUICE_SOCKET") {
+        return Ok(Target::Unix(PathBuf::from(path)));
+    }
+    if let Some(url) = env("SLUICE_URL") {
+        return Target::parse_http(&url).map_err(|e| format!("SLUICE_URL: {e}"));
+    }
+    default_target(args.config.as_deref())
 }
 
 fn default_target(config: Option<&Path>) -> Result<Target, String> {

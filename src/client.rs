@@ -29,6 +29,40 @@ impl std::fmt::Display for Target {
     }
 }
 
+impl Target {
+    /// A TCP address as every client of sluice writes it (the CLI, the examples,
+    /// `SLUICE_URL`): `http://127.0.0.1:7070`, `127.0.0.1:7070`, `localhost:7070`, `[::1]:7070`,
+    /// with or without a trailing `/`. No TLS (sluice serves plain HTTP on loopback), no path.
+    pub fn parse_http(text: &str) -> Result<Self, String> {
+        use std::net::ToSocketAddrs;
+        let bad =
+            |why: &str| format!("{text:?} is not an address such as http://127.0.0.1:7070: {why}");
+        let rest = match text.split_once("://") {
+            None => text,
+            Some(("http", rest)) => rest,
+            Some((scheme, _)) => return Err(bad(&format!("scheme {scheme} (only http)"))),
+        };
+        let authority = rest.strip_suffix('/').unwrap_or(rest);
+        if authority.contains(['/', '?', '#', '@']) {
+            return Err(bad("a path, query or user is not part of an address"));
+        }
+        if let Ok(addr) = authority.parse::<SocketAddr>() {
+            return Ok(Self::Tcp(addr));
+        }
+        let (host, port) = authority.rsplit_once(':').ok_or_else(|| bad("no port"))?;
+        let port: u16 = port.parse().map_err(|_| bad("the port is not a number"))?;
+        if host.is_empty() {
+            return Err(bad("no host"));
+        }
+        (host, port)
+            .to_socket_addrs()
+            .map_err(|e| bad(&e.to_string()))?
+            .next()
+            .map(Self::Tcp)
+            .ok_or_else(|| bad("the host has no address"))
+    }
+}
+
 /// The daemon could not be reached or the exchange broke.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {

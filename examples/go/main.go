@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -116,11 +117,18 @@ func main() {
 	cost := flag.Uint64("cost", 1, "units to spend")
 	dryRun := flag.Bool("dry-run", false, "evaluate without spending")
 	flag.Var(descriptors, "d", "descriptor NAME=VALUE (repeatable)")
-	flag.Parse()
+	// A usage error exits 64: 1 and 2 mean denied and unavailable.
+	flag.CommandLine.Init(os.Args[0], flag.ContinueOnError)
+	if err := flag.CommandLine.Parse(os.Args[1:]); err != nil {
+		usage(err.Error())
+	}
 	urlGiven := false
 	flag.Visit(func(f *flag.Flag) { urlGiven = urlGiven || f.Name == "url" })
 	if urlGiven {
 		*socketPath = ""
+	}
+	if *socketPath == "" {
+		*baseURL = parseURL(*baseURL)
 	}
 
 	client := NewClient(*socketPath, *baseURL)
@@ -145,6 +153,24 @@ func main() {
 		fmt.Fprintf(os.Stderr, "error %d: %s: %s\n", status, answer.Error, answer.Reason)
 		os.Exit(64)
 	}
+}
+
+func usage(message string) {
+	fmt.Fprintf(os.Stderr, "usage error: %s\n", message)
+	os.Exit(64)
+}
+
+// parseURL accepts http://127.0.0.1:7070, 127.0.0.1:7070 or localhost:7070.
+func parseURL(text string) string {
+	full := text
+	if !strings.Contains(text, "://") {
+		full = "http://" + text
+	}
+	u, err := url.Parse(full)
+	if err != nil || u.Scheme != "http" || u.Hostname() == "" || u.Port() == "" || (u.Path != "" && u.Path != "/") {
+		usage(fmt.Sprintf("-url %q is not an address such as http://127.0.0.1:7070", text))
+	}
+	return "http://" + u.Host
 }
 
 func deref(p *uint64) uint64 {

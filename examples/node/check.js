@@ -45,26 +45,49 @@ function check(target, body, timeoutMs = 500) {
   });
 }
 
+/** http://127.0.0.1:7070, 127.0.0.1:7070 or localhost:7070; null when it is not an address. */
+function parseUrl(text) {
+  try {
+    const url = new URL(text.includes('://') ? text : `http://${text}`);
+    const ok = url.protocol === 'http:' && url.hostname && url.port && ['', '/'].includes(url.pathname);
+    return ok ? url : null;
+  } catch {
+    return null;
+  }
+}
+
 async function main(argv) {
+  // A usage error exits 64: 1 and 2 mean denied and unavailable.
+  const usage = (message) => { console.error(`usage error: ${message}`); return 64; };
   let socketPath = process.env.SLUICE_SOCKET;
-  let url = new URL(process.env.SLUICE_URL || 'http://127.0.0.1:7070');
+  let urlText = process.env.SLUICE_URL || 'http://127.0.0.1:7070';
   const body = { descriptors: {}, cost: 1, dry_run: false };
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i];
-    if (arg === '--socket') socketPath = argv[++i];
-    else if (arg === '--url') { url = new URL(argv[++i]); socketPath = undefined; }
-    else if (arg === '--policy') body.policy = argv[++i];
-    else if (arg === '--cost') body.cost = Number(argv[++i]);
-    else if (arg === '--dry-run') body.dry_run = true;
-    else if (arg === '-d' || arg === '--descriptor') {
-      const pair = argv[++i];
-      const at = pair.indexOf('=');
-      body.descriptors[pair.slice(0, at)] = pair.slice(at + 1);
-    } else {
-      console.error(`unknown argument ${arg}`);
-      return 64;
+    const value = () => {
+      if (i + 1 >= argv.length) throw new Error(`${arg} needs a value`);
+      return argv[++i];
+    };
+    try {
+      if (arg === '--socket') socketPath = value();
+      else if (arg === '--url') { urlText = value(); socketPath = undefined; }
+      else if (arg === '--policy') body.policy = value();
+      else if (arg === '--cost') body.cost = Number(value());
+      else if (arg === '--dry-run') body.dry_run = true;
+      else if (arg === '-d' || arg === '--descriptor') {
+        const pair = value();
+        const at = pair.indexOf('=');
+        if (at < 0) return usage(`descriptor ${pair} is not NAME=VALUE`);
+        body.descriptors[pair.slice(0, at)] = pair.slice(at + 1);
+      } else {
+        return usage(`unknown argument ${arg}`);
+      }
+    } catch (error) {
+      return usage(error.message);
     }
   }
+  const url = socketPath ? null : parseUrl(urlText);
+  if (!socketPath && !url) return usage(`--url ${urlText} is not an address such as http://127.0.0.1:7070`);
   let reply;
   try {
     reply = await check(socketPath ? { socketPath } : { url }, body);

@@ -58,8 +58,38 @@ class Sluice:
         return response.status, json.loads(response.read() or b"{}"), dict(response.getheaders())
 
 
+class UsageError(Exception):
+    """A bad flag or value: exit 64, since 1 and 2 mean denied and unavailable."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def parse_url(text):
+    """http://127.0.0.1:7070, 127.0.0.1:7070 or localhost:7070 -> a URL http.client can use."""
+    url = text if "://" in text else "http://" + text
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "http" or not parts.hostname or port is None or parts.path not in ("", "/"):
+        raise UsageError(f"--url {text!r} is not an address such as http://127.0.0.1:7070")
+    return url
+
+
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    try:
+        return run()
+    except UsageError as error:
+        print(f"usage error: {error}", file=sys.stderr)
+        return 64
+
+
+def run():
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--socket", default=os.environ.get("SLUICE_SOCKET"), help="daemon's Unix socket")
     parser.add_argument("--url", default=os.environ.get("SLUICE_URL", "http://127.0.0.1:7070"), help="daemon's TCP address")
     parser.add_argument("--policy", help="check only this policy")
@@ -67,10 +97,13 @@ def main():
     parser.add_argument("--cost", type=int, default=1)
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args()
+    if any("=" not in pair for pair in args.descriptor):
+        raise UsageError("a descriptor is NAME=VALUE")
     descriptors = dict(pair.split("=", 1) for pair in args.descriptor)
     # --url given explicitly wins over a SLUICE_SOCKET from the environment.
     use_socket = args.socket if "--url" not in sys.argv else None
-    client = Sluice(socket_path=use_socket, url=args.url)
+    url = parse_url(args.url) if not use_socket else None
+    client = Sluice(socket_path=use_socket, url=url)
     try:
         status, answer, headers = client.check(descriptors, args.policy, args.cost, args.dry_run)
     except OSError as error:

@@ -132,11 +132,11 @@ async fn curl_example_asks_over_socket_and_tcp() {
     assert_eq!(unreachable.code, Some(69), "{unreachable:?}");
 }
 
-/// Builds the Go example (stdlib only: no module download) and runs it like the others. Skipped
-/// without a Go toolchain, which CI does not install.
+/// Builds the Go example (stdlib only: no module download) and runs it like the others; usage
+/// errors exit 64. CI installs Go (`.ci/run`); elsewhere the test is skipped without it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn go_example_builds_and_asks_over_socket_and_tcp() {
-    if !tools::optional("go") {
+    if !tools::required("go") {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
@@ -166,4 +166,14 @@ async fn go_example_builds_and_asks_over_socket_and_tcp() {
     );
     let program = binary.display().to_string();
     scenario(&program, &[], "-socket", "-url").await;
+    for bad in [
+        &["-url", "not a url"][..],
+        &["-url", "https://127.0.0.1:7070"],
+        &["-no-such-flag"],
+        &["-d", "ip"],
+    ] {
+        let out = run_async(example(&program, bad)).await;
+        assert_eq!(out.code, Some(64), "{bad:?}: {out:?}");
+        assert!(out.stderr.contains("usage"), "{bad:?}: {out:?}");
+    }
 }

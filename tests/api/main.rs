@@ -14,6 +14,7 @@ mod grpc_envoy_config;
 mod grpc_envoy_example;
 mod grpc_redis;
 mod grpc_stock_client;
+mod first_hour;
 mod hardening;
 mod helpers;
 mod hostile_client;

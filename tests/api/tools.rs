@@ -1,4 +1,4 @@
-//! External programs some tests need (python3, node, curl, kubernetes-validate, kubectl, go):
+//! External programs some tests need (python3, node, curl, go, nginx, kubectl, kubernetes-validate):
 //! found on PATH, or the test is skipped with a printed reason; under CI (`CI` set) a required
 //! one that is missing fails the test instead, since `.ci/run` installs them.
 
@@ -23,15 +23,6 @@ pub fn required(program: &str) -> bool {
     }
     eprintln!("SKIPPED: {program} is not on PATH (CI installs it; see .ci/run)");
     false
-}
-
-/// Whether an optional program is here (printing a note when it is not).
-pub fn optional(program: &str) -> bool {
-    let found = which(program).is_some();
-    if !found {
-        eprintln!("note: {program} is not on PATH; the part of this test that needs it is skipped");
-    }
-    found
 }
 
 /// Whether `python3 -m MODULE` works (kubernetes-validate is used that way, so no PATH shim is

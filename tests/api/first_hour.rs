@@ -1,0 +1,124 @@
+//! A new user's first hour: the CLI and the client examples take one address convention
+//! (`http://127.0.0.1:7070`, `127.0.0.1:7070`, `localhost:7070`, `SLUICE_SOCKET`, `SLUICE_URL`),
+//! and a usage error exits 64 with a message, never 1 or 2 (denied, unavailable) or a trace.
+
+use std::process::Command;
+
+use sluice::client::Target;
+
+use crate::helpers::{repo_root, run_async, sluice_command, spawn_app};
+use crate::tools;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_takes_every_address_form_and_the_environment() {
+    let app = spawn_app().await;
+    let Target::Tcp(addr) = app.tcp.clone() else {
+        unreachable!()
+    };
+    let port = addr.port();
+    let cwd = app.dir.path().to_owned();
+    let ask = |extra: &[&str]| {
+        let mut args = vec!["check", "-p", "login", "-d", "ip=192.0.2.77"];
+        args.extend_from_slice(extra);
+        sluice_command(&cwd, &args)
+    };
+    for address in [
+        format!("http://127.0.0.1:{port}"),
+        format!("http://127.0.0.1:{port}/"),
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+    ] {
+        for flag in ["--http", "--url"] {
+            let out = run_async(ask(&[flag, &address])).await;
+            assert_eq!(out.code, Some(0), "{flag} {address}: {out:?}");
+        }
+    }
+    let mut command = ask(&[]);
+    command.env("SLUICE_URL", format!("http://localhost:{port}"));
+    let out = run_async(command).await;
+    assert_eq!(out.code, Some(0), "SLUICE_URL: {out:?}");
+    let mut command = ask(&[]);
+    command.env("SLUICE_SOCKET", app.socket_path());
+    command.env("SLUICE_URL", "http://127.0.0.1:1");
+    let out = run_async(command).await;
+    assert_eq!(
+        out.code,
+        Some(0),
+        "SLUICE_SOCKET before SLUICE_URL: {out:?}"
+    );
+
+    for bad in [
+        &["--http", "https://127.0.0.1:7070"][..],
+        &["--http", "127.0.0.1"],
+        &["--http", "http://127.0.0.1:7070/v1/check"],
+        &["--no-such-flag"],
+        &["--cost", "many"],
+    ] {
+        let out = run_async(ask(bad)).await;
+        assert_eq!(out.code, Some(64), "{bad:?}: {out:?}");
+        assert!(!out.stderr.is_empty(), "{bad:?}: says why");
+    }
+    let out = run_async(sluice_command(&repo_root(), &["--help"])).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+}
+
+fn example(program: &str, args: &[&str]) -> Command {
+    let mut command = Command::new(program);
+    command.args(args).current_dir(repo_root());
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("SLUICE_") {
+            command.env_remove(&name);
+        }
+    }
+    command
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_examples_take_the_same_addresses_and_exit_64_on_usage_errors() {
+    let app = spawn_app().await;
+    let Target::Tcp(addr) = app.tcp.clone() else {
+        unreachable!()
+    };
+    let port = addr.port();
+    for (program, script) in [
+        ("python3", "examples/python/check.py"),
+        ("node", "examples/node/check.js"),
+    ] {
+        if !tools::required(program) {
+            continue;
+        }
+        for address in [format!("127.0.0.1:{port}"), format!("localhost:{port}")] {
+            let args = [
+                script,
+                "--url",
+                &address,
+                "-d",
+                "ip=192.0.2.78",
+                "--policy",
+                "login",
+            ];
+            let out = run_async(example(program, &args)).await;
+            assert_eq!(out.code, Some(0), "{program} {address}: {out:?}");
+        }
+        for bad in [
+            &["--url", "not a url"][..],
+            &["--url", "https://127.0.0.1:7070"],
+            &["--url", "http://127.0.0.1"],
+            &["--no-such-flag"],
+            &["-d", "ip"],
+            &["--url"],
+        ] {
+            let out = run_async(example(program, &[&[script][..], bad].concat())).await;
+            assert_eq!(out.code, Some(64), "{program} {bad:?}: {out:?}");
+            assert!(out.stderr.contains("usage"), "{program} {bad:?}: {out:?}");
+            assert!(
+                !out.stderr.contains("Traceback"),
+                "{program} {bad:?}: {out:?}"
+            );
+            assert!(
+                !out.stderr.contains("    at "),
+                "{program} {bad:?}: {out:?}"
+            );
+        }
+    }
+}
