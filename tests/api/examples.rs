@@ -23,7 +23,7 @@ fn tcp_url(app: &TestApp) -> String {
 }
 
 /// A command for an example, with no inherited SLUICE_* variables.
-fn example(program: &str, args: &[&str]) -> Command {
+pub fn example(program: &str, args: &[&str]) -> Command {
     let mut command = Command::new(program);
     command.args(args).current_dir(repo_root());
     for (name, _) in std::env::vars_os() {

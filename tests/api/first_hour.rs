@@ -2,10 +2,9 @@
 //! (`http://127.0.0.1:7070`, `127.0.0.1:7070`, `localhost:7070`, `SLUICE_SOCKET`, `SLUICE_URL`),
 //! and a usage error exits 64 with a message, never 1 or 2 (denied, unavailable) or a trace.
 
-use std::process::Command;
-
 use sluice::client::Target;
 
+use crate::examples::example;
 use crate::helpers::{repo_root, run_async, sluice_command, spawn_app};
 use crate::tools;
 
@@ -60,17 +59,6 @@ async fn the_cli_takes_every_address_form_and_the_environment() {
     }
     let out = run_async(sluice_command(&repo_root(), &["--help"])).await;
     assert_eq!(out.code, Some(0), "{out:?}");
-}
-
-fn example(program: &str, args: &[&str]) -> Command {
-    let mut command = Command::new(program);
-    command.args(args).current_dir(repo_root());
-    for (name, _) in std::env::vars_os() {
-        if name.to_string_lossy().starts_with("SLUICE_") {
-            command.env_remove(&name);
-        }
-    }
-    command
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
