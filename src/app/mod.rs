@@ -92,7 +92,7 @@ impl App {
             .map_err(|e| StartError::Config(e.to_string()))?;
         let metrics = Metrics::new();
         let (service, memory) = stores::service(settings, policies, clock, &metrics)?;
-        let service = Arc::new(service);
+        let service = Arc::new(service.with_unmatched_log(settings.log.unmatched));
         let bind_err = |what: &str, target: &dyn std::fmt::Display, e: std::io::Error| {
             StartError::Bind(format!("cannot bind {what} {target}: {e}"))
         };

@@ -10,6 +10,7 @@ mod hot_keys;
 mod plan;
 mod request;
 mod shadow_log;
+mod unmatched;
 mod verdict;
 
 use std::sync::{Arc, RwLock};
@@ -48,6 +49,7 @@ pub struct CheckService {
     tiers: Option<TenantTiers>,
     hot: Option<HotKeys>,
     shadow_log: shadow_log::ShadowLog,
+    unmatched: unmatched::Unmatched,
     limits: RequestLimits,
     metrics: Metrics,
 }
@@ -68,6 +70,7 @@ impl CheckService {
             tiers: None,
             hot: None,
             shadow_log: shadow_log::ShadowLog::new(),
+            unmatched: unmatched::Unmatched::new(false),
             limits,
             metrics,
         };
@@ -78,6 +81,12 @@ impl CheckService {
     /// Consults `tiers` for tenants' tiers.
     pub fn with_tenant_tiers(mut self, tiers: TenantTiers) -> Self {
         self.tiers = Some(tiers);
+        self
+    }
+
+    /// Logs a warn line (rate-limited) when a check matches no policy.
+    pub fn with_unmatched_log(mut self, log: bool) -> Self {
+        self.unmatched = unmatched::Unmatched::new(log);
         self
     }
 
@@ -99,6 +108,7 @@ impl CheckService {
             .policies_loaded
             .set(i64::try_from(policies.len()).unwrap_or(i64::MAX));
         // Every policy's outcome series exists from the start, so rate() sees the first one.
+        unmatched::Unmatched::register(&self.metrics);
         for policy in policies.iter() {
             for outcome in OUTCOMES {
                 self.metrics
@@ -133,6 +143,7 @@ impl CheckService {
     /// Checks one request.
     pub async fn check(&self, request: &CheckRequest) -> Result<Verdict, CheckError> {
         let planned = self.plan(&self.policies(), request).await?;
+        self.note_unmatched(request, &planned);
         Ok(self.run(request.dry_run, planned).await)
     }
 
@@ -157,9 +168,16 @@ impl CheckService {
         }
         let mut verdicts = Vec::with_capacity(plans.len());
         for (request, planned) in requests.iter().zip(plans) {
+            self.note_unmatched(request, &planned);
             verdicts.push(self.run(request.dry_run, planned).await);
         }
         Ok(verdicts)
+    }
+
+    fn note_unmatched(&self, request: &CheckRequest, planned: &[Planned]) {
+        if planned.is_empty() && !request.dry_run {
+            self.unmatched.note(&self.metrics, request);
+        }
     }
 
     async fn plan(

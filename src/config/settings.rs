@@ -285,6 +285,9 @@ pub struct LogSettings {
     pub format: LogFormat,
     /// A tracing filter such as `info` or `sluice=debug`; `RUST_LOG` overrides it.
     pub level: String,
+    /// Log a warn line (at most one per 10 s) when a check matches no policy; such checks are
+    /// always counted (`sluice_decisions_total{outcome="unmatched"}`).
+    pub unmatched: bool,
 }
 
 impl Default for LogSettings {
@@ -292,6 +295,7 @@ impl Default for LogSettings {
         Self {
             format: LogFormat::Text,
             level: "info".into(),
+            unmatched: false,
         }
     }
 }

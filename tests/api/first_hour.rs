@@ -110,3 +110,30 @@ async fn the_examples_take_the_same_addresses_and_exit_64_on_usage_errors() {
         }
     }
 }
+
+/// A check that matches no policy is allowed, and counted where an operator looks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unmatched_traffic_is_counted() {
+    let app = spawn_app().await;
+    let unmatched = |metrics: &str| {
+        crate::helpers::metric_value(
+            metrics,
+            "sluice_decisions_total",
+            &[("policy", ""), ("outcome", "unmatched")],
+        )
+    };
+    assert_eq!(unmatched(&app.metrics().await), 0.0);
+    let body = serde_json::json!({"descriptors": {"path": "/LOGIN", "ip": "192.0.2.79"}});
+    let reply = app.check_tcp(&body).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(
+        crate::helpers::json_of(&reply)["policy"],
+        serde_json::Value::Null
+    );
+    app.dry_run(&body).await;
+    assert_eq!(
+        unmatched(&app.metrics().await),
+        1.0,
+        "counted once, dry run not"
+    );
+}
