@@ -22,7 +22,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::PolicyFileError;
+use super::{PolicyFileError, Problem};
 use crate::limit::Pattern;
 
 /// Pseudo-descriptor carrying a gRPC request's `domain`; a policy's `domain` matches on it.
@@ -125,9 +125,9 @@ pub(crate) fn domain_condition(
 /// Reads an envoyproxy/ratelimit file and returns the equivalent policy file, validated, with a
 /// header naming its source (`sluice config convert`).
 pub fn convert_file(path: &Path) -> Result<String, PolicyFileError> {
-    let fail = |problems| PolicyFileError {
+    let fail = |problems: Vec<String>| PolicyFileError {
         file: path.to_owned(),
-        problems,
+        problems: problems.into_iter().map(Problem::from).collect(),
     };
     let text =
         std::fs::read_to_string(path).map_err(|e| fail(vec![format!("cannot read: {e}")]))?;

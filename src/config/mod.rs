@@ -11,13 +11,14 @@ mod policies;
 mod redact;
 mod redis_settings;
 mod settings;
+mod yaml_lines;
 
 pub use authz_settings::{AuthzSettings, ControlHeader, OriginalFrom};
 pub use bounded_read::FileLimits;
 pub use duration::{parse_duration, HumanDuration};
 pub use envoy_settings::EnvoySettings;
 pub use policies::policy_file_version;
-pub use policies::{load_policies, parse_policies, PolicyFileError};
+pub use policies::{load_policies, parse_policies, PolicyFileError, Problem};
 pub use redact::mask_url;
 pub use redis_settings::{BreakerSettings, RedisSettings, SentinelSettings, TlsSettings};
 pub use settings::{

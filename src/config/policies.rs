@@ -30,8 +30,30 @@ pub const MAX_PERIOD_US: u64 = 365 * 86_400_000_000;
 pub struct PolicyFileError {
     /// The file at fault.
     pub file: PathBuf,
-    /// One line per problem: `policy `x`: field `y`: reason`.
-    pub problems: Vec<String>,
+    /// Every problem: `policy `x`: field `y`: reason`, with its line where known.
+    pub problems: Vec<Problem>,
+}
+
+/// One problem in a policy file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// 1-based line of the field (or of its policy) when the file's layout shows it.
+    pub line: Option<usize>,
+    /// What is wrong: `policy `x`: field `y`: reason`.
+    pub message: String,
+}
+
+impl Problem {
+    fn at(line: Option<usize>, message: String) -> Self {
+        Self { line, message }
+    }
+}
+
+/// A problem without a line.
+impl From<String> for Problem {
+    fn from(message: String) -> Self {
+        Self::at(None, message)
+    }
 }
 
 impl fmt::Display for PolicyFileError {
@@ -40,7 +62,10 @@ impl fmt::Display for PolicyFileError {
             if i > 0 {
                 writeln!(f)?;
             }
-            write!(f, "{}: {problem}", self.file.display())?;
+            match problem.line {
+                Some(line) => write!(f, "{}:{line}: {}", self.file.display(), problem.message)?,
+                None => write!(f, "{}: {}", self.file.display(), problem.message)?,
+            }
         }
         Ok(())
     }
@@ -51,7 +76,9 @@ impl std::error::Error for PolicyFileError {}
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawFile {
-    policies: Vec<RawPolicy>,
+    /// Each policy stays a YAML value until it is read on its own, so that one bad policy does
+    /// not hide the others' problems.
+    policies: Vec<serde_yaml::Value>,
 }
 
 #[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
@@ -147,39 +174,62 @@ pub fn load_policies(
 ) -> Result<(PolicySet, u32), PolicyFileError> {
     let (text, _) = super::bounded_read::read(path, limits).map_err(|e| PolicyFileError {
         file: path.to_owned(),
-        problems: vec![format!("cannot read: {}", e.reason)],
+        problems: vec![Problem::at(None, format!("cannot read: {}", e.reason))],
     })?;
     Ok((parse_policies(path, &text)?, policy_file_version(&text)))
 }
 
-/// Validates policy YAML `text`; `path` only names the file in errors.
+/// Validates policy YAML `text`; `path` only names the file in errors. Every policy is read and
+/// checked on its own and every problem reported, each with the line of its field (or policy).
 pub fn parse_policies(path: &Path, text: &str) -> Result<PolicySet, PolicyFileError> {
     let fail = |problems| PolicyFileError {
         file: path.to_owned(),
         problems,
     };
     if super::envoy::is_envoy_config(text) {
-        let converted = super::envoy::convert(text).map_err(fail)?;
+        let converted = super::envoy::convert(text)
+            .map_err(|messages| fail(messages.into_iter().map(Problem::from).collect()))?;
         return parse_policies(path, &converted);
     }
-    let raw: RawFile = serde_yaml::from_str(text).map_err(|e| fail(vec![e.to_string()]))?;
+    let raw: RawFile = serde_yaml::from_str(text).map_err(|e| {
+        let line = e.location().map(|l| l.line());
+        fail(vec![Problem::at(line, e.to_string())])
+    })?;
+    let lines = super::yaml_lines::PolicyLines::new(text, raw.policies.len());
     let mut problems = Vec::new();
     let mut policies = Vec::new();
-    for (index, raw_policy) in raw.policies.into_iter().enumerate() {
-        let label = if raw_policy.name.is_empty() {
+    for (index, value) in raw.policies.into_iter().enumerate() {
+        let name = value.get("name").and_then(|n| n.as_str()).unwrap_or("");
+        let label = if name.is_empty() {
             format!("policy #{}", index + 1)
         } else {
-            format!("policy `{}`", raw_policy.name)
+            format!("policy `{name}`")
+        };
+        let raw_policy = match serde_yaml::from_value::<RawPolicy>(value) {
+            Ok(raw_policy) => raw_policy,
+            Err(error) => {
+                let message = error.to_string();
+                let field = quoted_field(&message);
+                let line = field.map_or(lines.policy(index), |f| lines.field(index, f));
+                problems.push(Problem::at(line, format!("{label}: {message}")));
+                continue;
+            }
         };
         match build_policy(raw_policy) {
             Ok(policy) => policies.push(policy),
-            Err((field, reason)) => problems.push(format!("{label}: field `{field}`: {reason}")),
+            Err(errors) => problems.extend(errors.into_iter().map(|(field, reason)| {
+                Problem::at(
+                    lines.field(index, field),
+                    format!("{label}: field `{field}`: {reason}"),
+                )
+            })),
         }
     }
     if problems.is_empty() {
         PolicySet::new(policies).map_err(|name| {
-            fail(vec![format!(
-                "policy `{name}`: field `name`: defined more than once"
+            fail(vec![Problem::at(
+                None,
+                format!("policy `{name}`: field `name`: defined more than once"),
             )])
         })
     } else {
@@ -187,62 +237,81 @@ pub fn parse_policies(path: &Path, text: &str) -> Result<PolicySet, PolicyFileEr
     }
 }
 
+/// The field a serde message is about (`unknown field `colour``, `missing field `key``).
+fn quoted_field(message: &str) -> Option<&str> {
+    let start = message.find('`')? + 1;
+    let len = message[start..].find('`')?;
+    Some(&message[start..start + len])
+}
+
 type FieldError = (&'static str, String);
 
 /// Longest store deadline a policy may set: past this a check is no longer "fast".
 pub const MAX_TIMEOUT_US: u64 = 10_000_000;
 
-fn build_policy(raw: RawPolicy) -> Result<Policy, FieldError> {
+/// Builds one policy, or every problem found in it (each field checked on its own).
+fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldError>> {
+    let mut problems = Vec::new();
     if let Some(timeout) = raw.timeout {
         if timeout.0 == 0 || timeout.0 > MAX_TIMEOUT_US {
-            return Err((
+            problems.push((
                 "timeout",
                 format!("must be above 0 and at most 10s, got {timeout}"),
             ));
         }
     }
-    let algorithm = build_algorithm(raw.algorithm, raw.limit, raw.period, raw.burst)?;
-    let tiers = match &raw.tiers {
-        None => None,
-        Some(tiers) => {
-            let mut levels = BTreeMap::new();
-            for (tier, level) in &tiers.levels {
-                let (limit, burst) = tier_quota(&raw, tier, level)?;
-                let algo = build_algorithm(raw.algorithm, limit, raw.period, burst).map_err(
+    let algorithm = build_algorithm(raw.algorithm, raw.limit, raw.period, raw.burst)
+        .map_err(|e| problems.push(e))
+        .ok();
+    let tiers = raw.tiers.as_ref().map(|tiers| {
+        let mut levels = BTreeMap::new();
+        for (tier, level) in &tiers.levels {
+            let built = tier_quota(&raw, tier, level).and_then(|(limit, burst)| {
+                build_algorithm(raw.algorithm, limit, raw.period, burst).map_err(
                     |(field, reason)| ("tiers", format!("tier `{tier}`: {field}: {reason}")),
-                )?;
-                levels.insert(tier.clone(), algo);
+                )
+            });
+            match built {
+                Ok(algo) => {
+                    levels.insert(tier.clone(), algo);
+                }
+                Err(problem) => problems.push(problem),
             }
-            Some(Tiers {
-                descriptor: tiers.descriptor.clone(),
-                levels,
-            })
         }
-    };
-    let mut conditions = raw
-        .conditions
-        .into_iter()
-        .map(|(name, text)| Pattern::parse(&text).map(|pattern| (name, pattern)))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|reason| ("match", reason))?;
-    if let Some(domain) = raw.domain {
-        conditions.push(super::envoy::domain_condition(domain)?);
+        Tiers {
+            descriptor: tiers.descriptor.clone(),
+            levels,
+        }
+    });
+    let mut conditions = Vec::new();
+    for (name, text) in raw.conditions {
+        match Pattern::parse(&text) {
+            Ok(pattern) => conditions.push((name, pattern)),
+            Err(reason) => problems.push(("match", reason)),
+        }
     }
-    let cost = match raw.cost {
-        None => None,
-        Some(table) => {
-            let limit = algorithm.limit();
+    if let Some(domain) = raw.domain {
+        match super::envoy::domain_condition(domain) {
+            Ok(condition) => conditions.push(condition),
+            Err(problem) => problems.push(problem),
+        }
+    }
+    let cost = raw.cost.map(|table| {
+        if let Some(limit) = algorithm.as_ref().map(Algorithm::limit) {
             if let Some((value, cost)) = table.table.iter().find(|(_, c)| **c == 0 || **c > limit) {
-                return Err((
+                problems.push((
                     "cost",
                     format!("`{value}` costs {cost}: each cost must be 1 to the limit ({limit})"),
                 ));
             }
-            Some(CostTable {
-                descriptor: table.descriptor,
-                costs: table.table,
-            })
         }
+        CostTable {
+            descriptor: table.descriptor,
+            costs: table.table,
+        }
+    });
+    let Some(algorithm) = algorithm.filter(|_| problems.is_empty()) else {
+        return Err(problems);
     };
     Policy::new(PolicyParts {
         name: raw.name,
@@ -259,7 +328,7 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, FieldError> {
         timeout_us: raw.timeout.map(|t| t.0),
         limit_override: raw.limit_override,
     })
-    .map_err(|e| (e.field, e.reason))
+    .map_err(|e| vec![(e.field, e.reason)])
 }
 
 /// The limit and burst a tier gets: the policy's scaled by `multiplier`, or given outright.
@@ -359,8 +428,25 @@ mod tests {
     fn errors_name_file_policy_and_field_and_list_all_problems() {
         let text = "policies:\n  - {name: a, key: [ip], algorithm: sliding_log, limit: 0, period: 1m}\n  - {name: b, key: [ip], algorithm: fixed_window, limit: 5, period: 1m, burst: 3}\n";
         let err = parse(text).unwrap_err().to_string();
-        assert!(err.contains("p.yaml: policy `a`: field `limit`"), "{err}");
-        assert!(err.contains("p.yaml: policy `b`: field `burst`"), "{err}");
+        assert!(err.contains("p.yaml:2: policy `a`: field `limit`"), "{err}");
+        assert!(err.contains("p.yaml:3: policy `b`: field `burst`"), "{err}");
+    }
+
+    #[test]
+    fn every_problem_of_every_policy_is_reported_in_one_pass_with_its_line() {
+        let text = "policies:\n  - name: a\n    key: [ip]\n    algorithm: sliding_log\n    limit: 0\n    period: 1m\n    timeout: 11s\n    match: {path: \"/v1/{\"}\n  - name: b\n    key: [ip]\n    algorithm: leaky\n    limit: 5\n    period: 1m\n  - name: c\n    key: [ip]\n    algorithm: fixed_window\n    limit: 5\n    period: 1m\n    colour: red\n";
+        let err = parse(text).unwrap_err();
+        let shown = err.to_string();
+        assert_eq!(err.problems.len(), 5, "{shown}");
+        for expected in [
+            "p.yaml:5: policy `a`: field `limit`",
+            "p.yaml:7: policy `a`: field `timeout`",
+            "p.yaml:8: policy `a`: field `match`",
+            "p.yaml:11: policy `b`:",
+            "p.yaml:19: policy `c`: unknown field `colour`",
+        ] {
+            assert!(shown.contains(expected), "{expected} in\n{shown}");
+        }
     }
 
     #[test]

@@ -52,12 +52,12 @@ fn config_check_names_file_policy_and_field_of_every_problem() {
     assert_eq!(out.code, Some(64), "{out:?}");
     assert!(
         out.stderr
-            .contains(&format!("{file}: policy `broken`: field `limit`")),
+            .contains(&format!("{file}:2: policy `broken`: field `limit`")),
         "{out:?}"
     );
     assert!(
         out.stderr
-            .contains(&format!("{file}: policy `also_bad`: field `burst`")),
+            .contains(&format!("{file}:3: policy `also_bad`: field `burst`")),
         "{out:?}"
     );
 
