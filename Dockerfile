@@ -12,9 +12,11 @@ COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY lua ./lua
 COPY config ./config
-# Cache the registry and the target dir between builds (BuildKit).
+# Cache the registry and the target dir between builds (BuildKit). The release profile keeps
+# debug info for profiling (`sluice bench`); the image does not ship it (76 MB -> ~9 MB).
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
+    CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols \
     cargo build --release --locked --bin sluice \
     && cp target/release/sluice /sluice
 

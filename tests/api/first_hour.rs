@@ -137,3 +137,59 @@ async fn unmatched_traffic_is_counted() {
         "counted once, dry run not"
     );
 }
+
+/// The README's examples run against the shipped files: the explain request hits a shipped
+/// policy, the PodMonitor names the port the manifests name, and the quick start's socket path
+/// follows `TMPDIR` like the daemon's default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_agrees_with_the_shipped_files() {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README");
+    let explain = readme
+        .lines()
+        .find(|line| line.contains("/v1/explain") && line.starts_with("curl"))
+        .expect("an explain example");
+    let body = explain
+        .split('\'')
+        .nth(1)
+        .expect("the example's body in single quotes");
+    let app = spawn_app().await;
+    let reply = crate::helpers::post(
+        &Target::Tcp(app.admin),
+        "/v1/explain",
+        body.as_bytes().to_vec(),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{explain}");
+    let answer = crate::helpers::json_of(&reply);
+    let applied: Vec<&str> = answer["policies"]
+        .as_array()
+        .expect("policies")
+        .iter()
+        .filter(|p| p["applies"] == true)
+        .filter_map(|p| p["policy"].as_str())
+        .collect();
+    assert!(
+        !applied.is_empty(),
+        "the README's explain example hits no shipped policy: {answer}"
+    );
+
+    let monitor =
+        std::fs::read_to_string(repo_root().join("deploy/k8s/monitoring/podmonitor.yaml"))
+            .expect("podmonitor");
+    let port = monitor
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("- port: "))
+        .expect("a port in the PodMonitor");
+    assert!(
+        readme.contains(&format!("{{port: {port}, path: /metrics")),
+        "the README's PodMonitor names port {port}"
+    );
+    assert!(
+        !readme.contains("--unix-socket /tmp/sluice"),
+        "the quick start's socket path ignores TMPDIR"
+    );
+    assert!(
+        !readme.contains("is proposed"),
+        "an endpoint README calls proposed exists"
+    );
+}
