@@ -164,7 +164,11 @@ mod tests {
         assert_eq!(c["image"].as_str(), Some("reg.example/sluice:1\"\n: x"));
         assert_eq!(c["envFrom"][0]["secretRef"]["name"].as_str(), Some("a: b"));
         assert_eq!(c["restartPolicy"].as_str(), Some("Always"));
-        assert_eq!(c["env"][5]["value"].as_str(), Some("3"));
+        let replicas = c["env"]
+            .as_sequence()
+            .and_then(|env| env.iter().find(|e| e["name"] == "SLUICE_LOCAL__REPLICAS"))
+            .expect("replicas variable");
+        assert_eq!(replicas["value"].as_str(), Some("3"));
         assert_eq!(volumes(&options).len(), 2);
         assert_eq!(app_env()[1]["value"].as_str(), Some(CHECK_URL));
         assert_eq!(app_mount()["mountPath"].as_str(), Some(SOCKET_DIR));
