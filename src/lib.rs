@@ -14,6 +14,7 @@ pub mod clock;
 pub mod config;
 pub mod inject;
 pub mod limit;
+pub mod process_cpu;
 pub mod reload;
 pub mod store;
 pub mod telemetry;

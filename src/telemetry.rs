@@ -169,6 +169,7 @@ impl Metrics {
             Box::new(redis_up.clone()),
             Box::new(build_info),
             Box::new(prometheus::process_collector::ProcessCollector::for_self()),
+            Box::new(crate::process_cpu::ProcessCpu::new().expect("a valid metric")),
         ] {
             registry
                 .register(collector)
