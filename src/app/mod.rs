@@ -29,6 +29,9 @@ use crate::telemetry::Metrics;
 use crate::transport::serve::serve;
 use crate::transport::{admin, http, uds, Transport};
 
+/// How long the admin listener's last requests get once the check listeners are closed.
+const ADMIN_GRACE: Duration = Duration::from_secs(1);
+
 /// How often idle keys are dropped from the embedded store.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -191,41 +194,40 @@ impl App {
         };
 
         let mut checks = JoinSet::new();
-        if let Some((listener, addr)) = self.http {
-            tracing::info!(%addr, "check API listening on TCP");
-            let app = http::router(
+        let router = |transport| {
+            http::router(
                 self.service.clone(),
                 self.metrics.clone(),
-                Transport::Tcp,
+                transport,
                 self.authz.clone(),
-            );
+            )
+        };
+        let (grace, max_connections) = (self.grace, self.max_connections);
+        if let Some((listener, addr)) = self.http {
+            tracing::info!(%addr, "check API listening on TCP");
             // Answers are small single writes: never hold one back for Nagle.
             let listener = listener.tap_io(|tcp| {
                 let _ = tcp.set_nodelay(true);
             });
+            let app = router(Transport::Tcp);
             checks.spawn(serve(
                 listener,
                 app,
                 drain_rx.clone(),
-                self.grace,
-                self.max_connections,
+                grace,
+                max_connections,
             ));
         }
         let socket_path = self.socket.as_ref().map(|(_, path)| path.clone());
         if let Some((listener, path)) = self.socket {
             tracing::info!(path = %path.display(), "check API listening on Unix socket");
-            let app = http::router(
-                self.service.clone(),
-                self.metrics.clone(),
-                Transport::Uds,
-                self.authz.clone(),
-            );
+            let app = router(Transport::Uds);
             checks.spawn(serve(
                 listener,
                 app,
                 drain_rx.clone(),
-                self.grace,
-                self.max_connections,
+                grace,
+                max_connections,
             ));
         }
         let grpc_socket = self.grpc.socket_path().map(Path::to_path_buf);
@@ -245,9 +247,14 @@ impl App {
             self.metrics.clone(),
             self.ready.clone(),
         );
-        let admin_serve =
-            axum::serve(admin_listener, admin_app).with_graceful_shutdown(until(stop_rx.clone()));
-        let admin_task = tokio::spawn(async move { admin_serve.await });
+        // The same bounded accept loop as the check listeners (it may face the pod network).
+        let admin_task = tokio::spawn(serve(
+            admin_listener,
+            admin_app,
+            stop_rx.clone(),
+            ADMIN_GRACE,
+            self.max_connections,
+        ));
         let sweeper = tokio::spawn(sweep(self.memory.clone(), until(stop_rx.clone())));
         let reloader = self
             .reloader
