@@ -41,7 +41,6 @@ pub fn router(service: Arc<CheckService>, metrics: Metrics, ready: Arc<AtomicBoo
             metrics,
             ready,
         })
-        .layer(axum::middleware::from_fn(super::request_caps::enforce))
 }
 
 async fn not_found() -> Response {

@@ -60,7 +60,6 @@ pub fn router(
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(ctx)
-        .layer(axum::middleware::from_fn(super::request_caps::enforce))
 }
 
 async fn check(State(ctx): State<Ctx>, request: Request) -> Response {

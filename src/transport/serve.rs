@@ -15,7 +15,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
-use super::request_caps::{HYPER_MAX_BUF, HYPER_MAX_HEADERS};
+use super::request_caps::{Capped, HYPER_MAX_BUF};
 
 /// Longest a client may take to send a request's headers (slow clients hold a connection).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -42,7 +42,7 @@ pub async fn serve<L: Listener>(
         tokio::select! {
             _ = drained(&mut drain) => break,
             (io, _) = listener.accept() => {
-                let service = TowerToHyperService::new(router.clone());
+                let service = Capped(TowerToHyperService::new(router.clone()));
                 let mut drain = drain.clone();
                 connections.spawn(async move {
                     let _slot = slot;
@@ -50,7 +50,6 @@ pub async fn serve<L: Listener>(
                         .timer(TokioTimer::new())
                         .header_read_timeout(HEADER_READ_TIMEOUT)
                         .max_buf_size(HYPER_MAX_BUF)
-                        .max_headers(HYPER_MAX_HEADERS)
                         .serve_connection(TokioIo::new(io), service);
                     tokio::pin!(conn);
                     tokio::select! {
