@@ -235,11 +235,15 @@ async fn edits_reload_and_an_invalid_file_keeps_the_old_policies() {
     let dump = json_of(&app.admin_get("/v1/policies").await);
     assert_ne!(dump["version"], version, "the version follows the content");
 
+    // Replaced by a rename: an in-place write can be read half-done (truncated, then written),
+    // which is a second distinct content and would be rejected a second time.
+    let next = file.with_extension("next");
     std::fs::write(
-        &file,
+        &next,
         "policies:\n  - {name: broken, key: [], algorithm: nope}\n",
     )
     .expect("write");
+    std::fs::rename(&next, &file).expect("rename");
     let started = Instant::now();
     while reloads(&app, "invalid").await < 1.0 {
         assert!(
