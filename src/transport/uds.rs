@@ -46,11 +46,13 @@ pub fn bind(path: &Path, mode: u32, trust_dir: bool) -> io::Result<UnixListener>
     Ok(listener)
 }
 
-/// Refuses `dir` or any directory above it that others could write to.
+/// Refuses `dir` or any directory above it that others could write to, along the path as
+/// written (a symlink in a directory others can write could be swapped) and as resolved.
 fn check_dirs(dir: &Path) -> io::Result<()> {
-    let dir = std::fs::canonicalize(dir)?;
+    let written = std::path::absolute(dir)?;
+    let resolved = std::fs::canonicalize(dir)?;
     let me = std::fs::metadata("/proc/self").map(|m| m.uid()).ok();
-    for ancestor in dir.ancestors() {
+    for ancestor in written.ancestors().chain(resolved.ancestors()) {
         let meta = std::fs::metadata(ancestor)?;
         if let Some(reason) = unsafe_dir(meta.uid(), meta.mode(), me) {
             return Err(io::Error::new(
@@ -134,6 +136,12 @@ mod tests {
         std::fs::create_dir(&sticky).expect("mkdir");
         std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
         bind(&sticky.join("s.sock"), 0o660, false).expect("sticky is safe");
+        // A safe directory reached through a symlink that lives in an open one.
+        let safe = dir.path().join("safe");
+        std::fs::create_dir(&safe).expect("mkdir");
+        std::os::unix::fs::symlink(&safe, open.join("link")).expect("symlink");
+        let err = bind(&open.join("link").join("s.sock"), 0o660, false).unwrap_err();
+        assert!(err.to_string().contains("writable by others"), "{err}");
         assert!(unsafe_dir(1234, 0o755, Some(1000))
             .expect("refused")
             .contains("another user"));
