@@ -70,8 +70,8 @@ fn config_check_refuses_what_serve_refuses() {
             "redis",
         ),
         (
-            "tls-url",
-            "[redis]\nurl = \"rediss://127.0.0.1:6379\"\n",
+            "tls-client-cert-alone",
+            "[redis]\nurl = \"rediss://127.0.0.1:6379\"\ntls = { cert_file = \"/nonexistent.pem\" }\n",
             "redis",
         ),
         ("level", "[log]\nlevel = \"verbose\"\n", "log.level"),
