@@ -121,9 +121,11 @@ async fn an_empty_policy_set_is_refused_unless_allowed() {
 async fn an_unchanged_file_is_not_read_again() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("policies.yaml");
-    let app = spawn(dir, |_| {}).await;
+    // A slow poll: the edit below changes the modification time for a few microseconds before
+    // restoring it, and a poll in that window would rightly read the file.
+    let app = spawn(dir, |s| s.policies_poll = HumanDuration(500_000)).await;
     // Let the reloader take its first stamp.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
     let modified = std::fs::metadata(&path)
         .expect("meta")
         .modified()
@@ -135,6 +137,6 @@ async fn an_unchanged_file_is_not_read_again() {
         .expect("open");
     file.set_modified(modified).expect("restore mtime");
     drop(file);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
     assert_eq!(policy_name(&app).await, "one", "read although unchanged");
 }
