@@ -8,9 +8,10 @@
 //! The deadline of a batch counts from when it is written to Redis, not from when its checks were
 //! queued: time spent waiting inside sluice (a saturated CPU, a burst) is not a Redis failure and
 //! does not turn into failure-mode answers. A call past its deadline fails as a Redis timeout only
-//! if Redis answered nothing else since it was written; if other replies came in, Redis is alive
-//! and this daemon read the reply late, so the call keeps waiting (up to a 1 s backstop). The
-//! queue is bounded, so callers wait (back-pressure).
+//! if Redis answered nothing else since it was written and this daemon did not wake a whole
+//! deadline late; otherwise Redis is alive and the reply was read late, so the call keeps waiting
+//! (up to a 1 s backstop). The breaker counts calls, not checks. The queue is bounded, so callers
+//! wait (back-pressure).
 //! A job whose caller has gone (its request was dropped) is not sent: nothing is spent for it.
 //!
 //! `NOSCRIPT` (Redis restarted, failed over, `SCRIPT FLUSH`, a Cluster node that never saw the
