@@ -184,16 +184,22 @@ impl Dispatch {
             return self.call(conn, jobs).await;
         }
         // A Cluster script's keys must share a slot: one call per slot, arrival order kept
-        // within each (a job's items share a slot already).
-        jobs.sort_by_key(|job| job.items.first().map_or(0, |item| keys::slot(&item.key)));
+        // within each (a job's items share a slot already). Each job's slot is hashed once.
+        let mut slotted: Vec<(u16, Job)> = jobs
+            .into_iter()
+            .map(|job| {
+                (
+                    job.items.first().map_or(0, |item| keys::slot(&item.key)),
+                    job,
+                )
+            })
+            .collect();
+        slotted.sort_by_key(|(slot, _)| *slot);
         let mut calls = Vec::new();
-        let mut jobs = jobs.into_iter().peekable();
-        while let Some(first) = jobs.next() {
-            let slot = first.items.first().map_or(0, |item| keys::slot(&item.key));
+        let mut slotted = slotted.into_iter().peekable();
+        while let Some((slot, first)) = slotted.next() {
             let mut group = vec![first];
-            while let Some(next) = jobs
-                .next_if(|job| job.items.first().map_or(0, |item| keys::slot(&item.key)) == slot)
-            {
+            while let Some((_, next)) = slotted.next_if(|(other, _)| *other == slot) {
                 group.push(next);
             }
             calls.push(self.call(conn.clone(), group));
@@ -227,7 +233,9 @@ impl Dispatch {
             Err(error) => {
                 if let Some(kind) = error.kind() {
                     self.metrics.count(kind);
-                    self.health.on_failure(kind);
+                    if kind.is_redis_failure() {
+                        self.health.on_failure(kind);
+                    }
                 }
                 return fail_all(jobs, &error);
             }

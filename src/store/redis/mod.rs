@@ -192,7 +192,7 @@ impl RedisStore {
         }
         // Different Cluster slots: evaluate all, then record the allowed ones one by one. Every
         // call is queued before any is awaited, so that they share batches.
-        let mut decisions = self.each(items, |_| false, deadline).await?;
+        let mut decisions = self.each(items, false, deadline).await?;
         let group_allowed = checks
             .iter()
             .zip(&decisions)
@@ -204,7 +204,7 @@ impl RedisStore {
             .filter(|&i| decisions[i].allowed)
             .collect();
         let items = allowed.iter().map(|&i| self.item(&checks[i])).collect();
-        let recorded = self.each(items, |_| true, deadline).await?;
+        let recorded = self.each(items, true, deadline).await?;
         for (i, decision) in allowed.into_iter().zip(recorded) {
             decisions[i] = decision;
         }
@@ -215,12 +215,11 @@ impl RedisStore {
     async fn each(
         &self,
         items: Vec<Item>,
-        commit: impl Fn(&Item) -> bool,
+        commit: bool,
         deadline: Duration,
     ) -> Result<Vec<Decision>, StoreError> {
         let mut pending = Vec::with_capacity(items.len());
         for item in items {
-            let commit = commit(&item);
             pending.push(self.batcher.submit(vec![item], commit, deadline).await?);
         }
         let mut decisions = Vec::with_capacity(pending.len());
