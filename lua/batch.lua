@@ -1,7 +1,9 @@
 -- batch.lua: every check of one batch in one call. sluice builds the script from the three
 -- algorithm scripts' functions (the part above their `sluice:entry` line) followed by this driver.
 --
--- KEYS[1..n]  the batch's counters, each once (in a Cluster: all in one hash slot)
+-- KEYS[1..n]  the batch's counters, each once (in a Cluster: all in one hash slot), or none in a
+--             Cluster node call: then the counters are ARGV[3..] (several slots of one node; the
+--             node script's `allow-cross-slot-keys` flag allows that on Redis >= 7.0)
 -- ARGV[1]     now_us   TESTS ONLY: the current time; 0 in production (read Redis `TIME`, once)
 -- ARGV[2]     the checks, in arrival order, as one MessagePack array of integers (unpacked in C:
 --             far cheaper than tonumber on each field); each check is
@@ -31,6 +33,13 @@ else
   now, min_ttl_ms = tonumber(t[1]) * 1000000 + tonumber(t[2]), 1
 end
 local spec = cmsgpack.unpack(ARGV[2])
+local keys, node_call = KEYS, #KEYS == 0
+if node_call then
+  keys = {}
+  for i = 3, #ARGV do
+    keys[i - 2] = ARGV[i]
+  end
+end
 
 -- Per key index: its state once read (token bucket: a, b = tat_us, tat_rem; fixed window: a =
 -- packed count, false when absent), an error reply if it cannot be read, and the TTL of the last
@@ -42,7 +51,7 @@ local function load(k, kind)
     return bad[k]
   end
   loaded[k] = true
-  local value = redis.pcall('GET', KEYS[k])
+  local value = redis.pcall('GET', keys[k])
   if type(value) == 'table' then
     bad[k] = value
   elseif kind == 1 then
@@ -65,7 +74,7 @@ local function decide(at, kind, out, commit)
   local k, cost, limit, period = spec[at], spec[at + 3], spec[at + 4], spec[at + 5]
   local n = #out
   if kind == 2 then
-    local reply = sliding_log(KEYS[k], now, min_ttl_ms, commit, limit, period, cost)
+    local reply = sliding_log(keys[k], now, min_ttl_ms, commit, limit, period, cost)
     out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] =
       reply[1], reply[2], reply[3], reply[4], reply[5]
     return reply[1]
@@ -163,6 +172,32 @@ local function check(first, count, commit)
   return out
 end
 
+-- A node call was grouped by sluice's copy of the slot map, which a resharding can make stale:
+-- every key must be served here, and that is checked before anything is written (a script that
+-- touches another node's key fails mid-way, after its earlier writes). Token bucket and fixed
+-- window keys are read now instead of at first use (no extra command); a sliding log key costs
+-- one EXISTS. sluice resends a refused call one call per slot.
+if node_call then
+  local at = 1
+  while at <= #spec do
+    local count = spec[at]
+    at = at + 2
+    for _ = 1, count do
+      local k, kind = spec[at], spec[at + 1]
+      local failed
+      if kind == 2 then
+        failed = redis.pcall('EXISTS', keys[k])
+      else
+        failed = load(k, kind)
+      end
+      if type(failed) == 'table' and failed.err and string.find(failed.err, 'Script attempted', 1, true) then
+        return redis.error_reply('NONLOCAL ' .. failed.err)
+      end
+      at = at + width(kind)
+    end
+  end
+end
+
 local results = {}
 local at, c = 1, 0
 while at <= #spec do
@@ -191,6 +226,6 @@ for k, ttl_ms in pairs(ttls) do
   else
     value = string.format('%d', a[k])
   end
-  redis.call('SET', KEYS[k], value, 'PX', ttl_ms)
+  redis.call('SET', keys[k], value, 'PX', ttl_ms)
 end
 return results

@@ -1,8 +1,8 @@
 //! Logs (tracing) and metrics (a Prometheus registry created here and passed down, never global).
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -14,7 +14,8 @@ pub const LATENCY_BUCKETS: [f64; 14] = [
     0.25, 1.0,
 ];
 
-/// Every metric the daemon exports, registered on one registry.
+/// The daemon's own metrics, registered on one registry; components with metrics of their own
+/// (the Redis store) register them on [`Metrics::registry`] when they start.
 #[derive(Clone)]
 pub struct Metrics {
     registry: Registry,
@@ -39,16 +40,6 @@ pub struct Metrics {
     /// Checks answered by the local layer (a partition known to be over its limit) without the
     /// store, by policy.
     pub local_layer_hits: IntCounterVec,
-    /// Checks per Redis script call.
-    pub redis_batch_size: Histogram,
-    /// Time from writing a Redis script call to its reply.
-    pub redis_pipeline_duration: Histogram,
-    /// Redis errors by kind (timeout, connection, noscript, readonly, oom, busy, auth, ...).
-    pub redis_errors: IntCounterVec,
-    /// Circuit breaker state: 0 healthy, 1 degraded, 2 open, 3 half-open.
-    pub redis_circuit: IntGauge,
-    /// 1 while checks may go to Redis (circuit not open), else 0.
-    pub redis_up: IntGauge,
 }
 
 impl Metrics {
@@ -92,39 +83,6 @@ impl Metrics {
         .expect("valid metric");
         let policies_loaded = IntGauge::new("sluice_policies_loaded", "Policies currently loaded.")
             .expect("valid metric");
-        let redis_batch_size = Histogram::with_opts(
-            HistogramOpts::new(
-                "sluice_redis_batch_size",
-                "Checks per Redis script call (one call of the batch script per batch).",
-            )
-            .buckets(vec![
-                1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0,
-            ]),
-        )
-        .expect("valid metric");
-        let redis_pipeline_duration = Histogram::with_opts(
-            HistogramOpts::new(
-                "sluice_redis_pipeline_duration_seconds",
-                "Time from writing a Redis script call to its reply.",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
-        )
-        .expect("valid metric");
-        let redis_errors = IntCounterVec::new(
-            Opts::new("sluice_redis_errors_total", "Redis errors by kind."),
-            &["kind"],
-        )
-        .expect("valid metric");
-        let redis_circuit = IntGauge::new(
-            "sluice_redis_circuit_state",
-            "Redis circuit breaker: 0 healthy, 1 degraded, 2 open (checks skip Redis), 3 half-open.",
-        )
-        .expect("valid metric");
-        let redis_up = IntGauge::new(
-            "sluice_redis_up",
-            "1 while checks may go to Redis (circuit not open), else 0.",
-        )
-        .expect("valid metric");
         let policy_reloads = IntCounterVec::new(
             Opts::new(
                 "sluice_policy_reloads_total",
@@ -162,11 +120,6 @@ impl Metrics {
             Box::new(policy_reloads.clone()),
             Box::new(policies_version.clone()),
             Box::new(local_layer_hits.clone()),
-            Box::new(redis_batch_size.clone()),
-            Box::new(redis_pipeline_duration.clone()),
-            Box::new(redis_errors.clone()),
-            Box::new(redis_circuit.clone()),
-            Box::new(redis_up.clone()),
             Box::new(build_info),
             Box::new(prometheus::process_collector::ProcessCollector::for_self()),
             Box::new(crate::process_cpu::ProcessCpu::new().expect("a valid metric")),
@@ -186,12 +139,12 @@ impl Metrics {
             policy_reloads,
             policies_version,
             local_layer_hits,
-            redis_batch_size,
-            redis_pipeline_duration,
-            redis_errors,
-            redis_circuit,
-            redis_up,
         }
+    }
+
+    /// The registry components register their own metrics on.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
     }
 
     /// The Prometheus text exposition of every metric.

@@ -11,10 +11,10 @@ use crate::clock::Clock;
 use crate::config::{RedisSettings, Settings};
 use crate::limit::PolicySet;
 use crate::store::redis::access::{Access, TlsFiles, TlsOptions};
-use crate::store::redis::batcher::{BatchConfig, BatchMetrics};
+use crate::store::redis::batcher::BatchConfig;
 use crate::store::redis::conn::{RedisTarget, SentinelTarget, Timeouts};
 use crate::store::redis::prober::Backoff;
-use crate::store::redis::{RedisMetrics, RedisOptions, RedisStore};
+use crate::store::redis::{RedisOptions, RedisStore};
 use crate::store::{MemoryMetrics, MemoryStore};
 use crate::telemetry::Metrics;
 use crate::tenants::{FileTiers, RedisTiers, TenantTiers, TierSource};
@@ -54,7 +54,7 @@ pub(super) fn service(
     };
     let service = if settings.redis.enabled() {
         let options = redis_options(&settings.redis).map_err(StartError::Config)?;
-        let redis = RedisStore::start(options, redis_metrics(metrics))
+        let redis = RedisStore::start(options, metrics.registry())
             .map_err(|e| StartError::Config(format!("redis: {e}")))?;
         let redis = Arc::new(redis);
         let table = tiers(
@@ -153,17 +153,6 @@ fn redis_options(settings: &RedisSettings) -> Result<RedisOptions, String> {
             min: settings.breaker.probe_min.as_std(),
             max: settings.breaker.probe_max.as_std(),
         },
+        node_calls: settings.cluster_node_calls,
     })
-}
-
-fn redis_metrics(metrics: &Metrics) -> RedisMetrics {
-    RedisMetrics {
-        batch: BatchMetrics {
-            batch_size: metrics.redis_batch_size.clone(),
-            call_duration: metrics.redis_pipeline_duration.clone(),
-            errors: metrics.redis_errors.clone(),
-        },
-        circuit: metrics.redis_circuit.clone(),
-        up: metrics.redis_up.clone(),
-    }
 }

@@ -36,6 +36,9 @@ pub struct RedisSettings {
     pub pipelines_in_flight: usize,
     /// Checks waiting for a pipeline, at most (back-pressure beyond).
     pub queue: usize,
+    /// In a Cluster of Redis >= 7.0, a batch goes out as one call per node (`true`) rather than
+    /// one per hash slot; older servers get one per slot either way.
+    pub cluster_node_calls: bool,
     /// The circuit breaker.
     pub breaker: BreakerSettings,
 }
@@ -55,6 +58,7 @@ impl Default for RedisSettings {
             max_batch: 128,
             pipelines_in_flight: 4,
             queue: 10_000,
+            cluster_node_calls: true,
             breaker: BreakerSettings::default(),
         }
     }

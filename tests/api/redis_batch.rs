@@ -350,31 +350,41 @@ async fn noscript_mid_batch_costs_no_check_and_no_double_spend() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cluster_batches_spanning_slots_and_nodes_stay_exact() {
-    let cluster = crate::redis_server::RedisCluster::start();
+/// A daemon on `cluster` (node calls on or off), once it answers from Redis.
+async fn cluster_daemon(
+    cluster: &crate::redis_server::RedisCluster,
+    node_calls: bool,
+) -> Arc<crate::helpers::TestApp> {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut settings = test_settings(dir.path());
     settings.redis.cluster = cluster.urls();
+    settings.redis.cluster_node_calls = node_calls;
     settings.redis.timeout = sluice::config::HumanDuration(2_000_000);
     let app = Arc::new(spawn_app_in(dir, settings, POLICIES).await);
-    let login = |ip: String| json!({"policy": "login", "descriptors": {"ip": ip}});
     let mut ready = false;
     for _ in 0..400 {
-        if json_of(&app.check_tcp(&login("warm".into())).await)["mode"] == "enforced" {
+        if json_of(&app.check_tcp(&login("warm")).await)["mode"] == "enforced" {
             ready = true;
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     assert!(ready, "the daemon never reached the cluster");
-    // 16 partitions (16 slots over 3 nodes), 8 concurrent checks each, limit 5: every batch spans
-    // several slots (one call per slot) and exactly 5 per partition pass.
+    app
+}
+
+fn login(ip: &str) -> serde_json::Value {
+    json!({"policy": "login", "descriptors": {"ip": ip}})
+}
+
+/// `per` concurrent checks on each of 16 partitions (16 slots over 3 nodes): how many each
+/// admitted. Every answer must come from Redis.
+async fn admitted_per_partition(app: &Arc<crate::helpers::TestApp>, per: usize) -> [u32; 16] {
     let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..128 {
-        let app = Arc::clone(&app);
+    for i in 0..16 * per {
+        let app = Arc::clone(app);
         tasks.spawn(async move {
-            let reply = json_of(&app.check_tcp(&login(format!("10.0.0.{}", i % 16))).await);
+            let reply = json_of(&app.check_tcp(&login(&format!("10.0.0.{}", i % 16))).await);
             (i % 16, reply)
         });
     }
@@ -386,5 +396,67 @@ async fn cluster_batches_spanning_slots_and_nodes_stay_exact() {
             allowed[ip] += 1;
         }
     }
-    assert_eq!(allowed, [5; 16]);
+    allowed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_batches_spanning_slots_and_nodes_stay_exact() {
+    // Node calls (one call per node, Redis >= 7.0) and, switched off, one call per slot (what
+    // Redis 6 gets): 8 concurrent checks on each of 16 partitions, limit 5: batches span several
+    // slots and nodes, and exactly 5 per partition pass either way.
+    for node_calls in [true, false] {
+        let cluster = crate::redis_server::RedisCluster::start();
+        let app = cluster_daemon(&cluster, node_calls).await;
+        assert_eq!(admitted_per_partition(&app, 8).await, [5; 16]);
+        let metrics = app.metrics().await;
+        let node = metric_value(&metrics, "sluice_redis_calls_total", &[("scope", "node")]);
+        let slot = metric_value(&metrics, "sluice_redis_calls_total", &[("scope", "slot")]);
+        if node_calls {
+            assert!(node > 0.0, "no node call:\n{metrics}");
+        } else {
+            assert!(
+                node == 0.0 && slot > 0.0,
+                "node calls while off:\n{metrics}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_node_calls_survive_a_resharding() {
+    // A slot moves to another node under the daemon's feet: its slot map is stale, a node call
+    // naming the moved partition is refused by the old node before anything is written, resent
+    // per slot (redis-rs follows MOVED) and the map is read again. No check is lost, double
+    // spent or answered by a failure mode.
+    let cluster = crate::redis_server::RedisCluster::start();
+    let app = cluster_daemon(&cluster, true).await;
+    assert_eq!(admitted_per_partition(&app, 3).await, [3; 16]);
+    let moved = sluice::store::redis::keys::slot("{login:10.0.0.0}");
+    cluster.move_slot(moved);
+    let mut admitted = admitted_per_partition(&app, 4).await;
+    assert_eq!(admitted, [2; 16], "each partition had 2 left of 5");
+    // The refusal needs the moved partition in a call with another slot of its old node: more
+    // rounds (all denied now) until one happened, bounded.
+    let refused = |metrics: &str| {
+        metric_value(
+            metrics,
+            "sluice_redis_errors_total",
+            &[("kind", "slot_map")],
+        )
+    };
+    let mut metrics = app.metrics().await;
+    for _ in 0..20 {
+        if refused(&metrics) > 0.0 {
+            break;
+        }
+        admitted = admitted_per_partition(&app, 4).await;
+        assert_eq!(admitted, [0; 16]);
+        metrics = app.metrics().await;
+    }
+    assert!(
+        refused(&metrics) > 0.0,
+        "no stale node call seen:\n{metrics}"
+    );
+    // Every attempt after the limit is denied, wherever the partition lives now.
+    assert_eq!(admitted_per_partition(&app, 2).await, [0; 16]);
 }

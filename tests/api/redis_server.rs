@@ -254,6 +254,68 @@ impl RedisCluster {
             .collect()
     }
 
+    /// Moves hash slot `slot` (which must hold keys) and its keys from the node serving it to the
+    /// next node: IMPORTING
+    /// and MIGRATING, `MIGRATE` of every key, then the new owner announced to every node.
+    pub fn move_slot(&self, slot: u16) {
+        let mut conns = self.connections();
+        let ids: Vec<String> = conns
+            .iter_mut()
+            .map(|c| {
+                redis::cmd("CLUSTER")
+                    .arg("MYID")
+                    .query(c)
+                    .expect("CLUSTER MYID")
+            })
+            .collect();
+        // Only the owner holds the slot's keys.
+        let from = (0..conns.len())
+            .find(|&i| {
+                redis::cmd("CLUSTER")
+                    .arg("COUNTKEYSINSLOT")
+                    .arg(slot)
+                    .query::<usize>(&mut conns[i])
+                    .expect("COUNTKEYSINSLOT")
+                    > 0
+            })
+            .expect("the slot holds keys");
+        let to = (from + 1) % conns.len();
+        let setslot = |c: &mut redis::Connection, args: &[&str]| {
+            let () = redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg(args)
+                .query(c)
+                .expect("CLUSTER SETSLOT");
+        };
+        setslot(&mut conns[to], &["IMPORTING", &ids[from]]);
+        setslot(&mut conns[from], &["MIGRATING", &ids[to]]);
+        for _ in 0..100 {
+            let keys: Vec<String> = redis::cmd("CLUSTER")
+                .arg("GETKEYSINSLOT")
+                .arg(slot)
+                .arg(100)
+                .query(&mut conns[from])
+                .expect("GETKEYSINSLOT");
+            if keys.is_empty() {
+                break;
+            }
+            let () = redis::cmd("MIGRATE")
+                .arg("127.0.0.1")
+                .arg(self.ports[to])
+                .arg("")
+                .arg(0)
+                .arg(5000)
+                .arg("KEYS")
+                .arg(&keys)
+                .query(&mut conns[from])
+                .expect("MIGRATE");
+        }
+        for i in [to, from, (to + 1) % conns.len()] {
+            setslot(&mut conns[i], &["NODE", &ids[to]]);
+        }
+    }
+
     /// A synchronous connection to each node, for inspecting state.
     pub fn connections(&self) -> Vec<redis::Connection> {
         self.ports

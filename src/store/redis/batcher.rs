@@ -54,6 +54,8 @@ pub struct BatchMetrics {
     pub batch_size: Histogram,
     /// Time from writing a call to its reply.
     pub call_duration: Histogram,
+    /// Calls by scope (`slot`, `node`).
+    pub calls: IntCounterVec,
     /// Errors by kind.
     pub errors: IntCounterVec,
 }
@@ -84,6 +86,7 @@ pub struct Batcher {
 /// What the dispatcher shares with its calls.
 struct Dispatch {
     script: Script,
+    node_script: Script,
     config: BatchConfig,
     metrics: BatchMetrics,
     health: Arc<Health>,
@@ -100,6 +103,7 @@ impl Batcher {
     pub fn spawn(
         conn: watch::Receiver<Option<Conn>>,
         script: Script,
+        node_script: Script,
         config: BatchConfig,
         metrics: BatchMetrics,
         health: Arc<Health>,
@@ -107,6 +111,7 @@ impl Batcher {
         let (tx, rx) = mpsc::channel(config.queue.max(1));
         let dispatch = Dispatch {
             script,
+            node_script,
             config,
             metrics,
             health,
@@ -181,45 +186,97 @@ impl Dispatch {
             return fail_all(jobs, &error);
         };
         if !conn.is_cluster() {
-            return self.call(conn, jobs).await;
+            let _ = self.call(conn, jobs, Via::Keys).await;
+            return;
         }
-        // A Cluster script's keys must share a slot: one call per slot, arrival order kept
-        // within each (a job's items share a slot already). Each job's slot is hashed once.
-        let mut slotted: Vec<(u16, Job)> = jobs
+        // A Cluster call's declared keys must share a slot; a node call may cover every slot of
+        // one node. Checks are grouped by node (when the slot map is known) and slot, arrival
+        // order kept within a slot (a job's items share a slot already); each job's slot is
+        // hashed once.
+        let map = conn.node_calls().and_then(|calls| calls.map());
+        let mut placed: Vec<(Option<u16>, u16, Job)> = jobs
             .into_iter()
             .map(|job| {
-                (
-                    job.items.first().map_or(0, |item| keys::slot(&item.key)),
-                    job,
-                )
+                let slot = job.items.first().map_or(0, |item| keys::slot(&item.key));
+                (map.as_ref().and_then(|map| map.node_of(slot)), slot, job)
             })
             .collect();
-        slotted.sort_by_key(|(slot, _)| *slot);
+        placed.sort_by_key(|(node, slot, _)| (*node, *slot));
         let mut calls = Vec::new();
-        let mut slotted = slotted.into_iter().peekable();
-        while let Some((slot, first)) = slotted.next() {
-            let mut group = vec![first];
-            while let Some((_, next)) = slotted.next_if(|(other, _)| *other == slot) {
-                group.push(next);
+        let mut placed = placed.into_iter().peekable();
+        while let Some((node, slot, first)) = placed.next() {
+            let mut group = vec![(slot, first)];
+            while let Some((_, other, job)) = placed.next_if(|(other_node, other_slot, _)| {
+                *other_node == node && (node.is_some() || *other_slot == slot)
+            }) {
+                group.push((other, job));
             }
-            calls.push(self.call(conn.clone(), group));
+            calls.push(self.cluster_call(conn.clone(), group));
         }
         futures_util::future::join_all(calls).await;
     }
 
-    /// One script call for `jobs`; answers every job.
-    async fn call(&self, mut conn: Conn, jobs: Vec<Job>) {
+    /// One call for `group` (sorted by slot: one slot, or several of one node). A node that
+    /// refuses a node call (a key it does not serve: the slot map is stale) ran nothing of it;
+    /// its checks are resent one call per slot and the map is read again.
+    async fn cluster_call(&self, conn: Conn, group: Vec<(u16, Job)>) {
+        let first = group.first().map_or(0, |(slot, _)| *slot);
+        let (slots, jobs): (Vec<u16>, Vec<Job>) = group.into_iter().unzip();
+        let via = if slots.iter().all(|slot| *slot == first) {
+            Via::Keys
+        } else {
+            Via::Node(first)
+        };
+        let Err(refused) = self.call(conn.clone(), jobs, via).await else {
+            return;
+        };
+        self.refresh_slot_map(&conn);
+        let mut calls = Vec::new();
+        let mut rest = slots.into_iter().zip(refused).peekable();
+        while let Some((slot, job)) = rest.next() {
+            let mut jobs = vec![job];
+            while let Some((_, job)) = rest.next_if(|(other, _)| *other == slot) {
+                jobs.push(job);
+            }
+            calls.push(self.call(conn.clone(), jobs, Via::Keys));
+        }
+        futures_util::future::join_all(calls).await;
+    }
+
+    /// Forgets the slot map (one call per slot meanwhile) and reads it again in the background,
+    /// once at a time.
+    fn refresh_slot_map(&self, conn: &Conn) {
+        let Some(calls) = conn.node_calls() else {
+            return;
+        };
+        if !calls.start_refresh() {
+            return;
+        }
+        calls.set(None);
+        let (mut conn, calls) = (conn.clone(), Arc::clone(calls));
+        tokio::spawn(async move {
+            conn.refresh_slot_map().await;
+            calls.end_refresh();
+        });
+    }
+
+    /// One script call for `jobs`; answers every job, except when a node refused a node call
+    /// before running any of it: then the jobs come back, to be resent one call per slot.
+    async fn call(&self, mut conn: Conn, jobs: Vec<Job>, via: Via) -> Result<(), Vec<Job>> {
         let deadline = jobs
             .iter()
             .map(|job| job.deadline)
             .max()
             .unwrap_or_default();
         let started = Instant::now();
-        let mut reply = self.send(&mut conn, &jobs, Send::Sha, deadline).await;
+        self.metrics.calls.with_label_values(&[via.scope()]).inc();
+        let mut reply = self.send(&mut conn, &jobs, Send::Sha, via, deadline).await;
         if matches!(&reply, Err(error) if error.kind() == Some(ErrorKind::Noscript)) {
             self.metrics.count(ErrorKind::Noscript);
             tracing::debug!(checks = jobs.len(), "NOSCRIPT: resending with EVAL");
-            reply = self.send(&mut conn, &jobs, Send::Source, deadline).await;
+            reply = self
+                .send(&mut conn, &jobs, Send::Source, via, deadline)
+                .await;
         }
         self.metrics
             .call_duration
@@ -233,17 +290,26 @@ impl Dispatch {
             Err(error) => {
                 if let Some(kind) = error.kind() {
                     self.metrics.count(kind);
+                    if kind == ErrorKind::SlotMap && matches!(via, Via::Node(_)) {
+                        tracing::debug!(
+                            checks = jobs.len(),
+                            "node call refused (stale slot map): resending per slot"
+                        );
+                        return Err(jobs);
+                    }
                     if kind.is_redis_failure() {
                         self.health.on_failure(kind);
                     }
                 }
-                return fail_all(jobs, &error);
+                fail_all(jobs, &error);
+                return Ok(());
             }
         };
         let Value::Array(replies) = value else {
             self.metrics.count(ErrorKind::Protocol);
             let error = StoreError::failed(ErrorKind::Protocol, "batch reply is not an array");
-            return fail_all(jobs, &error);
+            fail_all(jobs, &error);
+            return Ok(());
         };
         if replies.len() != jobs.len() {
             self.metrics.count(ErrorKind::Protocol);
@@ -251,7 +317,8 @@ impl Dispatch {
                 ErrorKind::Protocol,
                 format!("{} replies for {} checks", replies.len(), jobs.len()),
             );
-            return fail_all(jobs, &error);
+            fail_all(jobs, &error);
+            return Ok(());
         }
         for (job, value) in jobs.into_iter().zip(replies) {
             let answer = match value {
@@ -270,6 +337,7 @@ impl Dispatch {
             };
             let _ = job.reply.send(answer);
         }
+        Ok(())
     }
 
     /// Writes the call and waits for its reply, at most `deadline` from now.
@@ -278,12 +346,22 @@ impl Dispatch {
         conn: &mut Conn,
         jobs: &[Job],
         send: Send,
+        via: Via,
         deadline: Duration,
     ) -> Result<Value, StoreError> {
-        let cmd = batch_command(&self.script, jobs, send);
+        let script = match via {
+            Via::Keys => &self.script,
+            Via::Node(_) => &self.node_script,
+        };
+        let cmd = batch_command(script, jobs, send, via);
         let progress = self.progress.load(Ordering::Relaxed);
         let written = Instant::now();
-        let query = conn.query(&cmd);
+        let query = async move {
+            match via {
+                Via::Keys => conn.query(&cmd).await,
+                Via::Node(slot) => conn.query_slot(cmd, slot).await,
+            }
+        };
         tokio::pin!(query);
         let reply = match tokio::time::timeout(deadline, &mut query).await {
             Ok(reply) => Some(reply),
@@ -324,8 +402,28 @@ enum Send {
     Source,
 }
 
+/// Where a call goes and how it names its counters.
+#[derive(Clone, Copy)]
+enum Via {
+    /// Declared in `KEYS`, routed by them: a single primary, or one Cluster slot.
+    Keys,
+    /// A Cluster node call: the node script, no declared keys (they follow the checks in ARGV),
+    /// sent to the primary serving the given slot (the group's first).
+    Node(u16),
+}
+
+impl Via {
+    /// The `scope` label of `sluice_redis_calls_total`.
+    fn scope(self) -> &'static str {
+        match self {
+            Self::Keys => "slot",
+            Self::Node(_) => "node",
+        }
+    }
+}
+
 /// The batch script call for `jobs`, in arrival order.
-fn batch_command(script: &Script, jobs: &[Job], send: Send) -> Cmd {
+fn batch_command(script: &Script, jobs: &[Job], send: Send, via: Via) -> Cmd {
     let (keys, packed) = batch_keys_and_checks(jobs.iter().map(|job| (job.commit, &job.items[..])));
     let (verb, script) = match send {
         Send::Sha => ("EVALSHA", &*script.sha),
@@ -333,9 +431,12 @@ fn batch_command(script: &Script, jobs: &[Job], send: Send) -> Cmd {
     };
     let size = script.len() + packed.len() + keys.iter().map(|k| k.len()).sum::<usize>() + 32;
     let mut cmd = Cmd::with_capacity(keys.len() + 5, size);
-    cmd.arg(verb).arg(script).arg(keys.len()).arg(&keys);
+    cmd.arg(verb).arg(script);
     // `now` 0: the script reads Redis `TIME`.
-    cmd.arg(0).arg(packed);
+    match via {
+        Via::Keys => cmd.arg(keys.len()).arg(&keys).arg(0).arg(packed),
+        Via::Node(_) => cmd.arg(0).arg(0).arg(packed).arg(&keys),
+    };
     cmd
 }
 

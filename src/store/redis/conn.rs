@@ -4,6 +4,7 @@
 //! prober connects in the background and publishes the connection. Every connection carries the
 //! same [`Access`]: the ACL user and password, and TLS for `rediss://` URLs.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{
@@ -11,6 +12,7 @@ use redis::aio::{
 };
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::io::tcp::{socket2, TcpSettings};
 use redis::sentinel::SentinelClientBuilder;
 use redis::sentinel::{SentinelClient, SentinelServerType};
@@ -20,6 +22,7 @@ use redis::{
 };
 
 use super::access::{install_crypto_provider, Access};
+use super::slot_map::{NodeCalls, SlotMap};
 
 /// Where Redis is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,8 +53,8 @@ pub struct SentinelTarget {
 pub enum Conn {
     /// A single primary.
     Single(ConnectionManager),
-    /// A Cluster.
-    Cluster(ClusterConnection),
+    /// A Cluster, and its slot map when its nodes took the node script (one call per node).
+    Cluster(ClusterConnection, Option<Arc<NodeCalls>>),
     /// The primary a Sentinel named; rebuilt through Sentinel, never reconnected in place.
     Resolved(MultiplexedConnection),
 }
@@ -59,7 +62,28 @@ pub enum Conn {
 impl Conn {
     /// Whether pipelines must stay within one hash slot.
     pub fn is_cluster(&self) -> bool {
-        matches!(self, Self::Cluster(_))
+        matches!(self, Self::Cluster(..))
+    }
+
+    /// A Cluster connection's slot map for node calls, when it makes them.
+    pub fn node_calls(&self) -> Option<&Arc<NodeCalls>> {
+        match self {
+            Self::Cluster(_, calls) => calls.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// Sends one command to the primary serving `slot` (a Cluster node call; elsewhere the one
+    /// primary), raw reply as [`Self::query`].
+    pub async fn query_slot(&mut self, cmd: Cmd, slot: u16) -> RedisResult<Value> {
+        match self {
+            Self::Cluster(conn, _) => {
+                let route = Route::new(slot, SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                conn.route_command(cmd, routing).await
+            }
+            _ => self.query(&cmd).await,
+        }
     }
 
     /// Sends one command and returns its raw reply: error replies nested in an array stay
@@ -67,7 +91,7 @@ impl Conn {
     pub async fn query(&mut self, cmd: &Cmd) -> RedisResult<Value> {
         match self {
             Self::Single(conn) => conn.req_packed_command(cmd).await,
-            Self::Cluster(conn) => conn.req_packed_command(cmd).await,
+            Self::Cluster(conn, _) => conn.req_packed_command(cmd).await,
             Self::Resolved(conn) => conn.req_packed_command(cmd).await,
         }
     }
@@ -83,6 +107,36 @@ impl Conn {
         self.expect_ok(&cmd).await.map(drop)
     }
 
+    /// For a Cluster: loads the node script into every primary and reads the slot map, so that
+    /// batches go out as one call per node. A server that refuses the script (Redis < 7.0 knows
+    /// no script flags) or a map that cannot be read leaves one call per slot; logged, not fatal.
+    pub async fn enable_node_calls(self, node_script: &str) -> Self {
+        let Self::Cluster(mut conn, _) = self else {
+            return self;
+        };
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(node_script);
+        if let Err(error) = conn
+            .req_packed_command(&load)
+            .await
+            .and_then(Value::extract_error)
+        {
+            tracing::info!(%error, "Cluster nodes refused the node script (Redis < 7.0?): one call per hash slot");
+            return Self::Cluster(conn, None);
+        }
+        let calls = Arc::new(NodeCalls::default());
+        refresh_slot_map(&mut conn, &calls).await;
+        Self::Cluster(conn, Some(calls))
+    }
+
+    /// Reads a Cluster's slot map again (after a node refused a call grouped by a stale one).
+    pub async fn refresh_slot_map(&mut self) {
+        if let Self::Cluster(conn, Some(calls)) = self {
+            let calls = Arc::clone(calls);
+            refresh_slot_map(conn, &calls).await;
+        }
+    }
+
     /// `HGET key field`.
     pub async fn hash_get(&mut self, key: &str, field: &str) -> RedisResult<Option<String>> {
         let mut cmd = redis::cmd("HGET");
@@ -96,6 +150,21 @@ impl Conn {
         let mut cmd = redis::cmd("SET");
         cmd.arg(key).arg(1).arg("PX").arg(10_000);
         self.expect_ok(&cmd).await.map(drop)
+    }
+}
+
+async fn refresh_slot_map(conn: &mut ClusterConnection, calls: &NodeCalls) {
+    let read = conn
+        .req_packed_command(&redis::cmd("CLUSTER").arg("SLOTS").clone())
+        .await
+        .map_err(|error| error.to_string())
+        .and_then(|reply| SlotMap::from_cluster_slots(&reply));
+    match read {
+        Ok(map) => calls.set(Some(map)),
+        Err(error) => {
+            tracing::warn!(%error, "could not read the Cluster slot map: one call per hash slot until it is read");
+            calls.set(None);
+        }
     }
 }
 
@@ -204,7 +273,7 @@ pub async fn connect(
                 .response_timeout(timeouts.response)
                 .tcp_settings(tcp_settings());
             let client = builder.build()?;
-            Ok(Conn::Cluster(client.get_async_connection().await?))
+            Ok(Conn::Cluster(client.get_async_connection().await?, None))
         }
         RedisTarget::Sentinel(sentinel) => {
             let mut client = sentinel_client(sentinel, access)?;

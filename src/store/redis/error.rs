@@ -31,6 +31,9 @@ pub enum ErrorKind {
     Tls,
     /// Slot errors (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, `CROSSSLOT`).
     Cluster,
+    /// A Cluster node call refused because one of its keys is not served by that node: sluice's
+    /// slot map is stale (a resharding). Resent one call per slot; not a Redis failure.
+    SlotMap,
     /// One counter's key holds something else (`WRONGTYPE`, a foreign value): that check alone
     /// fails; Redis itself is fine.
     BadKey,
@@ -45,7 +48,7 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// Every kind, for pre-registering metric series.
-    pub const ALL: [ErrorKind; 16] = [
+    pub const ALL: [ErrorKind; 17] = [
         Self::Deadline,
         Self::Timeout,
         Self::Connection,
@@ -58,6 +61,7 @@ impl ErrorKind {
         Self::Auth,
         Self::Tls,
         Self::Cluster,
+        Self::SlotMap,
         Self::BadKey,
         Self::Protocol,
         Self::Overloaded,
@@ -79,6 +83,7 @@ impl ErrorKind {
             Self::Auth => "auth",
             Self::Tls => "tls",
             Self::Cluster => "cluster",
+            Self::SlotMap => "slot_map",
             Self::BadKey => "bad_key",
             Self::Protocol => "protocol",
             Self::Overloaded => "overloaded",
@@ -103,7 +108,7 @@ impl ErrorKind {
     /// Whether the error says something about Redis' health (a bad key, or a check that waited
     /// too long inside sluice, does not).
     pub fn is_redis_failure(self) -> bool {
-        !matches!(self, Self::BadKey | Self::Overloaded)
+        !matches!(self, Self::BadKey | Self::Overloaded | Self::SlotMap)
     }
 
     /// The kind of a Redis error reply's code (`READONLY`, `OOM`, ...).
@@ -117,6 +122,8 @@ impl ErrorKind {
             "NOAUTH" | "WRONGPASS" | "NOPERM" => Self::Auth,
             "MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN" | "CROSSSLOT" => Self::Cluster,
             "WRONGTYPE" | "BADSTATE" => Self::BadKey,
+            // The node script's own refusal (see lua/batch.lua).
+            "NONLOCAL" => Self::SlotMap,
             _ => Self::Other,
         }
     }
@@ -156,5 +163,7 @@ mod tests {
         assert_eq!(ErrorKind::of_code("WHATEVER"), ErrorKind::Other);
         assert!(ErrorKind::Readonly.opens_at_once() && !ErrorKind::Timeout.opens_at_once());
         assert!(!ErrorKind::BadKey.is_redis_failure());
+        assert_eq!(ErrorKind::of_code("NONLOCAL"), ErrorKind::SlotMap);
+        assert!(!ErrorKind::SlotMap.is_redis_failure());
     }
 }

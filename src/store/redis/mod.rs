@@ -18,21 +18,24 @@ pub mod conn;
 pub mod error;
 pub mod health;
 pub mod keys;
+pub mod metrics;
 pub mod prober;
 pub mod scripts;
 pub mod sentinel_watch;
+pub mod slot_map;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus::IntGauge;
+use prometheus::Registry;
 use tokio::sync::watch;
 
 use self::access::Access;
-use self::batcher::{BatchConfig, BatchMetrics, Batcher};
+use self::batcher::{BatchConfig, Batcher};
 use self::conn::{RedisTarget, Timeouts};
 use self::error::ErrorKind;
 use self::health::{Circuit, Health};
+pub use self::metrics::RedisMetrics;
 use self::prober::{Backoff, Prober};
 use self::scripts::{Item, Scripts};
 use super::{RateStore, StoreCheck, StoreError, StoreFuture};
@@ -57,17 +60,8 @@ pub struct RedisOptions {
     pub breaker_failures: u32,
     /// Pacing of reconnection attempts.
     pub backoff: Backoff,
-}
-
-/// Metrics the Redis store keeps.
-#[derive(Clone)]
-pub struct RedisMetrics {
-    /// Pipelining and errors.
-    pub batch: BatchMetrics,
-    /// `sluice_redis_circuit_state`.
-    pub circuit: IntGauge,
-    /// `sluice_redis_up`.
-    pub up: IntGauge,
+    /// In a Cluster of Redis >= 7.0: one call per node rather than one per hash slot.
+    pub node_calls: bool,
 }
 
 /// Counters in Redis.
@@ -87,7 +81,7 @@ const QUEUE_BACKSTOP: Duration = Duration::from_secs(1);
 impl RedisStore {
     /// Starts connecting in the background and returns at once. Until connected the circuit is
     /// open: checks skip Redis and their failure modes apply. Needs a Tokio runtime.
-    pub fn start(options: RedisOptions, metrics: RedisMetrics) -> Result<Self, String> {
+    pub fn start(options: RedisOptions, registry: &Registry) -> Result<Self, String> {
         conn::validate(&options.target, &options.access)?;
         if options.key_prefix.contains(['{', '}']) {
             return Err("redis.key_prefix must not contain `{` or `}`".into());
@@ -99,9 +93,8 @@ impl RedisStore {
                  can read and change the counters; for self-signed test setups only"
             );
         }
-        for kind in ErrorKind::ALL {
-            metrics.batch.errors.with_label_values(&[kind.as_str()]);
-        }
+        let metrics = RedisMetrics::register(registry)
+            .map_err(|error| format!("registering the Redis metrics: {error}"))?;
         let health = Arc::new(Health::new(
             Circuit::Open,
             options.breaker_failures,
@@ -118,12 +111,15 @@ impl RedisStore {
                 Arc::clone(&health),
             ));
         }
+        let node_script = (matches!(options.target, RedisTarget::Cluster(_)) && options.node_calls)
+            .then(|| Arc::clone(&scripts.node_batch().source));
         let prober = Prober {
             target: options.target,
             access: options.access,
             timeouts: options.timeouts,
             probe_key: format!("{}:{{sluice:probe}}", options.key_prefix),
             scripts: scripts.sources(),
+            node_script,
             health: Arc::clone(&health),
             publish,
             backoff: options.backoff,
@@ -133,6 +129,7 @@ impl RedisStore {
         let batcher = Batcher::spawn(
             connection.clone(),
             scripts.batch().clone(),
+            scripts.node_batch().clone(),
             options.batch,
             metrics.batch,
             Arc::clone(&health),

@@ -36,7 +36,9 @@ pub struct Prober {
     /// The key the write probe sets (in the daemon's prefix, with an expiry).
     pub probe_key: String,
     /// Script sources to load into a new connection.
-    pub scripts: Vec<std::sync::Arc<str>>,
+    pub scripts: Vec<Arc<str>>,
+    /// The Cluster node script, when node calls are wanted (see `slot_map`).
+    pub node_script: Option<Arc<str>>,
     /// Shared health.
     pub health: Arc<Health>,
     /// Where new connections are published.
@@ -119,6 +121,9 @@ impl Prober {
         for source in &self.scripts {
             conn.load_script(source).await?;
         }
-        Ok(conn)
+        Ok(match &self.node_script {
+            Some(source) => conn.enable_node_calls(source).await,
+            None => conn,
+        })
     }
 }

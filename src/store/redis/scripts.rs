@@ -46,7 +46,12 @@ pub struct Scripts {
     sliding_log: Script,
     fixed_window: Script,
     batch: Script,
+    node_batch: Script,
 }
+
+/// The first line of the Cluster node script: script flags (Redis >= 7.0) that let one call touch
+/// keys of several slots served by the same node. Older servers refuse to load it.
+const NODE_FLAGS: &str = "#!lua flags=allow-cross-slot-keys\n";
 
 /// The part of an algorithm script before its entry point: its functions.
 fn functions(source: &str) -> &str {
@@ -66,6 +71,7 @@ impl Default for Scripts {
             token_bucket: Script::new(TOKEN_BUCKET.to_owned()),
             sliding_log: Script::new(SLIDING_LOG.to_owned()),
             fixed_window: Script::new(FIXED_WINDOW.to_owned()),
+            node_batch: Script::new(format!("{NODE_FLAGS}{batch}")),
             batch: Script::new(batch),
         }
     }
@@ -98,6 +104,13 @@ impl Scripts {
     /// The batch script (what the daemon runs).
     pub fn batch(&self) -> &Script {
         &self.batch
+    }
+
+    /// The same batch script for a Cluster node call: no declared keys (they come after the
+    /// checks in ARGV), flagged `allow-cross-slot-keys`. Not in [`Self::sources`]: only Redis
+    /// >= 7.0 loads it, and only a Cluster uses it.
+    pub fn node_batch(&self) -> &Script {
+        &self.node_batch
     }
 
     /// The script for `algorithm`.
