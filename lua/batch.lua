@@ -176,7 +176,8 @@ end
 -- every key must be served here, and that is checked before anything is written (a script that
 -- touches another node's key fails mid-way, after its earlier writes). Token bucket and fixed
 -- window keys are read now instead of at first use (no extra command); a sliding log key costs
--- one EXISTS. sluice resends a refused call one call per slot.
+-- one empty ZCOUNT (a command its ACL allows already). sluice resends a refused call one call per
+-- slot.
 if node_call then
   local at = 1
   while at <= #spec do
@@ -186,7 +187,7 @@ if node_call then
       local k, kind = spec[at], spec[at + 1]
       local failed
       if kind == 2 then
-        failed = redis.pcall('EXISTS', keys[k])
+        failed = redis.pcall('ZCOUNT', keys[k], 1, 0)
       else
         failed = load(k, kind)
       end

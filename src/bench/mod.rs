@@ -48,6 +48,12 @@ pub struct BenchArgs {
     /// Extra `[redis]` settings for the daemon under test, TOML lines (e.g. `pipelines_in_flight = 1`).
     #[arg(long, default_value = "")]
     redis_settings: String,
+    /// Only these algorithms' policies (tb, sl, fw; default all).
+    #[arg(long, value_delimiter = ',')]
+    policies: Option<Vec<String>>,
+    /// Only these key mixes (hot, zipf; default both, quick: hot).
+    #[arg(long, value_delimiter = ',')]
+    mixes: Option<Vec<String>>,
     /// Only measure Redis memory per key.
     #[arg(long)]
     memory_only: bool,
@@ -116,6 +122,13 @@ struct Plan {
 }
 
 async fn bench(args: BenchArgs) -> Result<()> {
+    if let Some(unknown) = args.policies.iter().flatten().find(|name| {
+        !algorithms()
+            .iter()
+            .any(|(policy, _)| policy == &name.as_str())
+    }) {
+        anyhow::bail!("unknown policy {unknown:?} (tb, sl, fw)");
+    }
     let keys = args
         .keys
         .unwrap_or(if args.quick { 10_000 } else { 100_000 });
@@ -131,10 +144,17 @@ async fn bench(args: BenchArgs) -> Result<()> {
         } else {
             3.0
         })),
-        mixes: if args.quick {
-            vec![KeyMix::Hot]
-        } else {
-            vec![KeyMix::Hot, KeyMix::zipf(keys)]
+        mixes: match &args.mixes {
+            Some(names) => names
+                .iter()
+                .map(|name| match name.as_str() {
+                    "hot" => Ok(KeyMix::Hot),
+                    "zipf" => Ok(KeyMix::zipf(keys)),
+                    other => Err(anyhow::anyhow!("unknown key mix {other:?} (hot, zipf)")),
+                })
+                .collect::<Result<_>>()?,
+            None if args.quick => vec![KeyMix::Hot],
+            None => vec![KeyMix::Hot, KeyMix::zipf(keys)],
         },
         keys,
         open_loop: !args.quick,
@@ -161,7 +181,12 @@ async fn bench(args: BenchArgs) -> Result<()> {
         n => n,
     };
     let naive = NaiveSidecar::start(&redis.url(), threads)?;
-    for (policy, algorithm) in algorithms() {
+    let wanted = |policy: &str| {
+        args.policies
+            .as_ref()
+            .is_none_or(|names| names.iter().any(|name| name == policy))
+    };
+    for (policy, algorithm) in algorithms().into_iter().filter(|(p, _)| wanted(p)) {
         for mix in &plan.mixes {
             let keys = if matches!(mix, KeyMix::Hot) {
                 1
