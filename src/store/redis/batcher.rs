@@ -93,6 +93,8 @@ struct Dispatch {
     /// Replies received so far: a call past its deadline while this moved was delayed by this
     /// daemon, not by Redis.
     progress: AtomicU64,
+    /// Missed deadlines, one per stall.
+    stalls: Stalls,
 }
 
 /// Longest a call past its deadline keeps waiting while Redis answers other calls (see `send`).
@@ -116,6 +118,7 @@ impl Batcher {
             metrics,
             health,
             progress: AtomicU64::new(0),
+            stalls: Stalls::new(),
         };
         tokio::spawn(dispatch.run(rx, conn));
         Self { tx }
@@ -297,7 +300,9 @@ impl Dispatch {
                         );
                         return Err(jobs);
                     }
-                    if kind.is_redis_failure() {
+                    let new_stall =
+                        kind != ErrorKind::Deadline || self.stalls.counts(started, Instant::now());
+                    if kind.is_redis_failure() && new_stall {
                         self.health.on_failure(kind);
                     }
                 }
@@ -393,6 +398,39 @@ impl Dispatch {
     }
 }
 
+/// Missed deadlines as the breaker should count them. Calls in flight together that miss their
+/// deadlines saw one stall, not several: a miss counts only if its call was written after the
+/// last counted miss was noticed. A hung Redis still opens the circuit after `breaker.failures`
+/// deadlines in a row (each round of calls written after the previous round failed counts once);
+/// a pipeline of calls caught in one pause of a busy Redis (or a saturated machine) counts once.
+struct Stalls {
+    /// When the last counted miss was noticed, in µs since `epoch`.
+    last: AtomicU64,
+    epoch: Instant,
+}
+
+impl Stalls {
+    fn new() -> Self {
+        Self {
+            last: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+
+    fn micros(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether a call written at `written` whose deadline passed (noticed at `now`) counts.
+    fn counts(&self, written: Instant, now: Instant) -> bool {
+        if self.micros(written) < self.last.load(Ordering::Acquire) {
+            return false;
+        }
+        self.last.fetch_max(self.micros(now), Ordering::AcqRel);
+        true
+    }
+}
+
 /// How a call names its script.
 #[derive(Clone, Copy)]
 enum Send {
@@ -443,5 +481,29 @@ fn batch_command(script: &Script, jobs: &[Job], send: Send, via: Via) -> Cmd {
 fn fail_all(jobs: Vec<Job>, error: &StoreError) {
     for job in jobs {
         let _ = job.reply.send(Err(error.clone()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_stall_counts_once_and_a_hung_redis_counts_every_round() {
+        let stalls = Stalls::new();
+        let at = |ms: u64| stalls.epoch + Duration::from_micros(ms * 1_000 + 1);
+        // Four calls written at 0-3 ms miss at 5-8 ms: one stall. Their slots are reused as they
+        // fail (calls written at 5-8 ms, interleaved with the misses).
+        let first_round: Vec<bool> = (0..4).map(|i| stalls.counts(at(i), at(5 + i))).collect();
+        assert_eq!(first_round, [true, false, false, false]);
+        // Those miss at 10-13 ms: written after the first counted miss, so the round counts once.
+        let second_round: Vec<bool> = (0..4)
+            .map(|i| stalls.counts(at(5 + i), at(10 + i)))
+            .collect();
+        assert_eq!(second_round, [true, false, false, false]);
+        // One call at a time against a hung Redis: every miss counts.
+        let sequential = Stalls::new();
+        let at = |ms: u64| sequential.epoch + Duration::from_micros(ms * 1_000 + 1);
+        assert!((0..5).all(|i| sequential.counts(at(i * 50), at(i * 50 + 50))));
     }
 }
