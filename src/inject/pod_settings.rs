@@ -199,7 +199,10 @@ fn strings<'a>(map: &'a Value, what: &str) -> Result<Vec<(&'a str, &'a str)>, St
         .filter(|(k, _)| k.as_str().is_some_and(|k| k.starts_with(PREFIX)))
         .map(|(k, v)| match (k.as_str(), v.as_str()) {
             (Some(k), Some(v)) => Ok((k, v)),
-            (k, _) => Err(format!("metadata.{what}: {k:?} is not a string")),
+            (k, _) => Err(format!(
+                "metadata.{what}[{:?}] is not a string (quote it)",
+                k.unwrap_or_default()
+            )),
         })
         .collect()
 }

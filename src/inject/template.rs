@@ -132,3 +132,77 @@ pub fn inject_template(
         warnings,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn template(yaml: &str) -> Mapping {
+        serde_yaml::from_str(yaml).expect("yaml")
+    }
+
+    fn replicas_of(template: &Mapping) -> String {
+        let env = template["spec"]["initContainers"][0]["env"]
+            .as_sequence()
+            .expect("env");
+        let var = env
+            .iter()
+            .find(|e| e["name"] == "SLUICE_LOCAL__REPLICAS")
+            .expect("replicas");
+        var["value"].as_str().expect("string").to_owned()
+    }
+
+    const POD: &str = "spec: {containers: [{name: app, image: a}]}";
+
+    #[test]
+    fn replicas_come_from_the_annotation_then_the_option_then_the_workload() {
+        let annotated = "metadata: {annotations: {sluice.io/replicas: \"7\"}}\n";
+        let with_option = Options {
+            replicas: Some(5),
+            ..Options::default()
+        };
+        let cases = [
+            (format!("{annotated}{POD}"), &with_option, Some(3), "7", false),
+            (POD.to_owned(), &with_option, Some(3), "5", false),
+            (POD.to_owned(), &Options::default(), Some(3), "3", false),
+            (POD.to_owned(), &Options::default(), None, "1", true),
+        ];
+        for (yaml, options, workload, expected, defaulted) in cases {
+            let mut pod = template(&yaml);
+            let outcome = inject_template(&mut pod, options, workload).expect("injects");
+            assert_eq!(outcome.injection, Injection::Injected);
+            assert_eq!(outcome.replicas_defaulted, defaulted, "{yaml}");
+            assert_eq!(replicas_of(&pod), expected, "{yaml}");
+        }
+    }
+
+    #[test]
+    fn opted_out_and_refused_pods_are_left_as_they_were() {
+        let opted_out = format!("metadata: {{labels: {{sluice.io/inject: disabled}}}}\n{POD}");
+        let mut pod = template(&opted_out);
+        let outcome = inject_template(&mut pod, &Options::default(), None).expect("ok");
+        assert_eq!(outcome.injection, Injection::OptedOut);
+        assert_eq!(pod, template(&opted_out));
+        // The sidecar would go in before the clashing volume is found: nothing may remain.
+        let clash = "spec:\n  containers: [{name: app, image: a}]\n  \
+                     volumes: [{name: sluice-socket, hostPath: {path: /tmp}}]";
+        let cases = [
+            (clash.to_owned(), Refusal::Conflict),
+            (
+                "spec: {hostNetwork: true, containers: [{name: app, image: a}]}".to_owned(),
+                Refusal::HostNetwork,
+            ),
+            (
+                format!("metadata: {{annotations: {{sluice.io/replicas: \"0\"}}}}\n{POD}"),
+                Refusal::InvalidSetting,
+            ),
+        ];
+        for (yaml, refusal) in cases {
+            let mut pod = template(&yaml);
+            let refused =
+                inject_template(&mut pod, &Options::default(), None).expect_err("refused");
+            assert_eq!(refused.refusal, refusal, "{}", refused.reason);
+            assert_eq!(pod, template(&yaml), "unchanged after {refusal:?}");
+        }
+    }
+}
