@@ -44,7 +44,7 @@ enum Command {
     /// Add the sluice native sidecar to Kubernetes YAML (stdin or a file) and print it.
     Inject(crate::inject::InjectArgs),
     /// The mutating admission webhook that injects the sidecar into opted-in pods.
-    Injector(crate::injector::InjectorArgs),
+    Injector(Box<crate::injector::InjectorArgs>),
     /// Benchmark: own Redis and daemon, load through both transports and raw-Redis baselines.
     Bench(crate::bench::BenchArgs),
     /// The benchmark's naive-sidecar baseline (started by `sluice bench`).
@@ -124,7 +124,7 @@ pub fn main() -> ExitCode {
             Err(error) => fail(EXIT_CONFIG, error),
         },
         Command::Inject(args) => crate::inject::run(args),
-        Command::Injector(args) => crate::injector::run(args),
+        Command::Injector(args) => crate::injector::run(*args),
         Command::Bench(args) => crate::bench::run(args),
         Command::BenchNaiveSidecar(args) => crate::bench::run_naive_sidecar(args),
     }

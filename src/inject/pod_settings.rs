@@ -179,11 +179,13 @@ fn opt(label: Option<&str>, annotation: Option<&str>) -> Result<Option<Opt>, Str
         )),
     };
     let (label, annotation) = (parse(label)?, parse(annotation)?);
-    Ok(if label == Some(Opt::Disabled) || annotation == Some(Opt::Disabled) {
-        Some(Opt::Disabled)
-    } else {
-        label.or(annotation)
-    })
+    Ok(
+        if label == Some(Opt::Disabled) || annotation == Some(Opt::Disabled) {
+            Some(Opt::Disabled)
+        } else {
+            label.or(annotation)
+        },
+    )
 }
 
 /// The string pairs of a labels or annotations mapping (absent: none).

@@ -46,7 +46,9 @@ impl Quantity {
     /// Parses `text`; the error says what is wrong.
     pub fn parse(text: &str) -> Result<Self, String> {
         if text.is_empty() || text.len() > MAX_LEN {
-            return Err(format!("{text:?} is not a quantity (1 to {MAX_LEN} characters)"));
+            return Err(format!(
+                "{text:?} is not a quantity (1 to {MAX_LEN} characters)"
+            ));
         }
         let split = text
             .find(|c: char| !c.is_ascii_digit() && c != '.')
@@ -58,7 +60,7 @@ impl Quantity {
             && int.bytes().all(|b| b.is_ascii_digit())
             && fraction.len() <= MAX_FRACTION_DIGITS
             && fraction.bytes().all(|b| b.is_ascii_digit())
-            && (number.contains('.') == !fraction.is_empty());
+            && number.contains('.') != fraction.is_empty();
         if !plain {
             return Err(format!(
                 "{text:?} is not a quantity: expected digits, an optional fraction and a suffix \
@@ -129,8 +131,22 @@ mod tests {
     #[test]
     fn anything_else_is_refused() {
         for bad in [
-            "", "-1", "+1", "1e3", "1.", ".5", "1..5", "1.2.3", "Mi", "1mi", "1 Mi", "1MiB", "abc",
-            "0x10", "1.0000000001", "9999999999999999",
+            "",
+            "-1",
+            "+1",
+            "1e3",
+            "1.",
+            ".5",
+            "1..5",
+            "1.2.3",
+            "Mi",
+            "1mi",
+            "1 Mi",
+            "1MiB",
+            "abc",
+            "0x10",
+            "1.0000000001",
+            "9999999999999999",
         ] {
             assert!(Quantity::parse(bad).is_err(), "{bad:?} accepted");
         }

@@ -87,10 +87,7 @@ pub fn inject_template(
     let options = settings
         .apply(options)
         .map_err(refused(Refusal::InvalidSetting))?;
-    let chosen = settings
-        .replicas
-        .or(options.replicas)
-        .or(workload_replicas);
+    let chosen = settings.replicas.or(options.replicas).or(workload_replicas);
     let replicas = chosen.unwrap_or(1).max(1);
     let spec = template
         .get("spec")
@@ -117,7 +114,9 @@ pub fn inject_template(
         *metadata = Value::Mapping(Mapping::new());
     }
     let Some(metadata) = metadata.as_mapping_mut() else {
-        return Err(refused(Refusal::Conflict)("metadata is not a mapping".into()));
+        return Err(refused(Refusal::Conflict)(
+            "metadata is not a mapping".into(),
+        ));
     };
     // Inserting over an existing key keeps its position.
     metadata.insert("labels".into(), labels);
@@ -162,7 +161,13 @@ mod tests {
             ..Options::default()
         };
         let cases = [
-            (format!("{annotated}{POD}"), &with_option, Some(3), "7", false),
+            (
+                format!("{annotated}{POD}"),
+                &with_option,
+                Some(3),
+                "7",
+                false,
+            ),
             (POD.to_owned(), &with_option, Some(3), "5", false),
             (POD.to_owned(), &Options::default(), Some(3), "3", false),
             (POD.to_owned(), &Options::default(), None, "1", true),

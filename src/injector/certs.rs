@@ -93,7 +93,10 @@ pub fn generate(names: Vec<String>, days: u32) -> Result<Generated, rcgen::Error
 
 /// Runs `sluice injector certs`: 0 written, 64 bad arguments, 73 files not written.
 pub fn run(args: CertsArgs) -> ExitCode {
-    for (what, value) in [("--service", &args.service), ("--namespace", &args.namespace)] {
+    for (what, value) in [
+        ("--service", &args.service),
+        ("--namespace", &args.namespace),
+    ] {
         if !is_dns_label(value) {
             eprintln!(
                 "sluice injector certs: {what} {value:?} is not a DNS label (lowercase letters, \

@@ -212,7 +212,9 @@ mod tests {
     /// An item inserted into every outermost list of `value` (at positions drawn from `seed`).
     fn with_insertions(value: &Value, seed: &mut u64) -> Value {
         let mut next = || {
-            *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            *seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (*seed >> 33) as usize
         };
         match value {

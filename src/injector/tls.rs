@@ -71,13 +71,8 @@ impl CertFiles {
         let provider = rustls::crypto::CryptoProvider::get_default()
             .cloned()
             .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
-        let certified = CertifiedKey::from_der(chain, key, &provider).map_err(|e| {
-            format!(
-                "{} and {}: {e}",
-                self.cert.display(),
-                self.key.display()
-            )
-        })?;
+        let certified = CertifiedKey::from_der(chain, key, &provider)
+            .map_err(|e| format!("{} and {}: {e}", self.cert.display(), self.key.display()))?;
         Ok((certified, (Some(cert_stamp), Some(key_stamp))))
     }
 
@@ -110,7 +105,12 @@ impl ServingCert {
 
 impl ResolvesServerCert for ServingCert {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.current.read().unwrap_or_else(|e| e.into_inner()).clone())
+        Some(
+            self.current
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+        )
     }
 }
 
@@ -185,7 +185,7 @@ impl axum::serve::Listener for TlsListener {
         let (tcp, addr) = axum::serve::Listener::accept(&mut self.tcp).await;
         let _ = tcp.set_nodelay(true);
         (
-            LazyTls(Handshake::Pending(self.acceptor.accept(tcp))),
+            LazyTls(Handshake::Pending(Box::new(self.acceptor.accept(tcp)))),
             addr,
         )
     }
@@ -199,7 +199,7 @@ impl axum::serve::Listener for TlsListener {
 pub struct LazyTls(Handshake);
 
 enum Handshake {
-    Pending(Accept<TcpStream>),
+    Pending(Box<Accept<TcpStream>>),
     Done(Box<TlsStream<TcpStream>>),
     Failed,
 }
@@ -207,7 +207,7 @@ enum Handshake {
 impl LazyTls {
     fn poll_stream(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<&mut TlsStream<TcpStream>>> {
         if let Handshake::Pending(accept) = &mut self.0 {
-            match ready!(Pin::new(accept).poll(cx)) {
+            match ready!(Pin::new(&mut **accept).poll(cx)) {
                 Ok(stream) => self.0 = Handshake::Done(Box::new(stream)),
                 Err(error) => {
                     self.0 = Handshake::Failed;

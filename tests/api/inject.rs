@@ -406,7 +406,9 @@ fn cli_honours_the_pod_templates_sluice_annotations() {
     assert_eq!(outcome.code, Some(0), "{outcome:?}");
     assert_eq!(documents(&outcome.stdout), documents(&opted_out));
     assert!(
-        outcome.stderr.contains("deployment/web says sluice.io/inject: disabled"),
+        outcome
+            .stderr
+            .contains("deployment/web says sluice.io/inject: disabled"),
         "{}",
         outcome.stderr
     );
@@ -422,8 +424,14 @@ fn cli_honours_the_pod_templates_sluice_annotations() {
         outcome.stderr
     );
     for (annotations, needle) in [
-        ("{sluice.io/memory-limit: \"128\"}", "sluice.io/memory-limit is \"128\", outside"),
-        ("{sluice.io/memory-limit: 128}", "[\"sluice.io/memory-limit\"] is not a string"),
+        (
+            "{sluice.io/memory-limit: \"128\"}",
+            "sluice.io/memory-limit is \"128\", outside",
+        ),
+        (
+            "{sluice.io/memory-limit: 128}",
+            "[\"sluice.io/memory-limit\"] is not a string",
+        ),
     ] {
         let outcome = inject_cli(&[], &with_annotations(annotations));
         assert_eq!(outcome.code, Some(64), "{outcome:?}");

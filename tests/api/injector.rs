@@ -49,7 +49,11 @@ async fn admit(addr: std::net::SocketAddr, ca: &Path, uid: &str, pod: &Value) ->
 fn warnings(reply: &Value) -> Vec<String> {
     reply["response"]["warnings"]
         .as_array()
-        .map(|w| w.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+        .map(|w| {
+            w.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -67,10 +71,18 @@ async fn wait_ready(admin: std::net::SocketAddr, child: &mut ChildGuard) {
             return;
         }
         assert!(
-            child.0.as_mut().and_then(|c| c.try_wait().ok()).flatten().is_none(),
+            child
+                .0
+                .as_mut()
+                .and_then(|c| c.try_wait().ok())
+                .flatten()
+                .is_none(),
             "sluice injector exited"
         );
-        assert!(started.elapsed() < POLL_LIMIT, "the injector never got ready");
+        assert!(
+            started.elapsed() < POLL_LIMIT,
+            "the injector never got ready"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -105,7 +117,14 @@ async fn pods_get_exactly_what_sluice_inject_gives() {
             "--image" => "--image=registry.example/sluice:9.9".to_owned(),
             _ => arg.to_owned(),
         };
-        if ["--image", "--policies-configmap", "--redis-secret", "--replicas"].contains(&flag) {
+        if [
+            "--image",
+            "--policies-configmap",
+            "--redis-secret",
+            "--replicas",
+        ]
+        .contains(&flag)
+        {
             sidecar_flags.push(arg.clone());
         }
         args.push(arg);
@@ -141,7 +160,12 @@ async fn pods_get_exactly_what_sluice_inject_gives() {
         ),
         (
             "job",
-            created_pod(&job, "batch", "backfill", Some(("batch/v1", "Job", "backfill"))),
+            created_pod(
+                &job,
+                "batch",
+                "backfill",
+                Some(("batch/v1", "Job", "backfill")),
+            ),
             1,
         ),
         ("pod", created_pod(&bare, "default", "worker", None), 0),
@@ -188,12 +212,19 @@ async fn pods_get_exactly_what_sluice_inject_gives() {
             .cloned()
             .collect()
     };
-    assert_eq!(sluice_volumes(template), sluice_volumes(&injected_web["spec"]));
+    assert_eq!(
+        sluice_volumes(template),
+        sluice_volumes(&injected_web["spec"])
+    );
     // A dry run is answered the same (there are no side effects to skip).
     let (_, job_pod, _) = &pods[1];
     let body = |dry_run| review("dry", job_pod, dry_run).to_string().into_bytes();
-    let dry = https(webhook, &ca, "POST", "/mutate", body(true)).await.expect("dry");
-    let wet = https(webhook, &ca, "POST", "/mutate", body(false)).await.expect("wet");
+    let dry = https(webhook, &ca, "POST", "/mutate", body(true))
+        .await
+        .expect("dry");
+    let wet = https(webhook, &ca, "POST", "/mutate", body(false))
+        .await
+        .expect("wet");
     assert_eq!(dry.json, wet.json);
     let metrics = sluice::client::request(
         &Target::Tcp(admin),
@@ -268,7 +299,9 @@ async fn pods_that_opt_out_or_cannot_take_the_sidecar_are_allowed_unchanged() {
         assert!(reply["response"].get("patch").is_none(), "{uid}: {reply}");
         let found = warnings(&reply);
         assert!(
-            found.len() == 1 && found[0].starts_with("sluice: not injected") && found[0].contains(needle),
+            found.len() == 1
+                && found[0].starts_with("sluice: not injected")
+                && found[0].contains(needle),
             "{uid}: {found:?}"
         );
     }
@@ -318,7 +351,11 @@ async fn pods_that_opt_out_or_cannot_take_the_sidecar_are_allowed_unchanged() {
     let metrics = injector.metrics().await;
     let value = |name, labels: &[(&str, &str)]| metric_value(&metrics, name, labels);
     let admissions = "sluice_injector_admissions_total";
-    assert_eq!(value(admissions, &[("outcome", "refused")]), 5.0, "{metrics}");
+    assert_eq!(
+        value(admissions, &[("outcome", "refused")]),
+        5.0,
+        "{metrics}"
+    );
     assert_eq!(value(admissions, &[("outcome", "skipped")]), 1.0);
     assert_eq!(value(admissions, &[("outcome", "injected")]), 1.0);
     let refusals = "sluice_injector_refusals_total";

@@ -41,7 +41,12 @@ async fn bad_reviews_get_a_json_4xx_and_the_next_review_is_served() {
     let mut huge = pod.clone();
     huge["metadata"]["annotations"] = json!({"big": "x".repeat(3 * 1024 * 1024)});
     let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
-        ("not JSON", b"{\"apiVersion\": ".to_vec(), 400, "bad_request"),
+        (
+            "not JSON",
+            b"{\"apiVersion\": ".to_vec(),
+            400,
+            "bad_request",
+        ),
         ("an array", b"[1, 2]".to_vec(), 400, "bad_request"),
         (
             "v1beta1",
@@ -58,7 +63,8 @@ async fn bad_reviews_get_a_json_4xx_and_the_next_review_is_served() {
         (
             "a Deployment",
             edited(&|r| {
-                r["request"]["kind"] = json!({"group": "apps", "version": "v1", "kind": "Deployment"})
+                r["request"]["kind"] =
+                    json!({"group": "apps", "version": "v1", "kind": "Deployment"})
             }),
             400,
             "not_a_pod",
@@ -130,7 +136,13 @@ async fn bad_reviews_get_a_json_4xx_and_the_next_review_is_served() {
     assert_eq!(reply.status, 200);
     assert_ne!(patched(&pod, &reply.json), pod);
     let metrics = injector.metrics().await;
-    let outcome = |o| metric_value(&metrics, "sluice_injector_admissions_total", &[("outcome", o)]);
+    let outcome = |o| {
+        metric_value(
+            &metrics,
+            "sluice_injector_admissions_total",
+            &[("outcome", o)],
+        )
+    };
     assert_eq!(outcome("bad_request"), count as f64, "{metrics}");
     assert_eq!(outcome("skipped"), 1.0);
     assert_eq!(outcome("injected"), 1.0);
@@ -161,7 +173,10 @@ where
 {
     let started = Instant::now();
     while !done().await {
-        assert!(started.elapsed() < POLL_LIMIT, "{what}: not within {POLL_LIMIT:?}");
+        assert!(
+            started.elapsed() < POLL_LIMIT,
+            "{what}: not within {POLL_LIMIT:?}"
+        );
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
@@ -169,7 +184,10 @@ where
 #[tokio::test]
 async fn a_rotated_certificate_is_served_without_a_restart() {
     let mount = tempfile::tempdir().expect("tempdir");
-    let (first, second) = (mount.path().join("..2024_01"), mount.path().join("..2024_02"));
+    let (first, second) = (
+        mount.path().join("..2024_01"),
+        mount.path().join("..2024_02"),
+    );
     write_certs(&first).await;
     write_certs(&second).await;
     point_data_at(mount.path(), "..2024_01");
@@ -226,7 +244,14 @@ async fn certs_refuses_bad_names_and_never_overwrites() {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("certs");
     let out_arg = out.display().to_string();
-    let bad = ["injector", "certs", "--service", "Bad_Name", "--out", &out_arg];
+    let bad = [
+        "injector",
+        "certs",
+        "--service",
+        "Bad_Name",
+        "--out",
+        &out_arg,
+    ];
     let outcome = run_async(sluice_command(&repo_root(), &bad)).await;
     assert_eq!(outcome.code, Some(64), "{outcome:?}");
     assert!(outcome.stderr.contains("--service"), "{}", outcome.stderr);

@@ -128,7 +128,10 @@ fn webhooks_fail_open_and_reach_the_service_with_a_cert_manager_ca() {
             .iter()
             .find(|p| p["name"] == port["targetPort"])
             .expect("the targetPort names a container port");
-        let listen = format!("--listen=0.0.0.0:{}", container_port["containerPort"].as_u64().expect("port"));
+        let listen = format!(
+            "--listen=0.0.0.0:{}",
+            container_port["containerPort"].as_u64().expect("port")
+        );
         assert!(strings(&container["args"]).contains(&listen.as_str()));
     }
     // cert-manager: the caBundle comes from the serving Certificate, whose Secret the
@@ -155,21 +158,40 @@ fn webhooks_fail_open_and_reach_the_service_with_a_cert_manager_ca() {
         .iter()
         .find(|m| m["name"] == volume["name"])
         .expect("mounted");
-    assert!(mount.get("subPath").is_none(), "a directory mount sees renewals");
+    assert!(
+        mount.get("subPath").is_none(),
+        "a directory mount sees renewals"
+    );
     let dir = mount["mountPath"].as_str().expect("path");
     let args = strings(&pod["containers"][0]["args"]);
-    assert!(args.contains(&format!("--tls-cert={dir}/tls.crt").as_str()), "{args:?}");
-    assert!(args.contains(&format!("--tls-key={dir}/tls.key").as_str()), "{args:?}");
+    assert!(
+        args.contains(&format!("--tls-cert={dir}/tls.crt").as_str()),
+        "{args:?}"
+    );
+    assert!(
+        args.contains(&format!("--tls-key={dir}/tls.key").as_str()),
+        "{args:?}"
+    );
     // The serving certificate comes from a CA issuer (renewals keep the caBundle), whose CA
     // comes from the self-signed issuer.
-    let issuer = find(&objects, "Issuer", certificate["spec"]["issuerRef"]["name"].as_str().expect("issuer"));
+    let issuer = find(
+        &objects,
+        "Issuer",
+        certificate["spec"]["issuerRef"]["name"]
+            .as_str()
+            .expect("issuer"),
+    );
     let ca_secret = &issuer["spec"]["ca"]["secretName"];
     let ca = objects
         .iter()
         .find(|o| o["kind"] == "Certificate" && o["spec"]["secretName"] == *ca_secret)
         .expect("the CA Certificate");
     assert_eq!(ca["spec"]["isCA"], true);
-    let root = find(&objects, "Issuer", ca["spec"]["issuerRef"]["name"].as_str().expect("issuer"));
+    let root = find(
+        &objects,
+        "Issuer",
+        ca["spec"]["issuerRef"]["name"].as_str().expect("issuer"),
+    );
     assert!(root["spec"]["selfSigned"].is_mapping());
 }
 
@@ -186,21 +208,34 @@ fn the_injector_runs_twice_non_root_on_a_read_only_root() {
         .as_mapping()
         .expect("selector")
     {
-        assert_eq!(labels.get(key), Some(value), "the budget selects the injector's pods");
+        assert_eq!(
+            labels.get(key),
+            Some(value),
+            "the budget selects the injector's pods"
+        );
     }
     let pod = &template["spec"];
     assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
-    assert_eq!(pod["automountServiceAccountToken"], false, "no API access needed");
+    assert_eq!(
+        pod["automountServiceAccountToken"], false,
+        "no API access needed"
+    );
     let container = &pod["containers"][0];
     assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
-    assert_eq!(container["securityContext"]["allowPrivilegeEscalation"], false);
+    assert_eq!(
+        container["securityContext"]["allowPrivilegeEscalation"],
+        false
+    );
     let admin = container["ports"]
         .as_sequence()
         .expect("ports")
         .iter()
         .find(|p| p["name"] == container["readinessProbe"]["httpGet"]["port"])
         .expect("the probes use a named port");
-    let admin_arg = format!("--admin=0.0.0.0:{}", admin["containerPort"].as_u64().expect("port"));
+    let admin_arg = format!(
+        "--admin=0.0.0.0:{}",
+        admin["containerPort"].as_u64().expect("port")
+    );
     assert!(strings(&container["args"]).contains(&admin_arg.as_str()));
     assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
     assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/livez");
