@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use super::metrics::InjectorMetrics;
 use super::mutate::{mutate, Mutation, Outcome};
 use super::review::{AdmissionOperation, AdmissionReview, ReviewResponse};
-use super::tls::{self, CertFiles, ServingCert, TlsListener};
+use super::tls::{self, CertFiles, ServingCert, Stamps, TlsListener};
 use crate::app::StartError;
 use crate::config::{HumanDuration, RequestLimits};
 use crate::inject::Options;
@@ -66,10 +66,7 @@ pub struct Injector {
     admin: TcpListener,
     admin_addr: SocketAddr,
     serving: Arc<ServingCert>,
-    stamps: (
-        Option<crate::config::bounded_read::FileStamp>,
-        Option<crate::config::bounded_read::FileStamp>,
-    ),
+    stamps: Stamps,
     metrics: InjectorMetrics,
     ready: Arc<AtomicBool>,
 }

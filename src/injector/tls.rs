@@ -47,7 +47,7 @@ pub struct CertFiles {
 }
 
 /// What identifies the version of both files on disk (`None`: a file is not there).
-type Stamps = (Option<FileStamp>, Option<FileStamp>);
+pub type Stamps = (Option<FileStamp>, Option<FileStamp>);
 
 impl CertFiles {
     /// Reads and checks both files: at least one certificate, a private key, and the key matches
