@@ -1,4 +1,5 @@
-//! The command line: `sluice serve`, `sluice check`, `sluice config check`, `sluice inject`.
+//! The command line: `sluice serve`, `sluice check`, `sluice config check`, `sluice inject`,
+//! `sluice injector`.
 //! Exit codes: 0 ok / allowed, 1 denied or runtime failure, 2 limiter unavailable, 64 bad usage or
 //! configuration, 69 daemon unreachable.
 
@@ -42,6 +43,8 @@ enum Command {
     },
     /// Add the sluice native sidecar to Kubernetes YAML (stdin or a file) and print it.
     Inject(crate::inject::InjectArgs),
+    /// The mutating admission webhook that injects the sidecar into opted-in pods.
+    Injector(Box<crate::injector::InjectorArgs>),
     /// Benchmark: own Redis and daemon, load through both transports and raw-Redis baselines.
     Bench(crate::bench::BenchArgs),
     /// The benchmark's naive-sidecar baseline (started by `sluice bench`).
@@ -121,6 +124,7 @@ pub fn main() -> ExitCode {
             Err(error) => fail(EXIT_CONFIG, error),
         },
         Command::Inject(args) => crate::inject::run(args),
+        Command::Injector(args) => crate::injector::run(*args),
         Command::Bench(args) => crate::bench::run(args),
         Command::BenchNaiveSidecar(args) => crate::bench::run_naive_sidecar(args),
     }
@@ -166,7 +170,7 @@ fn serve(config: Option<&Path>) -> ExitCode {
 }
 
 /// Resolves on SIGTERM or SIGINT.
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     match (
         signal(SignalKind::terminate()),

@@ -13,6 +13,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod inject;
+pub mod injector;
 pub mod limit;
 pub mod process_cpu;
 pub mod reload;

@@ -13,25 +13,45 @@ const EXIT_REFUSED: u8 = 64;
 /// Exit code when the input file cannot be read (sysexits EX_NOINPUT).
 const EXIT_NO_INPUT: u8 = 66;
 
+/// The sidecar's knobs, shared by `sluice inject` and `sluice injector`.
+#[derive(Debug, Clone, Args)]
+pub struct SidecarArgs {
+    /// Image of the sidecar.
+    #[arg(long, default_value_t = super::sidecar::default_image())]
+    pub image: String,
+    /// ConfigMap holding `policies.yaml` (a pod's `sluice.io/policies-configmap` overrides it).
+    #[arg(long, default_value = "sluice-policies")]
+    pub policies_configmap: String,
+    /// Secret whose keys are `SLUICE_REDIS__*` variables (optional: without it, the embedded
+    /// store).
+    #[arg(long, default_value = "sluice-redis")]
+    pub redis_secret: String,
+    /// Pods sharing each limit, for the `local` failure mode (a pod's `sluice.io/replicas`
+    /// overrides it; default: the workload's `spec.replicas`, else 1).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub replicas: Option<u64>,
+}
+
+impl SidecarArgs {
+    /// The options these arguments give (no `--overwrite`, no `--skip-unknown`).
+    pub fn options(&self) -> Options {
+        Options {
+            image: self.image.clone(),
+            policies_configmap: self.policies_configmap.clone(),
+            redis_secret: self.redis_secret.clone(),
+            replicas: self.replicas,
+            ..Options::default()
+        }
+    }
+}
+
 /// Arguments of `sluice inject`.
 #[derive(Debug, Args)]
 pub struct InjectArgs {
     /// Kubernetes YAML to inject; `-` or nothing reads stdin.
     file: Option<PathBuf>,
-    /// Image of the sidecar.
-    #[arg(long, default_value_t = super::sidecar::default_image())]
-    image: String,
-    /// ConfigMap holding `policies.yaml`.
-    #[arg(long, default_value = "sluice-policies")]
-    policies_configmap: String,
-    /// Secret whose keys are `SLUICE_REDIS__*` variables (optional: without it, the embedded
-    /// store).
-    #[arg(long, default_value = "sluice-redis")]
-    redis_secret: String,
-    /// Pods sharing each limit, for the `local` failure mode (default: the workload's
-    /// `spec.replicas`, else 1).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
-    replicas: Option<u64>,
+    #[command(flatten)]
+    sidecar: SidecarArgs,
     /// Replace a sluice container, volume, mount, variable or label whose settings differ.
     #[arg(long)]
     overwrite: bool,
@@ -59,12 +79,9 @@ pub fn run(args: InjectArgs) -> ExitCode {
         return ExitCode::from(EXIT_NO_INPUT);
     }
     let options = Options {
-        image: args.image,
-        policies_configmap: args.policies_configmap,
-        redis_secret: args.redis_secret,
-        replicas: args.replicas,
         overwrite: args.overwrite,
         skip_unknown: args.skip_unknown,
+        ..args.sidecar.options()
     };
     let injected = match inject_str(&input, &options) {
         Ok(injected) => injected,
@@ -79,7 +96,14 @@ pub fn run(args: InjectArgs) -> ExitCode {
     for id in &injected.unchanged {
         eprintln!("{id} already injected, unchanged");
     }
-    if injected.changed.is_empty() && injected.unchanged.is_empty() {
+    for id in &injected.opted_out {
+        eprintln!("{id} says sluice.io/inject: disabled, unchanged");
+    }
+    for warning in &injected.warnings {
+        eprintln!("warning: {warning}");
+    }
+    let templates = injected.changed.len() + injected.unchanged.len() + injected.opted_out.len();
+    if templates == 0 {
         eprintln!("sluice inject: no pod template in the input; copied unchanged");
     }
     let mut stdout = std::io::stdout().lock();

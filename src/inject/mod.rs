@@ -6,17 +6,22 @@
 //! containers. Everything else is copied as parsed: field order and unknown fields survive;
 //! comments, anchors and quoting styles do not (the YAML is re-emitted from its values, quoting
 //! every string that a YAML 1.1 reader such as kubectl could take for another type).
-//! Injecting an injected manifest changes nothing; any refusal writes nothing.
+//! Injecting an injected manifest changes nothing; any refusal writes nothing. Each pod template
+//! goes through [`template::inject_template`], as each pod sent to the injector webhook does.
 
 mod command;
 pub mod emit;
 mod error;
 mod pod;
+pub mod pod_settings;
+pub mod quantity;
 pub mod sidecar;
+pub mod template;
 
-pub use command::{run, InjectArgs};
+pub use command::{run, InjectArgs, SidecarArgs};
 pub use error::InjectError;
 pub use sidecar::Options;
+pub use template::{inject_template, Injection, Refusal, Refused};
 
 use serde::Deserialize;
 use serde_yaml::Value;
@@ -58,6 +63,10 @@ pub struct Injected {
     pub changed: Vec<String>,
     /// `kind/name` of every pod template that already had the same sidecar.
     pub unchanged: Vec<String>,
+    /// `kind/name` of every pod template that says `sluice.io/inject: disabled`.
+    pub opted_out: Vec<String>,
+    /// `kind/name: warning` for what the pod templates' owners should know.
+    pub warnings: Vec<String>,
 }
 
 /// Injects every pod template in `input` (a YAML stream). Empty documents are dropped.
@@ -74,6 +83,8 @@ pub fn inject_str(input: &str, options: &Options) -> Result<Injected, InjectErro
         yaml: String::new(),
         changed: Vec::new(),
         unchanged: Vec::new(),
+        opted_out: Vec::new(),
+        warnings: Vec::new(),
     };
     for (index, document) in documents.iter_mut().enumerate() {
         let at = format!("document {}", index + 1);
@@ -117,16 +128,12 @@ fn inject_object(
         }
         return Ok(());
     }
-    let replicas = options
-        .replicas
-        .or_else(|| match kind.as_str() {
-            "Deployment" | "StatefulSet" | "ReplicaSet" | "ReplicationController" => {
-                object["spec"]["replicas"].as_u64()
-            }
-            _ => None,
-        })
-        .unwrap_or(1)
-        .max(1);
+    let workload_replicas = match kind.as_str() {
+        "Deployment" | "StatefulSet" | "ReplicaSet" | "ReplicationController" => {
+            object["spec"]["replicas"].as_u64()
+        }
+        _ => None,
+    };
     let template = match kind.as_str() {
         "Pod" => Some(&mut *object),
         "Deployment"
@@ -151,29 +158,14 @@ fn inject_object(
     let template = template
         .and_then(Value::as_mapping_mut)
         .ok_or_else(|| conflict("no pod template (a mapping) found".into()))?;
-    let mut labels = template
-        .get("metadata")
-        .and_then(|m| m.get("labels"))
-        .cloned()
-        .unwrap_or(Value::Null);
-    let spec = template
-        .get_mut("spec")
-        .and_then(Value::as_mapping_mut)
-        .ok_or_else(|| conflict("the pod has no spec".into()))?;
-    let changed = pod::inject(spec, &mut labels, options, replicas).map_err(conflict)?;
-    let metadata = template.entry("metadata".into()).or_insert(Value::Null);
-    if metadata.is_null() {
-        *metadata = Value::Mapping(Default::default());
-    }
-    // Inserting over an existing key keeps its position.
-    metadata
-        .as_mapping_mut()
-        .ok_or_else(|| conflict("metadata is not a mapping".into()))?
-        .insert("labels".into(), labels);
-    if changed {
-        out.changed.push(id);
-    } else {
-        out.unchanged.push(id);
+    let outcome = inject_template(template, options, workload_replicas)
+        .map_err(|refused| conflict(refused.reason))?;
+    out.warnings
+        .extend(outcome.warnings.iter().map(|w| format!("{id}: {w}")));
+    match outcome.injection {
+        Injection::Injected => out.changed.push(id),
+        Injection::Unchanged => out.unchanged.push(id),
+        Injection::OptedOut => out.opted_out.push(id),
     }
     Ok(())
 }

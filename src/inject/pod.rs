@@ -9,20 +9,14 @@ use super::sidecar::{self, Options};
 pub type Conflict = String;
 
 /// Injects into `spec` (a PodSpec) and `labels` (the pod's labels, created when absent).
-/// Returns whether anything changed.
+/// Returns whether anything changed. `template` checks what rules a pod out first
+/// (`hostNetwork`, its `sluice.io/*` settings).
 pub fn inject(
     spec: &mut Mapping,
     labels: &mut Value,
     options: &Options,
     replicas: u64,
 ) -> Result<bool, Conflict> {
-    if spec.get("hostNetwork").and_then(Value::as_bool) == Some(true) {
-        return Err(
-            "hostNetwork pods share the node's ports: every pod's sidecar would bind \
-                    127.0.0.1:7070 and :7071 on the node; run sluice without hostNetwork"
-                .into(),
-        );
-    }
     let mut changed = false;
     changed |= place_sidecar(spec, options, replicas)?;
     for volume in sidecar::volumes(options) {

@@ -3,6 +3,8 @@
 
 use serde_yaml::Value;
 
+use super::quantity::Quantity;
+
 /// Name of the sidecar container (an init container with `restartPolicy: Always`).
 pub const CONTAINER: &str = "sluice";
 /// The `emptyDir` volume shared by the sidecar and the application containers.
@@ -29,8 +31,11 @@ pub struct Options {
     pub policies_configmap: String,
     /// Secret whose keys are `SLUICE_*` variables (the Redis address); optional at run time.
     pub redis_secret: String,
-    /// `local.replicas`; `None`: the workload's `spec.replicas`, else 1.
+    /// `local.replicas`; `None`: the workload's `spec.replicas`, else 1. A pod's
+    /// `sluice.io/replicas` annotation overrides it.
     pub replicas: Option<u64>,
+    /// The sidecar's requests and memory limit (a pod's annotations may override them).
+    pub resources: Resources,
     /// Replace a `sluice` container, volume, mount or variable whose settings differ.
     pub overwrite: bool,
     /// Copy documents of unknown kinds unchanged instead of refusing them.
@@ -44,11 +49,42 @@ impl Default for Options {
             policies_configmap: "sluice-policies".into(),
             redis_secret: "sluice-redis".into(),
             replicas: None,
+            resources: Resources::default(),
             overwrite: false,
             skip_unknown: false,
         }
     }
 }
+
+/// The sidecar's resources. No CPU limit: CFS throttling would add milliseconds to a
+/// sub-millisecond check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resources {
+    /// `requests.cpu`.
+    pub cpu_request: Quantity,
+    /// `requests.memory`.
+    pub memory_request: Quantity,
+    /// `limits.memory`.
+    pub memory_limit: Quantity,
+}
+
+impl Default for Resources {
+    fn default() -> Self {
+        let quantity = |text| Quantity::parse(text).expect("a valid default quantity");
+        Self {
+            cpu_request: quantity(DEFAULT_CPU_REQUEST),
+            memory_request: quantity(DEFAULT_MEMORY_REQUEST),
+            memory_limit: quantity(DEFAULT_MEMORY_LIMIT),
+        }
+    }
+}
+
+/// Default `requests.cpu` of the sidecar.
+pub const DEFAULT_CPU_REQUEST: &str = "50m";
+/// Default `requests.memory` of the sidecar.
+pub const DEFAULT_MEMORY_REQUEST: &str = "32Mi";
+/// Default `limits.memory` of the sidecar.
+pub const DEFAULT_MEMORY_LIMIT: &str = "128Mi";
 
 /// `sluice:<version of this binary>`, the tag the Dockerfile's README instructions build.
 pub fn default_image() -> String {
@@ -102,8 +138,8 @@ readinessProbe:
   timeoutSeconds: 1
   failureThreshold: 2
 resources:
-  requests: {{cpu: 50m, memory: 32Mi}}
-  limits: {{memory: 128Mi}}
+  requests: {{cpu: {cpu}, memory: {memory}}}
+  limits: {{memory: {memory_limit}}}
 securityContext:
   runAsNonRoot: true
   runAsUser: 65532
@@ -118,6 +154,9 @@ volumeMounts:
 "#,
         image = quoted(&options.image),
         secret = quoted(&options.redis_secret),
+        cpu = quoted(options.resources.cpu_request.as_str()),
+        memory = quoted(options.resources.memory_request.as_str()),
+        memory_limit = quoted(options.resources.memory_limit.as_str()),
     ))
 }
 

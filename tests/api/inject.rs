@@ -389,3 +389,53 @@ fn reordered_sidecar_lists_are_still_the_same_sidecar() {
     let out = inject_str(&reordered, &options).expect("same sidecar");
     assert!(out.changed.is_empty(), "{:?}", out.changed);
 }
+
+/// The pod template's own `sluice.io/*` annotations, read as the injector webhook reads a pod's:
+/// an opt-out is copied unchanged, `sluice.io/replicas` beats `--replicas` and the workload's
+/// count, an unknown key is a warning, an invalid value a refusal.
+#[test]
+fn cli_honours_the_pod_templates_sluice_annotations() {
+    let with_annotations = |annotations: &str| {
+        let mut objects = documents(&sample("deployment.yaml"));
+        objects[0]["spec"]["template"]["metadata"]["annotations"] =
+            serde_yaml::from_str(annotations).expect("annotations");
+        sluice::inject::emit::document(&objects[0])
+    };
+    let opted_out = with_annotations("{sluice.io/inject: disabled}");
+    let outcome = inject_cli(&[], &opted_out);
+    assert_eq!(outcome.code, Some(0), "{outcome:?}");
+    assert_eq!(documents(&outcome.stdout), documents(&opted_out));
+    assert!(
+        outcome
+            .stderr
+            .contains("deployment/web says sluice.io/inject: disabled"),
+        "{}",
+        outcome.stderr
+    );
+    let annotated = with_annotations("{sluice.io/replicas: \"9\", sluice.io/colour: blue}");
+    let outcome = inject_cli(&["--replicas", "2"], &annotated);
+    assert_eq!(outcome.code, Some(0), "{outcome:?}");
+    assert_injected(&documents(&outcome.stdout)[0], "9");
+    assert!(
+        outcome
+            .stderr
+            .contains("warning: deployment/web: unknown sluice.io keys ignored: sluice.io/colour"),
+        "{}",
+        outcome.stderr
+    );
+    for (annotations, needle) in [
+        (
+            "{sluice.io/memory-limit: \"128\"}",
+            "sluice.io/memory-limit is \"128\", outside",
+        ),
+        (
+            "{sluice.io/memory-limit: 128}",
+            "[\"sluice.io/memory-limit\"] is not a string",
+        ),
+    ] {
+        let outcome = inject_cli(&[], &with_annotations(annotations));
+        assert_eq!(outcome.code, Some(64), "{outcome:?}");
+        assert!(outcome.stdout.is_empty());
+        assert!(outcome.stderr.contains(needle), "{}", outcome.stderr);
+    }
+}

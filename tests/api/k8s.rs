@@ -17,8 +17,14 @@ use crate::tools;
 /// sidecars on by default; the other is the newest kubernetes-validate ships.
 const SCHEMA_VERSIONS: [&str; 2] = ["1.29.0", "1.37.0"];
 
-/// Every kustomization of deploy/k8s.
-const KUSTOMIZATIONS: [&str; 4] = ["base", "overlays/redis", "overlays/sentinel", "monitoring"];
+/// Every kustomization of deploy/k8s (`injector` includes `injector/core`).
+const KUSTOMIZATIONS: [&str; 5] = [
+    "base",
+    "overlays/redis",
+    "overlays/sentinel",
+    "monitoring",
+    "injector",
+];
 
 fn k8s_dir() -> PathBuf {
     repo_root().join("deploy/k8s")
@@ -245,14 +251,13 @@ fn manifests_validate_against_kubernetes_schemas() {
     let mut files = Vec::new();
     for name in KUSTOMIZATIONS {
         let objects = render(&k8s_dir().join(name));
-        // CRDs (PodMonitor) have no schema there; podmonitor_scrapes_... checks them.
+        // CRDs (PodMonitor, cert-manager's Certificate and Issuer) have no schema there;
+        // podmonitor_scrapes_... and injector_manifests.rs check them.
         let core: Vec<Value> = objects
             .into_iter()
             .filter(|o| {
-                !o["apiVersion"]
-                    .as_str()
-                    .unwrap_or("")
-                    .contains("monitoring.coreos.com")
+                let api = o["apiVersion"].as_str().unwrap_or("");
+                !api.contains("monitoring.coreos.com") && !api.contains("cert-manager.io")
             })
             .collect();
         write_objects(dir.path(), &name.replace('/', "-"), &core, &mut files);
