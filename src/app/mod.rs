@@ -26,7 +26,7 @@ use crate::limit::PolicySet;
 use crate::reload::Reloader;
 use crate::store::MemoryStore;
 use crate::telemetry::Metrics;
-use crate::transport::serve::serve;
+use crate::transport::serve::{serve, Peers};
 use crate::transport::{admin, http, uds, Transport};
 
 /// How long the admin listener's last requests get once the check listeners are closed.
@@ -216,6 +216,7 @@ impl App {
                 drain_rx.clone(),
                 grace,
                 max_connections,
+                Peers::Ignore,
             ));
         }
         let socket_path = self.socket.as_ref().map(|(_, path)| path.clone());
@@ -228,6 +229,7 @@ impl App {
                 drain_rx.clone(),
                 grace,
                 max_connections,
+                Peers::Ignore,
             ));
         }
         let grpc_socket = self.grpc.socket_path().map(Path::to_path_buf);
@@ -254,6 +256,8 @@ impl App {
             stop_rx.clone(),
             ADMIN_GRACE,
             self.max_connections,
+            // Counter resets are logged with who asked.
+            Peers::Record,
         ));
         let sweeper = tokio::spawn(sweep(self.memory.clone(), until(stop_rx.clone())));
         let reloader = self

@@ -1,15 +1,16 @@
 //! The admin listener: `/livez` (the process answers), `/readyz` (accepting checks; never
-//! depends on Redis), `/metrics` (Prometheus text) and `/v1/policies` (the effective policies).
+//! depends on Redis), `/metrics` (Prometheus text), `/v1/policies` (the effective policies),
+//! `POST /v1/explain` and `GET`/`DELETE /v1/counters` (see [`super::counters`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::HeaderMap;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, on, post, MethodFilter};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 
@@ -34,6 +35,10 @@ pub fn router(service: Arc<CheckService>, metrics: Metrics, ready: Arc<AtomicBoo
         .route("/metrics", get(render_metrics))
         .route("/v1/policies", get(policies))
         .route("/v1/explain", post(explain))
+        .route(
+            "/v1/counters",
+            on(MethodFilter::GET.or(MethodFilter::DELETE), counters),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(AdminCtx {
@@ -49,7 +54,7 @@ async fn not_found() -> Response {
         ErrorReply::new(
             "not_found",
             "no such endpoint; the admin listener serves /livez, /readyz, /metrics, \
-             /v1/policies and POST /v1/explain",
+             /v1/policies, POST /v1/explain and GET or DELETE /v1/counters",
         ),
     ))
 }
@@ -57,7 +62,10 @@ async fn not_found() -> Response {
 async fn method_not_allowed() -> Response {
     super::http::error_response((
         StatusCode::METHOD_NOT_ALLOWED,
-        ErrorReply::new("method_not_allowed", "use GET (POST for /v1/explain)"),
+        ErrorReply::new(
+            "method_not_allowed",
+            "use GET (POST for /v1/explain, GET or DELETE for /v1/counters)",
+        ),
     ))
 }
 
@@ -108,6 +116,10 @@ async fn explain(State(ctx): State<AdminCtx>, headers: HeaderMap, body: Body) ->
         Ok(explanation) => Json(explanation).into_response(),
         Err(error) => super::http::error_response(ErrorReply::from_check_error(&error)),
     }
+}
+
+async fn counters(State(ctx): State<AdminCtx>, request: Request) -> Response {
+    super::counters::counters(&ctx.service, request).await
 }
 
 async fn policies(State(ctx): State<AdminCtx>) -> Json<Value> {
