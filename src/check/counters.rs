@@ -107,10 +107,7 @@ impl CheckService {
             cost: 0,
             ..check.clone()
         };
-        let decisions = self
-            .store
-            .check(&[read, check.clone()], true, None)
-            .await?;
+        let decisions = self.store.check(&[read, check.clone()], true, None).await?;
         let [now, next] = decisions[..] else {
             return Err(StoreError::failed(
                 crate::store::ErrorKind::Protocol,

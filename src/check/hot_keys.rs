@@ -146,7 +146,10 @@ mod tests {
         hot.remember(&a, 1, &denied(1_000_000), asked);
         hot.remember(&b, 1, &denied(1_000_000), asked);
         hot.clone().forget(&a);
-        assert!(hot.denial(&a, 1, asked).is_none(), "a clone forgets for all");
+        assert!(
+            hot.denial(&a, 1, asked).is_none(),
+            "a clone forgets for all"
+        );
         assert!(hot.denial(&b, 1, asked).is_some());
     }
 

@@ -267,7 +267,10 @@ async fn a_counter_is_read_without_spending_and_a_reset_restores_it_everywhere_h
     );
 
     for _ in 0..4 {
-        service.check(&login("1.1.1.1", "alice")).await.expect("valid");
+        service
+            .check(&login("1.1.1.1", "alice"))
+            .await
+            .expect("valid");
     }
     let blocked = service.counter(&query).await.expect("valid");
     assert_eq!((blocked.remaining, blocked.allowed), (0, false));
@@ -289,9 +292,15 @@ async fn a_counter_is_read_without_spending_and_a_reset_restores_it_everywhere_h
     let after = service.counter(&query).await.expect("valid");
     assert_eq!((after.remaining, after.allowed), (3, true));
     assert_eq!(after.local_layer_retry_after_ms, None, "forgotten at once");
-    let verdict = service.check(&login("1.1.1.1", "alice")).await.expect("valid");
+    let verdict = service
+        .check(&login("1.1.1.1", "alice"))
+        .await
+        .expect("valid");
     assert_eq!(verdict.outcome, Outcome::Allowed);
-    assert_eq!(service.counter_resets.with_label_values(&["per_ip"]).get(), 1);
+    assert_eq!(
+        service.counter_resets.with_label_values(&["per_ip"]).get(),
+        1
+    );
     let again = service.reset_counter(&query, &"x").await.expect("reset");
     assert!(again.existed, "the check after the reset spent from it");
 }
@@ -304,11 +313,19 @@ async fn counter_questions_are_checked_like_checks_and_a_dead_store_changes_noth
         other => panic!("refused expected, got {other:?}"),
     };
     assert!(matches!(
-        refused(service.counter(&counter_query("nope", &[("ip", "1")])).await),
+        refused(
+            service
+                .counter(&counter_query("nope", &[("ip", "1")]))
+                .await
+        ),
         CheckError::UnknownPolicy(_)
     ));
     assert!(matches!(
-        refused(service.counter(&counter_query("per_ip", &[("account", "a")])).await),
+        refused(
+            service
+                .counter(&counter_query("per_ip", &[("account", "a")]))
+                .await
+        ),
         CheckError::MissingDescriptor { .. }
     ));
     let mut costly = counter_query("per_ip", &[("ip", "1")]);

@@ -49,12 +49,18 @@ pub async fn counters(service: &CheckService, request: Request) -> Response {
         Err(reason) => return bad_request(&reason),
     };
     let answer = match action {
-        Action::Show => service.counter(&query).await.map(|s| Json(s).into_response()),
+        Action::Show => service
+            .counter(&query)
+            .await
+            .map(|s| Json(s).into_response()),
         Action::Reset => {
             let peer = request
                 .extensions()
                 .get::<ConnectInfo<SocketAddr>>()
-                .map_or_else(|| "unknown".to_owned(), |ConnectInfo(addr)| addr.to_string());
+                .map_or_else(
+                    || "unknown".to_owned(),
+                    |ConnectInfo(addr)| addr.to_string(),
+                );
             service
                 .reset_counter(&query, &peer)
                 .await
@@ -156,11 +162,17 @@ mod tests {
 
     #[test]
     fn a_query_names_policy_descriptors_and_cost() {
-        let query = parse("policy=login&d.ip=2001%3Adb8%3A%3A1&d.user=a+b&cost=3", Action::Show)
-            .expect("valid");
+        let query = parse(
+            "policy=login&d.ip=2001%3Adb8%3A%3A1&d.user=a+b&cost=3",
+            Action::Show,
+        )
+        .expect("valid");
         assert_eq!(query.policy, "login");
         assert_eq!(query.descriptors["ip"], "2001:db8::1");
-        assert_eq!(query.descriptors["user"], "a b", "form encoding: + is a space");
+        assert_eq!(
+            query.descriptors["user"], "a b",
+            "form encoding: + is a space"
+        );
         assert_eq!(query.cost, 3);
         assert_eq!(parse("policy=login", Action::Reset).expect("valid").cost, 1);
     }

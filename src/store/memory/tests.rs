@@ -177,7 +177,10 @@ fn a_reset_key_starts_full_and_frees_its_bytes_and_nothing_else() {
     assert!(store.reset_now(&a.key), "it held state");
     assert_eq!(store.bytes() - empty, (both - empty) / 2, "a's bytes freed");
     assert_eq!(store.check_now(&[a.clone()], true)[0].remaining, 1, "full");
-    assert!(!store.check_now(&[b.clone()], true)[0].allowed, "b untouched");
+    assert!(
+        !store.check_now(&[b.clone()], true)[0].allowed,
+        "b untouched"
+    );
     assert!(!store.reset_now(&a.key), "nothing left to reset");
     // A key whose state went idle held nothing live.
     clock.advance(120 * SECOND);
