@@ -366,7 +366,8 @@ fn serve(dir: &Path, index: usize, redis_url: &str) -> (ChildGuard, Pod) {
     (ChildGuard(Some(child)), pod)
 }
 
-fn numsub(conn: &mut redis::Connection) -> usize {
+/// Subscribers of the reset channel (on this node).
+pub(crate) fn numsub(conn: &mut redis::Connection) -> usize {
     let reply: (String, usize) = redis::cmd("PUBSUB")
         .arg("NUMSUB")
         .arg("rl:resets")
