@@ -363,6 +363,24 @@ async fn counters_command_shows_and_resets_a_partition() {
     );
     let body = json!({"policy": "login", "descriptors": {"ip": "192.0.2.7"}});
     assert_eq!(app.check_tcp(&body).await.status, 200, "unblocked");
+    // Without --admin or SLUICE_ADMIN_URL: listen.admin of the settings file.
+    let settings = write(
+        &cwd,
+        "admin.toml",
+        &format!("[listen]\nadmin = \"{admin}\"\n"),
+    );
+    let out = run_async(counters(&[
+        "get",
+        "-p",
+        "login",
+        "-d",
+        "ip=192.0.2.7",
+        "-c",
+        &settings,
+    ]))
+    .await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stdout.contains("remaining=9/10"), "{out:?}");
 
     // Refused by the daemon, refused before asking, and nobody listening.
     let out = run_async(counters(&[
