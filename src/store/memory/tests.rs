@@ -172,13 +172,17 @@ fn a_reset_key_starts_full_and_frees_its_bytes_and_nothing_else() {
     for _ in 0..2 {
         store.check_now(&[a.clone(), b.clone()], false);
     }
-    assert!(!store.check_now(&[a.clone()], true)[0].allowed);
+    assert!(!store.check_now(std::slice::from_ref(&a), true)[0].allowed);
     let both = store.bytes();
     assert!(store.reset_now(&a.key), "it held state");
     assert_eq!(store.bytes() - empty, (both - empty) / 2, "a's bytes freed");
-    assert_eq!(store.check_now(&[a.clone()], true)[0].remaining, 1, "full");
+    assert_eq!(
+        store.check_now(std::slice::from_ref(&a), true)[0].remaining,
+        1,
+        "full"
+    );
     assert!(
-        !store.check_now(&[b.clone()], true)[0].allowed,
+        !store.check_now(std::slice::from_ref(&b), true)[0].allowed,
         "b untouched"
     );
     assert!(!store.reset_now(&a.key), "nothing left to reset");
