@@ -253,16 +253,26 @@ async fn a_counter_is_read_without_spending_and_a_reset_restores_it_everywhere_h
     for _ in 0..3 {
         let fresh = service.counter(&query).await.expect("valid");
         assert_eq!(
-            (fresh.limit, fresh.remaining, fresh.reset_after_ms),
+            (
+                fresh.deciding.limit,
+                fresh.deciding.remaining,
+                fresh.deciding.reset_after_ms
+            ),
             (3, 3, 0),
             "a key never seen is a full quota, and reading it spends nothing"
         );
-        assert!(fresh.allowed && fresh.retry_after_ms == 0);
+        assert!(fresh.deciding.allowed && fresh.deciding.retry_after_ms == 0);
+        assert!(fresh.windows.is_empty(), "one counter");
     }
     assert!(store.is_empty(), "reads write nothing");
     let fresh = service.counter(&query).await.expect("valid");
     assert_eq!(
-        (fresh.key.as_str(), fresh.store, fresh.algorithm, fresh.mode),
+        (
+            fresh.deciding.key.as_str(),
+            fresh.store,
+            fresh.deciding.algorithm,
+            fresh.mode
+        ),
         ("per_ip:1.1.1.1", "memory", "sliding_log", "enforced")
     );
 
@@ -273,6 +283,7 @@ async fn a_counter_is_read_without_spending_and_a_reset_restores_it_everywhere_h
             .expect("valid");
     }
     let blocked = service.counter(&query).await.expect("valid");
+    let blocked = blocked.deciding;
     assert_eq!((blocked.remaining, blocked.allowed), (0, false));
     assert_eq!(blocked.retry_after_ms, 60_000);
     assert_eq!(blocked.reset_after_ms, 60_000);
@@ -287,9 +298,9 @@ async fn a_counter_is_read_without_spending_and_a_reset_restores_it_everywhere_h
         .await
         .expect("reset");
     assert_eq!((report.existed, report.fleet), (true, "alone"));
-    assert_eq!(report.key, "per_ip:1.1.1.1");
+    assert_eq!(report.keys, ["per_ip:1.1.1.1"]);
     assert_eq!(report.fingerprint.len(), 16);
-    let after = service.counter(&query).await.expect("valid");
+    let after = service.counter(&query).await.expect("valid").deciding;
     assert_eq!((after.remaining, after.allowed), (3, true));
     assert_eq!(after.local_layer_retry_after_ms, None, "forgotten at once");
     let verdict = service
@@ -343,7 +354,10 @@ async fn counter_questions_are_checked_like_checks_and_a_dead_store_changes_noth
         .counter(&counter_query("watch", &[("ip", "1")]))
         .await
         .expect("valid");
-    assert_eq!((shadow.mode, shadow.algorithm), ("shadow", "fixed_window"));
+    assert_eq!(
+        (shadow.mode, shadow.deciding.algorithm),
+        ("shadow", "fixed_window")
+    );
 
     let down = service_on(Arc::new(DownStore));
     let query = counter_query("per_ip", &[("ip", "1")]);

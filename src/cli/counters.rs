@@ -134,13 +134,19 @@ fn summarize(status: u16, command: &CountersCommand, json: &serde_json::Value) -
             }
             line
         }
-        (200, CountersCommand::Reset { .. }) => format!(
-            "reset policy={} key={} existed={} fleet={}",
-            field("policy"),
-            field("key"),
-            field("existed"),
-            field("fleet"),
-        ),
+        (200, CountersCommand::Reset { .. }) => {
+            let keys: Vec<&str> = json["keys"]
+                .as_array()
+                .map(|keys| keys.iter().filter_map(|k| k.as_str()).collect())
+                .unwrap_or_default();
+            format!(
+                "reset policy={} key={} existed={} fleet={}",
+                field("policy"),
+                keys.join(","),
+                field("existed"),
+                field("fleet"),
+            )
+        }
         _ => format!("error {status}: {}: {}", field("error"), field("reason")),
     }
 }

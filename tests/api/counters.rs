@@ -84,6 +84,8 @@ async fn embedded_counters_are_seen_without_spending_and_reset() {
     let fresh = show(&admin, "192.0.2.1").await;
     assert_eq!(fresh["key"], "login:192.0.2.1");
     assert_eq!(fresh["store"], "memory");
+    assert_eq!(fresh["period_ms"], 3_600_000);
+    assert!(fresh["windows"].is_null(), "one counter: {fresh}");
     assert_eq!(
         (&fresh["allowed"], &fresh["retry_after_ms"]),
         (&json!(true), &json!(0))
@@ -104,8 +106,8 @@ async fn embedded_counters_are_seen_without_spending_and_reset() {
 
     let report = reset(&admin, "192.0.2.1").await;
     assert_eq!(
-        (&report["existed"], &report["fleet"], &report["key"]),
-        (&json!(true), &json!("alone"), &json!("login:192.0.2.1"))
+        (&report["existed"], &report["fleet"], &report["keys"]),
+        (&json!(true), &json!("alone"), &json!(["login:192.0.2.1"]))
     );
     let reply = login(&app.tcp, "192.0.2.1").await;
     assert_eq!(reply.status, 200, "the next request sees a full quota");
