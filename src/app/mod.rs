@@ -21,7 +21,7 @@ pub use stores::check_redis;
 
 use crate::check::CheckService;
 use crate::clock::{Clock, SystemClock};
-use crate::config::{load_policies, AuthzSettings, Settings};
+use crate::config::{load_policies, AdminResets, AuthzSettings, Settings};
 use crate::limit::PolicySet;
 use crate::reload::Reloader;
 use crate::store::MemoryStore;
@@ -60,6 +60,7 @@ pub struct App {
     reloader: Option<(Reloader, Duration)>,
     authz: AuthzSettings,
     max_connections: usize,
+    admin_resets: AdminResets,
 }
 
 impl App {
@@ -150,6 +151,7 @@ impl App {
             reloader: None,
             authz: settings.authz.clone(),
             max_connections: settings.limits.max_connections,
+            admin_resets: settings.listen.admin_resets,
         })
     }
 
@@ -248,6 +250,7 @@ impl App {
             self.service.clone(),
             self.metrics.clone(),
             self.ready.clone(),
+            self.admin_resets,
         );
         // The same bounded accept loop as the check listeners (it may face the pod network).
         let admin_task = tokio::spawn(serve(

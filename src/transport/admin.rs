@@ -10,13 +10,13 @@ use axum::extract::{Request, State};
 use axum::http::HeaderMap;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, on, post, MethodFilter};
+use axum::routing::{any, get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 
 use super::wire::{CheckBody, ErrorReply};
 use crate::check::CheckService;
-use crate::config::HumanDuration;
+use crate::config::{AdminResets, HumanDuration};
 use crate::limit::{Algorithm, Policy};
 use crate::telemetry::Metrics;
 
@@ -25,26 +25,31 @@ struct AdminCtx {
     service: Arc<CheckService>,
     metrics: Metrics,
     ready: Arc<AtomicBool>,
+    resets: AdminResets,
 }
 
-/// The admin router. `ready` turns false when the daemon starts draining.
-pub fn router(service: Arc<CheckService>, metrics: Metrics, ready: Arc<AtomicBool>) -> Router {
+/// The admin router. `ready` turns false when the daemon starts draining; `resets` says who may
+/// reset counters.
+pub fn router(
+    service: Arc<CheckService>,
+    metrics: Metrics,
+    ready: Arc<AtomicBool>,
+    resets: AdminResets,
+) -> Router {
     Router::new()
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
         .route("/metrics", get(render_metrics))
         .route("/v1/policies", get(policies))
         .route("/v1/explain", post(explain))
-        .route(
-            "/v1/counters",
-            on(MethodFilter::GET.or(MethodFilter::DELETE), counters),
-        )
+        .route("/v1/counters", any(counters))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(AdminCtx {
             service,
             metrics,
             ready,
+            resets,
         })
 }
 
@@ -119,7 +124,7 @@ async fn explain(State(ctx): State<AdminCtx>, headers: HeaderMap, body: Body) ->
 }
 
 async fn counters(State(ctx): State<AdminCtx>, request: Request) -> Response {
-    super::counters::counters(&ctx.service, request).await
+    super::counters::counters(&ctx.service, ctx.resets, request).await
 }
 
 async fn policies(State(ctx): State<AdminCtx>) -> Json<Value> {

@@ -3,7 +3,8 @@
 //! `?policy=login&d.ip=203.0.113.7` is `{"policy": "login", "descriptors": {"ip": "203.0.113.7"}}`
 //! (form encoding: `%XX` escapes, `+` is a space); `GET` also takes `cost` (default 1), the cost
 //! whose `allowed` / `retry_after_ms` it reports. Anything else is a 400: a typo must not name
-//! another counter.
+//! another counter. A reset lifts a limit, so it is taken only from the clients
+//! `listen.admin_resets` allows (loopback by default); others get a 403, logged.
 
 use std::net::SocketAddr;
 
@@ -15,6 +16,7 @@ use axum::Json;
 use super::http::error_response;
 use super::wire::ErrorReply;
 use crate::check::{CheckService, CounterError, CounterQuery};
+use crate::config::AdminResets;
 use crate::limit::Descriptors;
 
 /// The prefix of a descriptor parameter: `d.ip=...`.
@@ -27,8 +29,8 @@ enum Action {
     Reset,
 }
 
-/// Answers `GET` and `DELETE /v1/counters`.
-pub async fn counters(service: &CheckService, request: Request) -> Response {
+/// Answers `GET` and `DELETE /v1/counters`; resets only from the peers `resets` allows.
+pub async fn counters(service: &CheckService, resets: AdminResets, request: Request) -> Response {
     let action = match *request.method() {
         Method::GET => Action::Show,
         Method::DELETE => Action::Reset,
@@ -57,10 +59,15 @@ pub async fn counters(service: &CheckService, request: Request) -> Response {
             let peer = request
                 .extensions()
                 .get::<ConnectInfo<SocketAddr>>()
-                .map_or_else(
-                    || "unknown".to_owned(),
-                    |ConnectInfo(addr)| addr.to_string(),
-                );
+                .map(|ConnectInfo(addr)| *addr);
+            if let Err(reason) = may_reset(resets, peer) {
+                tracing::warn!(policy = %query.policy, requested_by = ?peer, reason, "counter reset refused");
+                return error_response((
+                    StatusCode::FORBIDDEN,
+                    ErrorReply::new("forbidden", reason),
+                ));
+            }
+            let peer = peer.map_or_else(|| "unknown".to_owned(), |addr| addr.to_string());
             service
                 .reset_counter(&query, &peer)
                 .await
@@ -81,6 +88,21 @@ pub async fn counters(service: &CheckService, request: Request) -> Response {
             ))
         }
     })
+}
+
+/// Whether `peer` may reset counters under `resets`; why not, if it may not.
+fn may_reset(resets: AdminResets, peer: Option<SocketAddr>) -> Result<(), &'static str> {
+    match resets {
+        AdminResets::Any => Ok(()),
+        AdminResets::Off => Err("counter resets are off on this daemon (listen.admin_resets)"),
+        AdminResets::Loopback if peer.is_some_and(|p| p.ip().to_canonical().is_loopback()) => {
+            Ok(())
+        }
+        AdminResets::Loopback => Err(
+            "counter resets are taken from loopback only (kubectl port-forward); \
+             listen.admin_resets = \"any\" allows other clients",
+        ),
+    }
 }
 
 fn bad_request(reason: &str) -> Response {
@@ -175,6 +197,35 @@ mod tests {
         );
         assert_eq!(query.cost, 3);
         assert_eq!(parse("policy=login", Action::Reset).expect("valid").cost, 1);
+    }
+
+    #[test]
+    fn resets_come_from_the_peers_the_setting_allows() {
+        let peer = |text: &str| Some(text.parse::<SocketAddr>().expect("address"));
+        for loopback in [
+            "127.0.0.1:5000",
+            "127.9.9.9:1",
+            "[::1]:5000",
+            "[::ffff:127.0.0.1]:5000",
+        ] {
+            assert_eq!(
+                may_reset(AdminResets::Loopback, peer(loopback)),
+                Ok(()),
+                "{loopback}"
+            );
+            assert!(may_reset(AdminResets::Off, peer(loopback)).is_err());
+        }
+        for remote in ["10.0.0.7:5000", "[fd00::7]:5000", "[::ffff:10.0.0.7]:5000"] {
+            assert!(
+                may_reset(AdminResets::Loopback, peer(remote)).is_err(),
+                "{remote}"
+            );
+            assert_eq!(may_reset(AdminResets::Any, peer(remote)), Ok(()));
+        }
+        assert!(
+            may_reset(AdminResets::Loopback, None).is_err(),
+            "unknown peer"
+        );
     }
 
     #[test]

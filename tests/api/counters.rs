@@ -243,6 +243,21 @@ async fn bad_counter_questions_are_refused_with_a_reason() {
         &[("policy", "login")],
     );
     assert_eq!(resets, 0.0);
+
+    // Resets turned off: refused (seeing still works).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut settings = test_settings(dir.path());
+    settings.listen.admin_resets = sluice::config::AdminResets::Off;
+    let app = spawn_app_in(dir, settings, POLICIES).await;
+    let admin = Target::Tcp(app.admin);
+    let path = "/v1/counters?policy=login&d.ip=1";
+    let reason = assert_error(
+        &request(&admin, Method::DELETE, path, None).await,
+        403,
+        "forbidden",
+    );
+    assert!(reason.contains("listen.admin_resets"), "{reason}");
+    assert_eq!(request(&admin, Method::GET, path, None).await.status, 200);
 }
 
 /// Where a daemon answers: its check API and its admin listener.
