@@ -5,7 +5,8 @@
 -- ARGV[1]  limit      most units per window (integer >= 1)
 -- ARGV[2]  period_us  the window length in microseconds; windows are aligned to multiples of it
 --                     since the epoch, so every pod agrees on them (integer >= 1)
--- ARGV[3]  cost       units this request spends (integer >= 1)
+-- ARGV[3]  cost       units this request spends (integer >= 1; 0 with commit 0 reads the
+--                     state: what `GET /v1/counters` shows)
 -- ARGV[4]  commit     1: record the request if allowed; 0: decide only (dry run)
 -- ARGV[5]  now_us     TESTS ONLY: the current time; the daemon never sends it (Redis `TIME`)
 -- returns  {allowed (0|1), limit, remaining, reset_after_us, retry_after_us}
@@ -36,7 +37,11 @@ local function fixed_window_decide(packed, now, min_ttl_ms, limit, period, cost)
   end
 
   if count + cost <= limit then
-    return 1, limit, limit - count - cost, to_next, 0, (count + cost) * tag_space + tag,
+    local reset = to_next
+    if count + cost == 0 then
+      reset = 0
+    end
+    return 1, limit, limit - count - cost, reset, 0, (count + cost) * tag_space + tag,
       math.max(min_ttl_ms, math.floor((to_next + 999) / 1000))
   end
 

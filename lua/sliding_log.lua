@@ -3,7 +3,8 @@
 -- KEYS[1]  the counter key: a sorted set, one member per admitted unit, scored by its time in us
 -- ARGV[1]  limit      most units in any rolling period (integer >= 1)
 -- ARGV[2]  period_us  the window length in microseconds (integer >= 1)
--- ARGV[3]  cost       units this request spends; recorded as that many members (integer >= 1)
+-- ARGV[3]  cost       units this request spends; recorded as that many members (integer >= 1;
+--                     0 with commit 0 reads the state: what `GET /v1/counters` shows)
 -- ARGV[4]  commit     1: record the request if allowed; 0: decide only (dry run)
 -- ARGV[5]  now_us     TESTS ONLY: the current time; the daemon never sends it (Redis `TIME`)
 -- returns  {allowed (0|1), limit, remaining, reset_after_us, retry_after_us}
@@ -55,7 +56,14 @@ local function sliding_log(key, now, min_ttl_ms, commit, limit, period, cost)
       end
       redis.call('PEXPIRE', key, math.max(min_ttl_ms, math.floor((ts + period - now + 999) / 1000)))
     end
-    return {1, limit, limit - used - cost, ts + period - now, 0}
+    -- A read (cost 0) adds no unit: the quota is full once the newest unit leaves the window.
+    local reset = 0
+    if cost > 0 then
+      reset = ts + period - now
+    elseif newest_ts then
+      reset = newest_ts + period - now
+    end
+    return {1, limit, limit - used - cost, reset, 0}
   end
 
   local reset = 0

@@ -4,7 +4,8 @@
 -- ARGV[1]  limit      tokens added per period (integer >= 1)
 -- ARGV[2]  period_us  the period in microseconds (integer >= 1)
 -- ARGV[3]  capacity   burst: most tokens held at once (integer >= 1)
--- ARGV[4]  cost       tokens this request spends (integer >= 1)
+-- ARGV[4]  cost       tokens this request spends (integer >= 1; 0 with commit 0 reads the
+--                     state: what `GET /v1/counters` shows)
 -- ARGV[5]  commit     1: record the request if allowed; 0: decide only (dry run)
 -- ARGV[6]  now_us     TESTS ONLY: the current time; the daemon never sends it, so every pod
 --                     shares Redis' clock (`TIME`)

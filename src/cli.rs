@@ -1,5 +1,5 @@
-//! The command line: `sluice serve`, `sluice check`, `sluice config check`, `sluice inject`,
-//! `sluice injector`.
+//! The command line: `sluice serve`, `sluice check`, `sluice counters`, `sluice config check`,
+//! `sluice inject`, `sluice injector`.
 //! Exit codes: 0 ok / allowed, 1 denied or runtime failure, 2 limiter unavailable, 64 bad usage or
 //! configuration, 69 daemon unreachable.
 
@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+
+mod counters;
 
 use crate::app::{App, StartError};
 use crate::client::{self, Target};
@@ -36,6 +38,11 @@ enum Command {
     },
     /// Ask a running daemon whether a request may go through (exit 0 allowed, 1 denied).
     Check(CheckArgs),
+    /// See or reset a partition's counter on a running daemon (its admin listener).
+    Counters {
+        #[command(subcommand)]
+        command: counters::CountersCommand,
+    },
     /// Validate configuration.
     Config {
         #[command(subcommand)]
@@ -111,6 +118,7 @@ pub fn main() -> ExitCode {
     match cli.command {
         Command::Serve { config } => serve(config.as_deref()),
         Command::Check(args) => check(args),
+        Command::Counters { command } => counters::run(command),
         Command::Config {
             command: ConfigCommand::Check { file },
         } => config_check(&file),
@@ -189,17 +197,40 @@ pub(crate) async fn shutdown_signal() {
     }
 }
 
-fn check(args: CheckArgs) -> ExitCode {
+/// `-d NAME=VALUE` arguments as descriptors.
+fn parse_descriptors(pairs: &[String]) -> Result<crate::limit::Descriptors, String> {
     let mut descriptors = crate::limit::Descriptors::new();
-    for pair in &args.descriptors {
+    for pair in pairs {
         let Some((name, value)) = pair.split_once('=') else {
-            return fail(
-                EXIT_CONFIG,
-                format_args!("descriptor {pair:?} is not NAME=VALUE"),
-            );
+            return Err(format!("descriptor {pair:?} is not NAME=VALUE"));
         };
         descriptors.insert(name.to_owned(), value.to_owned());
     }
+    Ok(descriptors)
+}
+
+/// A runtime for one request to a daemon.
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| fail(1, format_args!("cannot start the runtime: {error}")))
+}
+
+/// A field of a JSON answer as text (`-` when absent).
+fn field(json: &serde_json::Value, name: &str) -> String {
+    match &json[name] {
+        serde_json::Value::Null => "-".to_owned(),
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn check(args: CheckArgs) -> ExitCode {
+    let descriptors = match parse_descriptors(&args.descriptors) {
+        Ok(descriptors) => descriptors,
+        Err(error) => return fail(EXIT_CONFIG, error),
+    };
     let target = match target(&args) {
         Ok(target) => target,
         Err(error) => return fail(EXIT_CONFIG, error),
@@ -211,12 +242,9 @@ fn check(args: CheckArgs) -> ExitCode {
         dry_run: args.dry_run,
     };
     let payload = serde_json::to_vec(&body).unwrap_or_default();
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(runtime) => runtime,
-        Err(error) => return fail(1, format_args!("cannot start the runtime: {error}")),
+        Err(code) => return code,
     };
     let reply = runtime.block_on(client::request(
         &target,
@@ -275,11 +303,7 @@ fn default_target(config: Option<&Path>) -> Result<Target, String> {
 
 /// One line for people: the decision and its figures.
 fn summarize(status: u16, json: &serde_json::Value) -> String {
-    let field = |name: &str| match &json[name] {
-        serde_json::Value::Null => "-".to_owned(),
-        serde_json::Value::String(s) => s.clone(),
-        other => other.to_string(),
-    };
+    let field = |name: &str| field(json, name);
     match status {
         200 | 429 => format!(
             "{} policy={} limit={} remaining={} reset_after_ms={} retry_after_ms={} mode={}",

@@ -1,5 +1,5 @@
-//! A small HTTP/1.1 client for the check API over TCP or the Unix socket, used by `sluice check`
-//! and the integration tests.
+//! A small HTTP/1.1 client for the check API over TCP or the Unix socket (and the admin
+//! listener), used by `sluice check`, `sluice counters` and the integration tests.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -10,6 +10,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpStream, UnixStream};
+
+use crate::limit::Descriptors;
 
 /// Where the daemon listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,6 +63,21 @@ impl Target {
             .map(Self::Tcp)
             .ok_or_else(|| bad("the host has no address"))
     }
+}
+
+/// The admin path naming a counter: `/v1/counters?policy=P&d.NAME=VALUE...[&cost=N]`, every
+/// value form-encoded.
+pub fn counters_path(policy: &str, descriptors: &Descriptors, cost: Option<u64>) -> String {
+    const PATH: &str = "/v1/counters?";
+    let mut query = form_urlencoded::Serializer::for_suffix(String::from(PATH), PATH.len());
+    query.append_pair("policy", policy);
+    for (name, value) in descriptors {
+        query.append_pair(&format!("d.{name}"), value);
+    }
+    if let Some(cost) = cost {
+        query.append_pair("cost", &cost.to_string());
+    }
+    query.finish()
 }
 
 /// The daemon could not be reached or the exchange broke.
@@ -207,4 +224,25 @@ pub async fn request(
         .await?
         .send(method, path, body)
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_counter_path_encodes_every_value() {
+        let descriptors: Descriptors = [("ip", "2001:db8::1"), ("user", "a b&c=d")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        assert_eq!(
+            counters_path("login", &descriptors, Some(2)),
+            "/v1/counters?policy=login&d.ip=2001%3Adb8%3A%3A1&d.user=a+b%26c%3Dd&cost=2"
+        );
+        assert_eq!(
+            counters_path("login", &Descriptors::new(), None),
+            "/v1/counters?policy=login"
+        );
+    }
 }

@@ -21,12 +21,12 @@ pub use stores::check_redis;
 
 use crate::check::CheckService;
 use crate::clock::{Clock, SystemClock};
-use crate::config::{load_policies, AuthzSettings, Settings};
+use crate::config::{load_policies, AdminResets, AuthzSettings, Settings};
 use crate::limit::PolicySet;
 use crate::reload::Reloader;
 use crate::store::MemoryStore;
 use crate::telemetry::Metrics;
-use crate::transport::serve::serve;
+use crate::transport::serve::{serve, Peers};
 use crate::transport::{admin, http, uds, Transport};
 
 /// How long the admin listener's last requests get once the check listeners are closed.
@@ -60,6 +60,7 @@ pub struct App {
     reloader: Option<(Reloader, Duration)>,
     authz: AuthzSettings,
     max_connections: usize,
+    admin_resets: AdminResets,
 }
 
 impl App {
@@ -150,6 +151,7 @@ impl App {
             reloader: None,
             authz: settings.authz.clone(),
             max_connections: settings.limits.max_connections,
+            admin_resets: settings.listen.admin_resets,
         })
     }
 
@@ -216,6 +218,7 @@ impl App {
                 drain_rx.clone(),
                 grace,
                 max_connections,
+                Peers::Ignore,
             ));
         }
         let socket_path = self.socket.as_ref().map(|(_, path)| path.clone());
@@ -228,6 +231,7 @@ impl App {
                 drain_rx.clone(),
                 grace,
                 max_connections,
+                Peers::Ignore,
             ));
         }
         let grpc_socket = self.grpc.socket_path().map(Path::to_path_buf);
@@ -246,6 +250,7 @@ impl App {
             self.service.clone(),
             self.metrics.clone(),
             self.ready.clone(),
+            self.admin_resets,
         );
         // The same bounded accept loop as the check listeners (it may face the pod network).
         let admin_task = tokio::spawn(serve(
@@ -254,6 +259,8 @@ impl App {
             stop_rx.clone(),
             ADMIN_GRACE,
             self.max_connections,
+            // Counter resets are logged with who asked.
+            Peers::Record,
         ));
         let sweeper = tokio::spawn(sweep(self.memory.clone(), until(stop_rx.clone())));
         let reloader = self

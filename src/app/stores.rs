@@ -14,6 +14,7 @@ use crate::store::redis::access::{Access, TlsFiles, TlsOptions};
 use crate::store::redis::batcher::BatchConfig;
 use crate::store::redis::conn::{RedisTarget, SentinelTarget, Timeouts};
 use crate::store::redis::prober::Backoff;
+use crate::store::redis::resets::ResetEvent;
 use crate::store::redis::{RedisOptions, RedisStore};
 use crate::store::{MemoryMetrics, MemoryStore};
 use crate::telemetry::Metrics;
@@ -61,6 +62,16 @@ pub(super) fn service(
             Arc::new(RedisTiers::new(redis.clone())),
             settings.redis.timeout.as_std(),
         );
+        let hot = settings.local_layer.enabled.then(|| {
+            let hot = HotKeys::new(settings.local_layer.max_keys);
+            // Resets on any pod drop the partition from this pod's remembered denials.
+            let forget = hot.clone();
+            redis.follow_resets(move |event| match event {
+                ResetEvent::Key(key) => forget.forget(&key),
+                ResetEvent::All => forget.clear(),
+            });
+            hot
+        });
         let mut service = CheckService::new(
             policies,
             redis,
@@ -69,8 +80,8 @@ pub(super) fn service(
             metrics.clone(),
         )
         .with_tenant_tiers(table);
-        if settings.local_layer.enabled {
-            service = service.with_local_layer(HotKeys::new(settings.local_layer.max_keys));
+        if let Some(hot) = hot {
+            service = service.with_local_layer(hot);
         }
         service
     } else {

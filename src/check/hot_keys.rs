@@ -33,7 +33,9 @@ impl moka::Expiry<Key, Denial> for UntilRetry {
     }
 }
 
-/// Recent denials, bounded in size.
+/// Recent denials, bounded in size. Clones share the same memory (the Redis reset feed forgets
+/// through one).
+#[derive(Clone)]
 pub struct HotKeys {
     cache: Cache<Key, Denial>,
 }
@@ -80,7 +82,12 @@ impl HotKeys {
         })
     }
 
-    /// Forgets everything (the policies changed).
+    /// Forgets `key`'s denial (its counter was reset, here or on another pod).
+    pub fn forget(&self, key: &Key) {
+        self.cache.invalidate(key);
+    }
+
+    /// Forgets everything (the policies changed, or resets may have been missed).
     pub fn clear(&self) {
         self.cache.invalidate_all();
     }
@@ -126,6 +133,24 @@ mod tests {
                 .is_none(),
             "retry instant reached"
         );
+    }
+
+    #[test]
+    fn a_forgotten_key_is_asked_of_the_store_again_and_others_stay() {
+        let hot = HotKeys::new(100);
+        let (a, b) = (
+            Key::new(Arc::from("p"), ["a"]),
+            Key::new(Arc::from("p"), ["b"]),
+        );
+        let asked = Instant::now();
+        hot.remember(&a, 1, &denied(1_000_000), asked);
+        hot.remember(&b, 1, &denied(1_000_000), asked);
+        hot.clone().forget(&a);
+        assert!(
+            hot.denial(&a, 1, asked).is_none(),
+            "a clone forgets for all"
+        );
+        assert!(hot.denial(&b, 1, asked).is_some());
     }
 
     #[test]

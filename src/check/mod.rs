@@ -3,6 +3,7 @@
 //! ([`hot_keys`]), ask the store as one group, apply failure modes when it cannot answer
 //! ([`degrade`]), pick the deciding policy ([`verdict`]), count and log.
 
+mod counters;
 mod degrade;
 mod explain;
 mod group;
@@ -16,6 +17,7 @@ mod verdict;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
+pub use counters::{CounterError, CounterQuery, CounterState, ResetReport};
 pub use degrade::LocalShare;
 pub use explain::{Explanation, PolicyExplanation};
 pub use group::{GroupItem, GroupVerdict};
@@ -52,6 +54,8 @@ pub struct CheckService {
     unmatched: unmatched::Unmatched,
     limits: RequestLimits,
     metrics: Metrics,
+    /// `sluice_counter_resets_total{policy}`.
+    counter_resets: prometheus::IntCounterVec,
 }
 
 impl CheckService {
@@ -72,6 +76,7 @@ impl CheckService {
             shadow_log: shadow_log::ShadowLog::new(),
             unmatched: unmatched::Unmatched::new(false),
             limits,
+            counter_resets: counters::resets_metric(&metrics),
             metrics,
         };
         service.replace_policies(policies);
@@ -118,6 +123,7 @@ impl CheckService {
             self.metrics
                 .local_layer_hits
                 .with_label_values(&[policy.name()]);
+            self.counter_resets.with_label_values(&[policy.name()]);
         }
         *self.policies.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policies);
         if let Some(hot) = &self.hot {

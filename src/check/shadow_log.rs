@@ -33,6 +33,11 @@ impl ShadowLog {
         }
     }
 
+    /// The partition's fingerprint in this process's log lines (shadow blocks, counter resets).
+    pub fn fingerprint(&self, key: &Key) -> String {
+        format!("{:016x}", self.secret.hash_one(key))
+    }
+
     /// Logs that `part` would have blocked, unless its partition was logged within a minute.
     pub fn would_block(&self, part: &PolicyDecision) {
         if self.logged.contains_key(&part.key) {
@@ -41,7 +46,7 @@ impl ShadowLog {
         self.logged.insert(part.key.clone(), ());
         tracing::info!(
             policy = part.policy.name(),
-            partition = format_args!("{:016x}", self.secret.hash_one(&part.key)),
+            partition = self.fingerprint(&part.key),
             retry_after_ms = part.decision.retry_after_us.div_ceil(1_000),
             "would block (shadow)"
         );

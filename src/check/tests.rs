@@ -173,6 +173,10 @@ impl RateStore for DownStore {
         Box::pin(std::future::ready(Err(StoreError::Timeout)))
     }
 
+    fn reset<'a>(&'a self, _: &'a crate::limit::Key) -> crate::store::ResetFuture<'a> {
+        Box::pin(std::future::ready(Err(StoreError::Timeout)))
+    }
+
     fn name(&self) -> &'static str {
         "down"
     }
@@ -227,4 +231,143 @@ policies:
     assert!(verdict.deciding().expect("decided").decision.retry_after_us > 0);
     assert_eq!(outcome_count(&service, "api", "local_allowed"), 5);
     assert_eq!(outcome_count(&service, "api", "local_denied"), 1);
+}
+
+fn counter_query(policy: &str, descriptors: &[(&str, &str)]) -> CounterQuery {
+    CounterQuery {
+        policy: policy.to_owned(),
+        descriptors: descriptors
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        cost: 1,
+    }
+}
+
+#[tokio::test]
+async fn a_counter_is_read_without_spending_and_a_reset_restores_it_everywhere_here() {
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let store = Arc::new(MemoryStore::new(1_000, clock, None));
+    let service = service_on(store.clone()).with_local_layer(HotKeys::new(100));
+    let query = counter_query("per_ip", &[("ip", "1.1.1.1")]);
+    for _ in 0..3 {
+        let fresh = service.counter(&query).await.expect("valid");
+        assert_eq!(
+            (
+                fresh.deciding.limit,
+                fresh.deciding.remaining,
+                fresh.deciding.reset_after_ms
+            ),
+            (3, 3, 0),
+            "a key never seen is a full quota, and reading it spends nothing"
+        );
+        assert!(fresh.deciding.allowed && fresh.deciding.retry_after_ms == 0);
+        assert!(fresh.windows.is_empty(), "one counter");
+    }
+    assert!(store.is_empty(), "reads write nothing");
+    let fresh = service.counter(&query).await.expect("valid");
+    assert_eq!(
+        (
+            fresh.deciding.key.as_str(),
+            fresh.store,
+            fresh.deciding.algorithm,
+            fresh.mode
+        ),
+        ("per_ip:1.1.1.1", "memory", "sliding_log", "enforced")
+    );
+
+    for _ in 0..4 {
+        service
+            .check(&login("1.1.1.1", "alice"))
+            .await
+            .expect("valid");
+    }
+    let blocked = service.counter(&query).await.expect("valid");
+    let blocked = blocked.deciding;
+    assert_eq!((blocked.remaining, blocked.allowed), (0, false));
+    assert_eq!(blocked.retry_after_ms, 60_000);
+    assert_eq!(blocked.reset_after_ms, 60_000);
+    assert_eq!(
+        blocked.local_layer_retry_after_ms.map(|ms| ms > 59_000),
+        Some(true),
+        "the local layer remembers the denial: {blocked:?}"
+    );
+
+    let report = service
+        .reset_counter(&query, &"192.0.2.9:4242")
+        .await
+        .expect("reset");
+    assert_eq!((report.existed, report.fleet), (true, "alone"));
+    assert_eq!(report.keys, ["per_ip:1.1.1.1"]);
+    assert_eq!(report.fingerprint.len(), 16);
+    let after = service.counter(&query).await.expect("valid").deciding;
+    assert_eq!((after.remaining, after.allowed), (3, true));
+    assert_eq!(after.local_layer_retry_after_ms, None, "forgotten at once");
+    let verdict = service
+        .check(&login("1.1.1.1", "alice"))
+        .await
+        .expect("valid");
+    assert_eq!(verdict.outcome, Outcome::Allowed);
+    assert_eq!(
+        service.counter_resets.with_label_values(&["per_ip"]).get(),
+        1
+    );
+    let again = service.reset_counter(&query, &"x").await.expect("reset");
+    assert!(again.existed, "the check after the reset spent from it");
+}
+
+#[tokio::test]
+async fn counter_questions_are_checked_like_checks_and_a_dead_store_changes_nothing() {
+    let service = service();
+    let refused = |result: Result<CounterState, CounterError>| match result {
+        Err(CounterError::Request(error)) => error,
+        other => panic!("refused expected, got {other:?}"),
+    };
+    assert!(matches!(
+        refused(
+            service
+                .counter(&counter_query("nope", &[("ip", "1")]))
+                .await
+        ),
+        CheckError::UnknownPolicy(_)
+    ));
+    assert!(matches!(
+        refused(
+            service
+                .counter(&counter_query("per_ip", &[("account", "a")]))
+                .await
+        ),
+        CheckError::MissingDescriptor { .. }
+    ));
+    let mut costly = counter_query("per_ip", &[("ip", "1")]);
+    costly.cost = 4;
+    assert!(matches!(
+        refused(service.counter(&costly).await),
+        CheckError::CostExceedsLimit { .. }
+    ));
+    costly.cost = 0;
+    assert!(matches!(
+        refused(service.counter(&costly).await),
+        CheckError::Invalid(_)
+    ));
+    let shadow = service
+        .counter(&counter_query("watch", &[("ip", "1")]))
+        .await
+        .expect("valid");
+    assert_eq!(
+        (shadow.mode, shadow.deciding.algorithm),
+        ("shadow", "fixed_window")
+    );
+
+    let down = service_on(Arc::new(DownStore));
+    let query = counter_query("per_ip", &[("ip", "1")]);
+    assert!(matches!(
+        down.counter(&query).await,
+        Err(CounterError::Store(StoreError::Timeout))
+    ));
+    assert!(matches!(
+        down.reset_counter(&query, &"x").await,
+        Err(CounterError::Store(StoreError::Timeout))
+    ));
+    assert_eq!(down.counter_resets.with_label_values(&["per_ip"]).get(), 0);
 }

@@ -22,6 +22,6 @@ pub use policies::{load_policies, parse_policies, PolicyFileError, Problem};
 pub use redact::mask_url;
 pub use redis_settings::{BreakerSettings, RedisSettings, SentinelSettings, TlsSettings};
 pub use settings::{
-    LocalLayerSettings, LocalSettings, LogFormat, LogSettings, MemorySettings, RequestLimits,
-    Settings, SettingsError, TenantSettings,
+    AdminResets, LocalLayerSettings, LocalSettings, LogFormat, LogSettings, MemorySettings,
+    RequestLimits, Settings, SettingsError, TenantSettings,
 };

@@ -130,6 +130,23 @@ pub struct Listen {
     /// containers). Otherwise such a directory is refused: its other writers could replace
     /// the socket with their own.
     pub trust_socket_dir: bool,
+    /// Who may reset counters (`DELETE /v1/counters`) on the admin listener.
+    pub admin_resets: AdminResets,
+}
+
+/// Who may reset counters on the admin listener. The admin listener often binds the pod's
+/// address (probes, metrics): a reset lifts a limit, so by default only a client on loopback
+/// (`kubectl port-forward`, `kubectl exec`) may ask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdminResets {
+    /// Clients connected from a loopback address.
+    #[default]
+    Loopback,
+    /// Any client that reaches the admin listener.
+    Any,
+    /// Nobody: `DELETE /v1/counters` is refused.
+    Off,
 }
 
 impl Default for Listen {
@@ -142,6 +159,7 @@ impl Default for Listen {
             grpc: String::new(),
             grpc_socket: None,
             trust_socket_dir: false,
+            admin_resets: AdminResets::Loopback,
         }
     }
 }

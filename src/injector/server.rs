@@ -27,7 +27,7 @@ use crate::app::StartError;
 use crate::config::{HumanDuration, RequestLimits};
 use crate::inject::Options;
 use crate::transport::http::{error_response, read_json};
-use crate::transport::serve::serve;
+use crate::transport::serve::{serve, Peers};
 use crate::transport::wire::ErrorReply;
 
 /// Largest AdmissionReview body: the API server caps an object near 1.5 MiB, and a review
@@ -151,6 +151,7 @@ impl Injector {
             drain_rx,
             self.config.shutdown_grace,
             self.config.max_connections,
+            Peers::Ignore,
         ));
         let admin = admin_router(AdminCtx {
             metrics: self.metrics.clone(),
@@ -162,6 +163,7 @@ impl Injector {
             stop_rx.clone(),
             ADMIN_GRACE,
             self.config.max_connections,
+            Peers::Ignore,
         ));
         let watcher = tokio::spawn(tls::watch_files(
             self.config.tls.clone(),

@@ -28,6 +28,12 @@ impl Key {
         Self { policy, partition }
     }
 
+    /// The key of `policy` whose partition is `partition` as [`Key::partition`] gives it
+    /// (already escaped): how a key named in a message from another process is rebuilt.
+    pub fn from_partition(policy: Arc<str>, partition: String) -> Self {
+        Self { policy, partition }
+    }
+
     /// The policy this counter belongs to.
     pub fn policy(&self) -> &str {
         &self.policy

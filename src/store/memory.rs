@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use prometheus::{IntCounter, IntGauge};
 
-use super::{RateStore, StoreCheck, StoreFuture};
+use super::{Fleet, RateStore, ResetFuture, ResetOutcome, StoreCheck, StoreFuture};
 use crate::clock::Clock;
 use crate::limit::{Decision, Key, Micros, State};
 
@@ -253,6 +253,19 @@ impl MemoryStore {
         remaining
     }
 
+    /// Drops `key`'s state; whether it held a live (not idle) one.
+    pub fn reset_now(&self, key: &Key) -> bool {
+        let now = self.clock.now_us();
+        let mut shard = self.lock(self.shard_of(key));
+        match shard.slots.remove(key) {
+            Some(slot) => {
+                shard.bytes = shard.bytes.saturating_sub(slot_bytes(key, &slot));
+                slot.idle_at > now
+            }
+            None => false,
+        }
+    }
+
     /// Keys currently held (idle ones included until the next sweep).
     pub fn len(&self) -> usize {
         (0..self.shards.len())
@@ -275,6 +288,14 @@ impl RateStore for MemoryStore {
     ) -> StoreFuture<'a> {
         let decisions = self.check_now(checks, dry_run);
         Box::pin(std::future::ready(Ok(decisions)))
+    }
+
+    fn reset<'a>(&'a self, key: &'a Key) -> ResetFuture<'a> {
+        let existed = self.reset_now(key);
+        Box::pin(std::future::ready(Ok(ResetOutcome {
+            existed,
+            fleet: Fleet::Alone,
+        })))
     }
 
     fn name(&self) -> &'static str {

@@ -68,6 +68,46 @@ impl StoreError {
 pub type StoreFuture<'a> =
     Pin<Box<dyn Future<Output = Result<Vec<Decision>, StoreError>> + Send + 'a>>;
 
+/// What a reset did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResetOutcome {
+    /// Whether the store held state for the counter (false for a key never seen or expired).
+    pub existed: bool,
+    /// How the other pods' local layers learn of the reset.
+    pub fleet: Fleet,
+}
+
+/// How the other pods' local layers (remembered denials) learn of a reset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fleet {
+    /// The counters are this process's own: there is no other pod to tell.
+    Alone,
+    /// Announced on the store's reset channel; `receivers` subscribers got it from the node
+    /// that took it (in a Cluster the others get it over the cluster bus, uncounted).
+    Announced {
+        /// Subscribers the node delivered it to.
+        receivers: u64,
+    },
+    /// The counter was reset but the announcement failed: other pods keep a remembered denial
+    /// until its retry instant.
+    NotAnnounced,
+}
+
+impl Fleet {
+    /// A stable name for answers and logs.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Alone => "alone",
+            Self::Announced { .. } => "announced",
+            Self::NotAnnounced => "not_announced",
+        }
+    }
+}
+
+/// What [`RateStore::reset`] returns.
+pub type ResetFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<ResetOutcome, StoreError>> + Send + 'a>>;
+
 /// A place where counters live, shared by every transport.
 pub trait RateStore: Send + Sync + 'static {
     /// Decides every check as one group. Unless `dry_run`, the allowed checks are recorded if
@@ -79,6 +119,15 @@ pub trait RateStore: Send + Sync + 'static {
         dry_run: bool,
         deadline: Option<Duration>,
     ) -> StoreFuture<'a>;
+
+    /// Forgets `key`'s state, so that the next request sees a full quota, and tells the other
+    /// pods sharing the store (an operator's reset, never part of a check).
+    fn reset<'a>(&'a self, key: &'a Key) -> ResetFuture<'a>;
+
+    /// The counter's name as the store holds it (shown to operators).
+    fn stored_key(&self, key: &Key) -> String {
+        key.to_string()
+    }
 
     /// A short name for logs and the readiness body (`memory`, `redis`).
     fn name(&self) -> &'static str;

@@ -1,21 +1,22 @@
 //! The admin listener: `/livez` (the process answers), `/readyz` (accepting checks; never
-//! depends on Redis), `/metrics` (Prometheus text) and `/v1/policies` (the effective policies).
+//! depends on Redis), `/metrics` (Prometheus text), `/v1/policies` (the effective policies),
+//! `POST /v1/explain` and `GET`/`DELETE /v1/counters` (see [`super::counters`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::HeaderMap;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 
 use super::wire::{CheckBody, ErrorReply};
 use crate::check::CheckService;
-use crate::config::HumanDuration;
+use crate::config::{AdminResets, HumanDuration};
 use crate::limit::{Algorithm, Policy};
 use crate::telemetry::Metrics;
 
@@ -24,22 +25,31 @@ struct AdminCtx {
     service: Arc<CheckService>,
     metrics: Metrics,
     ready: Arc<AtomicBool>,
+    resets: AdminResets,
 }
 
-/// The admin router. `ready` turns false when the daemon starts draining.
-pub fn router(service: Arc<CheckService>, metrics: Metrics, ready: Arc<AtomicBool>) -> Router {
+/// The admin router. `ready` turns false when the daemon starts draining; `resets` says who may
+/// reset counters.
+pub fn router(
+    service: Arc<CheckService>,
+    metrics: Metrics,
+    ready: Arc<AtomicBool>,
+    resets: AdminResets,
+) -> Router {
     Router::new()
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
         .route("/metrics", get(render_metrics))
         .route("/v1/policies", get(policies))
         .route("/v1/explain", post(explain))
+        .route("/v1/counters", any(counters))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(AdminCtx {
             service,
             metrics,
             ready,
+            resets,
         })
 }
 
@@ -49,7 +59,7 @@ async fn not_found() -> Response {
         ErrorReply::new(
             "not_found",
             "no such endpoint; the admin listener serves /livez, /readyz, /metrics, \
-             /v1/policies and POST /v1/explain",
+             /v1/policies, POST /v1/explain and GET or DELETE /v1/counters",
         ),
     ))
 }
@@ -57,7 +67,10 @@ async fn not_found() -> Response {
 async fn method_not_allowed() -> Response {
     super::http::error_response((
         StatusCode::METHOD_NOT_ALLOWED,
-        ErrorReply::new("method_not_allowed", "use GET (POST for /v1/explain)"),
+        ErrorReply::new(
+            "method_not_allowed",
+            "use GET (POST for /v1/explain, GET or DELETE for /v1/counters)",
+        ),
     ))
 }
 
@@ -108,6 +121,10 @@ async fn explain(State(ctx): State<AdminCtx>, headers: HeaderMap, body: Body) ->
         Ok(explanation) => Json(explanation).into_response(),
         Err(error) => super::http::error_response(ErrorReply::from_check_error(&error)),
     }
+}
+
+async fn counters(State(ctx): State<AdminCtx>, request: Request) -> Response {
+    super::counters::counters(&ctx.service, ctx.resets, request).await
 }
 
 async fn policies(State(ctx): State<AdminCtx>) -> Json<Value> {

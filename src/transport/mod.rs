@@ -1,8 +1,9 @@
 //! Transports: the check API router (served on TCP and on a Unix socket alike), its JSON wire
-//! format and headers, the Unix socket binding, and the admin listener.
+//! format and headers, the Unix socket binding, and the admin listener (with `/v1/counters`).
 
 pub mod admin;
 pub mod authz;
+pub mod counters;
 pub mod grpc;
 pub mod http;
 pub mod path;

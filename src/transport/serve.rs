@@ -3,10 +3,14 @@
 //! the grace period are closed (axum's own `serve` cannot close them once spawned). At most
 //! `max_connections` are open at once: past it, accepting waits for one to close (the kernel's
 //! backlog holds the newcomers), so a flood of idle or stalled clients costs bounded memory.
+//! A listener that logs who asked (the admin listener: counter resets) hands each request its
+//! peer's address (axum's `ConnectInfo`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::ConnectInfo;
+use axum::http::Request;
 use axum::serve::Listener;
 use axum::Router;
 use hyper::server::conn::http1;
@@ -20,6 +24,15 @@ use super::request_caps::{Capped, HYPER_MAX_BUF};
 /// Longest a client may take to send a request's headers (slow clients hold a connection).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Whether handlers see the peer's address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peers {
+    /// Each request carries `ConnectInfo(peer address)`.
+    Record,
+    /// Nothing is added (the check listeners: no work a handler does not use).
+    Ignore,
+}
+
 /// Serves `router` on `listener` until `drain` turns true, with at most `max_connections` open;
 /// then waits up to `grace` for open connections to finish and closes the rest.
 pub async fn serve<L: Listener>(
@@ -28,7 +41,10 @@ pub async fn serve<L: Listener>(
     mut drain: watch::Receiver<bool>,
     grace: Duration,
     max_connections: usize,
-) {
+    peers: Peers,
+) where
+    L::Addr: Clone + Send + Sync + 'static,
+{
     let mut connections = JoinSet::new();
     let slots = Arc::new(Semaphore::new(max_connections));
     loop {
@@ -41,8 +57,11 @@ pub async fn serve<L: Listener>(
         let Ok(slot) = slot else { break };
         tokio::select! {
             _ = drained(&mut drain) => break,
-            (io, _) = listener.accept() => {
-                let service = Capped(TowerToHyperService::new(router.clone()));
+            (io, peer) = listener.accept() => {
+                let service = Capped(WithPeer {
+                    inner: TowerToHyperService::new(router.clone()),
+                    peer: (peers == Peers::Record).then_some(peer),
+                });
                 let mut drain = drain.clone();
                 connections.spawn(async move {
                     let _slot = slot;
@@ -74,6 +93,30 @@ pub async fn serve<L: Listener>(
             "grace period over; closing connections"
         );
         connections.shutdown().await;
+    }
+}
+
+/// Inserts `ConnectInfo(peer)` into every request, when there is a peer to record.
+#[derive(Clone)]
+struct WithPeer<S, A> {
+    inner: S,
+    peer: Option<A>,
+}
+
+impl<S, A, B> hyper::service::Service<Request<B>> for WithPeer<S, A>
+where
+    S: hyper::service::Service<Request<B>>,
+    A: Clone + Send + Sync + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn call(&self, mut request: Request<B>) -> Self::Future {
+        if let Some(peer) = &self.peer {
+            request.extensions_mut().insert(ConnectInfo(peer.clone()));
+        }
+        self.inner.call(request)
     }
 }
 

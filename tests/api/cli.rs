@@ -304,6 +304,122 @@ fn check_command_exits_69_when_the_daemon_is_unreachable() {
     assert_eq!(out.code, Some(69), "{out:?}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_command_shows_and_resets_a_partition() {
+    let app = spawn_app().await;
+    let cwd = app.dir.path().to_owned();
+    let admin = app.admin.to_string();
+    let counters = |args: &[&str]| {
+        let mut all = vec!["counters"];
+        all.extend_from_slice(args);
+        sluice_command(&cwd, &all)
+    };
+    let get = [
+        "get",
+        "-p",
+        "login",
+        "-d",
+        "ip=192.0.2.7",
+        "--admin",
+        &admin,
+    ];
+    let out = run_async(counters(&get)).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.stdout
+            .starts_with("open policy=login key=login:192.0.2.7 remaining=10/10 reset_after_ms=0 "),
+        "{out:?}"
+    );
+
+    for _ in 0..11 {
+        let body = json!({"policy": "login", "descriptors": {"ip": "192.0.2.7"}});
+        app.check_tcp(&body).await;
+    }
+    let json_get = [&get[..], &["--json"]].concat();
+    let out = run_async(counters(&json_get)).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let answer: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("JSON");
+    assert_eq!(
+        (&answer["remaining"], &answer["allowed"]),
+        (&json!(0), &json!(false))
+    );
+    assert_eq!(answer["retry_after_ms"], 300_000);
+
+    // The admin address from SLUICE_ADMIN_URL, in the http:// spelling.
+    let mut reset = counters(&["reset", "-p", "login", "-d", "ip=192.0.2.7"]);
+    reset.env("SLUICE_ADMIN_URL", format!("http://{admin}/"));
+    let out = run_async(reset).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(
+        out.stdout.trim(),
+        "reset policy=login key=login:192.0.2.7 existed=true fleet=alone",
+        "{out:?}"
+    );
+    let out = run_async(counters(&get)).await;
+    assert!(
+        out.stdout
+            .starts_with("open policy=login key=login:192.0.2.7 remaining=10/10 "),
+        "{out:?}"
+    );
+    let body = json!({"policy": "login", "descriptors": {"ip": "192.0.2.7"}});
+    assert_eq!(app.check_tcp(&body).await.status, 200, "unblocked");
+    // Without --admin or SLUICE_ADMIN_URL: listen.admin of the settings file.
+    let settings = write(
+        &cwd,
+        "admin.toml",
+        &format!("[listen]\nadmin = \"{admin}\"\n"),
+    );
+    let out = run_async(counters(&[
+        "get",
+        "-p",
+        "login",
+        "-d",
+        "ip=192.0.2.7",
+        "-c",
+        &settings,
+    ]))
+    .await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stdout.contains("remaining=9/10"), "{out:?}");
+
+    // Refused by the daemon, refused before asking, and nobody listening.
+    let out = run_async(counters(&[
+        "get", "-p", "nope", "-d", "ip=1", "--admin", &admin,
+    ]))
+    .await;
+    assert_eq!(out.code, Some(64), "{out:?}");
+    assert!(
+        out.stdout.starts_with("error 400: unknown_policy: "),
+        "{out:?}"
+    );
+    let out = run_async(counters(&[
+        "reset", "-p", "login", "-d", "ip", "--admin", &admin,
+    ]))
+    .await;
+    assert_eq!(out.code, Some(64), "{out:?}");
+    assert!(out.stderr.contains("NAME=VALUE"), "{out:?}");
+    let out = run_async(counters(&["reset", "-d", "ip=1", "--admin", &admin])).await;
+    assert_eq!(out.code, Some(64), "no policy: {out:?}");
+    let out = run_async(counters(&[
+        "get",
+        "-p",
+        "login",
+        "-d",
+        "ip=1",
+        "--admin",
+        "ftp://x:1",
+    ]))
+    .await;
+    assert_eq!(out.code, Some(64), "{out:?}");
+    let closed = format!("127.0.0.1:{}", free_port());
+    let out = run_async(counters(&[
+        "get", "-p", "login", "-d", "ip=1", "--admin", &closed,
+    ]))
+    .await;
+    assert_eq!(out.code, Some(69), "{out:?}");
+    assert!(out.stderr.contains(&closed), "{out:?}");
+}
+
 /// A loopback port that was free a moment ago.
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

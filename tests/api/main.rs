@@ -7,6 +7,7 @@ mod bad_input;
 mod batch;
 mod check;
 mod cli;
+mod counters;
 mod examples;
 mod first_hour;
 mod grpc;

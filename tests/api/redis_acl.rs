@@ -1,7 +1,8 @@
 //! ACL users against a real `redis-server`: the README's `ACL SETUSER` line (read from README.md,
 //! so the documented line is the tested one) gives exactly what sluice needs; credentials from
 //! the URL or from `redis.username` / `redis.password`; a user without the key pattern is refused
-//! (counted as `auth`) while the failure mode answers.
+//! (counted as `auth`) while the failure mode answers; a counter reset (DEL, PUBLISH) and its
+//! subscription work under that user.
 
 use std::time::{Duration, Instant};
 
@@ -102,6 +103,28 @@ async fn the_readme_acl_line_is_enough_with_credentials_in_the_url() {
         statuses(&app).await,
         [200, 200, 429, 200, 200, 200, 200, 200, 429]
     );
+    // A reset: DEL, PUBLISH on the reset channel, which this daemon follows (SUBSCRIBE).
+    let started = Instant::now();
+    while crate::counters::numsub(&mut redis.connection()) < 1 {
+        assert!(started.elapsed() < WAIT, "never subscribed as the ACL user");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let path = sluice::client::counters_path(
+        "login",
+        &[("ip".to_owned(), "203.0.113.9".to_owned())].into(),
+        None,
+    );
+    let admin = sluice::client::Target::Tcp(app.admin);
+    let reply = sluice::client::request(&admin, axum::http::Method::DELETE, &path, None)
+        .await
+        .expect("reset");
+    assert_eq!(reply.status, 200, "{}", reply.json());
+    assert_eq!(
+        (&reply.json()["existed"], &reply.json()["fleet"]),
+        (&json!(true), &json!("announced"))
+    );
+    let login = json!({"policy": "login", "descriptors": {"ip": "203.0.113.9"}});
+    assert_eq!(app.check_tcp(&login).await.status, 200, "reset");
     // Nothing was refused on the way (no NOPERM, no script errors).
     let metrics = app.metrics().await;
     for kind in ["auth", "other", "bad_key"] {

@@ -162,3 +162,32 @@ fn a_byte_budget_bounds_memory_whatever_the_key_count() {
     store.sweep();
     assert_eq!(store.bytes(), 0, "sweeping returns the bytes");
 }
+
+#[test]
+fn a_reset_key_starts_full_and_frees_its_bytes_and_nothing_else() {
+    let (store, clock) = store(100);
+    let a = check("a", "x", log(2), true);
+    let b = check("a", "y", log(2), true);
+    let empty = store.bytes();
+    for _ in 0..2 {
+        store.check_now(&[a.clone(), b.clone()], false);
+    }
+    assert!(!store.check_now(std::slice::from_ref(&a), true)[0].allowed);
+    let both = store.bytes();
+    assert!(store.reset_now(&a.key), "it held state");
+    assert_eq!(store.bytes() - empty, (both - empty) / 2, "a's bytes freed");
+    assert_eq!(
+        store.check_now(std::slice::from_ref(&a), true)[0].remaining,
+        1,
+        "full"
+    );
+    assert!(
+        !store.check_now(std::slice::from_ref(&b), true)[0].allowed,
+        "b untouched"
+    );
+    assert!(!store.reset_now(&a.key), "nothing left to reset");
+    // A key whose state went idle held nothing live.
+    clock.advance(120 * SECOND);
+    assert!(!store.reset_now(&b.key));
+    assert_eq!(store.bytes(), empty);
+}

@@ -144,6 +144,22 @@ impl Conn {
         Ok(redis::from_redis_value(self.expect_ok(&cmd).await?)?)
     }
 
+    /// `DEL key` (routed by the key's hash tag in a Cluster); whether the key existed.
+    pub async fn delete(&mut self, key: &str) -> RedisResult<bool> {
+        let mut cmd = redis::cmd("DEL");
+        cmd.arg(key);
+        let deleted: u64 = redis::from_redis_value(self.expect_ok(&cmd).await?)?;
+        Ok(deleted > 0)
+    }
+
+    /// `PUBLISH channel message`; how many subscribers the node delivered it to (a Cluster
+    /// forwards it to the other nodes' subscribers over its bus).
+    pub async fn publish(&mut self, channel: &str, message: &str) -> RedisResult<u64> {
+        let mut cmd = redis::cmd("PUBLISH");
+        cmd.arg(channel).arg(message);
+        Ok(redis::from_redis_value(self.expect_ok(&cmd).await?)?)
+    }
+
     /// A small write that fails exactly when checks would: on a replica (READONLY), a node out of
     /// memory (OOM), loading, or without auth. The key expires.
     pub async fn probe(&mut self, key: &str) -> RedisResult<()> {
@@ -289,6 +305,35 @@ pub async fn connect(
             Ok(Conn::Resolved(conn))
         }
     }
+}
+
+/// A pub/sub connection for `SUBSCRIBE`: to the single primary; to the primary the Sentinels
+/// name now; in a Cluster to seed node number `attempt` (round robin), since a Cluster delivers
+/// every `PUBLISH` to the subscribers of every node.
+pub async fn subscriber(
+    target: &RedisTarget,
+    access: &Access,
+    timeouts: Timeouts,
+    attempt: usize,
+) -> RedisResult<redis::aio::PubSub> {
+    let client = match target {
+        RedisTarget::Single(url) => node_client(url, Some(access), access)?,
+        RedisTarget::Cluster(nodes) => {
+            let url = nodes
+                .get(attempt % nodes.len().max(1))
+                .ok_or_else(|| timed_out("finding a Cluster node (none configured)"))?;
+            node_client(url, Some(access), access)?
+        }
+        RedisTarget::Sentinel(sentinel) => {
+            let mut client = sentinel_client(sentinel, access)?;
+            tokio::time::timeout(timeouts.connect, client.async_get_client())
+                .await
+                .map_err(|_| timed_out("asking Sentinel for the primary"))??
+        }
+    };
+    tokio::time::timeout(timeouts.connect, client.get_async_pubsub())
+        .await
+        .map_err(|_| timed_out("connecting for SUBSCRIBE"))?
 }
 
 /// A Cluster client for the seed `nodes`: `access`'s credentials, and when the seeds are

@@ -11,6 +11,9 @@
 //! are decided in two steps: every key evaluated without recording, then, if no enforced policy
 //! denied, each allowed key recorded by its own (atomic, re-deciding) check; a race can then deny
 //! in the second step after another key was spent.
+//!
+//! An operator's reset deletes the counter's key and announces it on the [`resets`] channel, so
+//! that every pod's local layer forgets its remembered denial.
 
 pub mod access;
 pub mod batcher;
@@ -20,6 +23,7 @@ pub mod health;
 pub mod keys;
 pub mod metrics;
 pub mod prober;
+pub mod resets;
 pub mod scripts;
 pub mod sentinel_watch;
 pub mod slot_map;
@@ -37,9 +41,10 @@ use self::error::ErrorKind;
 use self::health::{Circuit, Health};
 pub use self::metrics::RedisMetrics;
 use self::prober::{Backoff, Prober};
+use self::resets::{Follower, ResetEvent};
 use self::scripts::{Item, Scripts};
-use super::{RateStore, StoreCheck, StoreError, StoreFuture};
-use crate::limit::Decision;
+use super::{Fleet, RateStore, ResetFuture, ResetOutcome, StoreCheck, StoreError, StoreFuture};
+use crate::limit::{Decision, Key};
 
 /// Everything the Redis store is configured with.
 #[derive(Debug, Clone)]
@@ -72,6 +77,10 @@ pub struct RedisStore {
     prefix: String,
     timeout: Duration,
     health: Arc<Health>,
+    /// How to follow the reset channel (started by [`RedisStore::follow_resets`]).
+    resets: Follower,
+    /// Dropped with the store, which ends the reset follower.
+    alive: watch::Sender<()>,
 }
 
 /// Longest a check waits inside sluice (queued behind other batches) beyond its Redis deadline
@@ -103,6 +112,12 @@ impl RedisStore {
         ));
         let scripts = Scripts::default();
         let cluster = matches!(options.target, RedisTarget::Cluster(_));
+        let resets = Follower {
+            target: options.target.clone(),
+            access: options.access.clone(),
+            timeouts: options.timeouts,
+            channel: resets::channel(&options.key_prefix),
+        };
         let (publish, connection) = watch::channel(None);
         if let RedisTarget::Sentinel(sentinel) = &options.target {
             tokio::spawn(sentinel_watch::watch(
@@ -141,26 +156,53 @@ impl RedisStore {
             prefix: options.key_prefix,
             timeout: options.timeout,
             health,
+            resets,
+            alive: watch::channel(()).0,
         })
+    }
+
+    /// Subscribes to the reset channel in the background (until the store is dropped) and hands
+    /// every announced reset to `on_reset`, e.g. to drop the key from the local layer.
+    pub fn follow_resets(&self, on_reset: impl Fn(ResetEvent) + Send + Sync + 'static) {
+        tokio::spawn(self.resets.clone().run(on_reset, self.alive.subscribe()));
+    }
+
+    /// The current connection, for a one-off command; fails fast while the circuit is open.
+    fn current(&self) -> Result<conn::Conn, StoreError> {
+        if !self.health.allows_calls() {
+            return Err(StoreError::CircuitOpen);
+        }
+        let current = self.connection.borrow().clone();
+        current.ok_or_else(|| StoreError::failed(ErrorKind::NotConnected, "not connected to Redis"))
     }
 
     /// `HGET <prefix>:<name> <field>` on the current connection (for small shared tables such as
     /// tenant tiers); fails fast while the circuit is open.
     pub async fn hash_get(&self, name: &str, field: &str) -> Result<Option<String>, StoreError> {
-        if !self.health.allows_calls() {
-            return Err(StoreError::CircuitOpen);
-        }
-        let current = self.connection.borrow().clone();
-        let Some(mut conn) = current else {
-            return Err(StoreError::failed(
-                ErrorKind::NotConnected,
-                "not connected to Redis",
-            ));
-        };
+        let mut conn = self.current()?;
         let key = format!("{}:{name}", self.prefix);
-        conn.hash_get(&key, field)
+        conn.hash_get(&key, field).await.map_err(|e| failed(&e))
+    }
+
+    /// Deletes the counter's key (on its primary, through the check path's connection but not
+    /// its batcher) and announces the reset; the announcement failing does not undo the reset.
+    async fn reset_key(&self, key: &Key) -> Result<ResetOutcome, StoreError> {
+        let mut conn = self.current()?;
+        let existed = conn
+            .delete(&keys::redis_key(&self.prefix, key))
             .await
-            .map_err(|e| StoreError::failed(ErrorKind::of(&e), e.to_string()))
+            .map_err(|e| failed(&e))?;
+        let fleet = match conn
+            .publish(&self.resets.channel, &resets::encode(key))
+            .await
+        {
+            Ok(receivers) => Fleet::Announced { receivers },
+            Err(error) => {
+                tracing::warn!(channel = %self.resets.channel, %error, "counter reset but not announced: other pods' local layers keep their denial until its retry instant");
+                Fleet::NotAnnounced
+            }
+        };
+        Ok(ResetOutcome { existed, fleet })
     }
 
     fn item(&self, check: &StoreCheck) -> Item {
@@ -227,6 +269,10 @@ impl RedisStore {
     }
 }
 
+fn failed(error: &redis::RedisError) -> StoreError {
+    StoreError::failed(ErrorKind::of(error), error.to_string())
+}
+
 /// Waits for a submitted check's decisions. The dispatcher answers every job (the call's own
 /// deadline counts from its write to Redis); the backstop only guards against a stalled daemon.
 async fn answer(
@@ -259,6 +305,14 @@ impl RateStore for RedisStore {
             self.check_group(checks, dry_run, deadline.unwrap_or(self.timeout))
                 .await
         })
+    }
+
+    fn reset<'a>(&'a self, key: &'a Key) -> ResetFuture<'a> {
+        Box::pin(self.reset_key(key))
+    }
+
+    fn stored_key(&self, key: &Key) -> String {
+        keys::redis_key(&self.prefix, key)
     }
 
     fn name(&self) -> &'static str {

@@ -25,6 +25,12 @@ pub struct Backoff {
     pub max: Duration,
 }
 
+/// A pause uniform in `[delay/2, delay]`, drawn from `attempt` and a per-process `jitter` key.
+pub fn jittered(delay: Duration, attempt: u64, jitter: &RandomState) -> Duration {
+    let spread = jitter.hash_one(attempt) % 1_000;
+    delay / 2 + delay / 2 * u32::try_from(spread).unwrap_or(0) / 1_000
+}
+
 /// Everything the prober needs.
 pub struct Prober {
     /// Where Redis is.
@@ -69,11 +75,8 @@ impl Prober {
                 continue;
             }
             if !delay.is_zero() {
-                // Uniform in [delay/2, delay].
-                let spread = jitter.hash_one(attempt) % 1_000;
-                let wait = delay / 2 + delay / 2 * u32::try_from(spread).unwrap_or(0) / 1_000;
                 tokio::select! {
-                    _ = tokio::time::sleep(wait) => {}
+                    _ = tokio::time::sleep(jittered(delay, attempt, &jitter)) => {}
                     _ = self.publish.closed() => return,
                 }
             }

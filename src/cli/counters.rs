@@ -1,0 +1,152 @@
+//! `sluice counters get|reset`: a partition's counter on a running daemon's admin listener
+//! (`/v1/counters`). Exit 0 done, 2 the store could not answer, 64 bad usage or request, 69 the
+//! daemon is unreachable.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use axum::http::Method;
+use clap::{Args, Subcommand};
+
+use super::{fail, field, parse_descriptors, runtime, EXIT_CONFIG, EXIT_UNREACHABLE};
+use crate::client::{self, Target};
+use crate::config::Settings;
+
+/// `sluice counters ...`.
+#[derive(Debug, Subcommand)]
+pub enum CountersCommand {
+    /// Show a partition's counter in its policy's terms (nothing is spent).
+    Get {
+        #[command(flatten)]
+        counter: CounterArgs,
+        /// The cost whose `allowed` / `retry_after_ms` are shown.
+        #[arg(long, default_value_t = 1)]
+        cost: u64,
+    },
+    /// Reset a partition's counter: its next request sees a full quota (on every pod).
+    Reset {
+        #[command(flatten)]
+        counter: CounterArgs,
+    },
+}
+
+/// Which counter, and which daemon.
+#[derive(Debug, Args)]
+pub struct CounterArgs {
+    /// The policy.
+    #[arg(long, short)]
+    policy: String,
+    /// A descriptor of the policy's key, repeatable: -d ip=203.0.113.7
+    #[arg(short = 'd', long = "descriptor", value_name = "NAME=VALUE")]
+    descriptors: Vec<String>,
+    /// The daemon's admin listener: http://127.0.0.1:7071, 127.0.0.1:7071 or localhost:7071
+    /// (default: $SLUICE_ADMIN_URL, else `listen.admin` from the settings).
+    #[arg(long, value_parser = Target::parse_http)]
+    admin: Option<Target>,
+    /// Settings file used to find the admin listener when neither --admin nor
+    /// $SLUICE_ADMIN_URL is given.
+    #[arg(long, short, env = "SLUICE_CONFIG")]
+    config: Option<PathBuf>,
+    /// Print the daemon's JSON answer as is.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `sluice counters ...`.
+pub fn run(command: CountersCommand) -> ExitCode {
+    let (args, method, cost) = match &command {
+        CountersCommand::Get { counter, cost } => (counter, Method::GET, Some(*cost)),
+        CountersCommand::Reset { counter } => (counter, Method::DELETE, None),
+    };
+    let descriptors = match parse_descriptors(&args.descriptors) {
+        Ok(descriptors) => descriptors,
+        Err(error) => return fail(EXIT_CONFIG, error),
+    };
+    let target = match admin_target(args.admin.as_ref(), args.config.as_deref()) {
+        Ok(target) => target,
+        Err(error) => return fail(EXIT_CONFIG, error),
+    };
+    let path = client::counters_path(&args.policy, &descriptors, cost);
+    let runtime = match runtime() {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    let reply = match runtime.block_on(client::request(&target, method, &path, None)) {
+        Ok(reply) => reply,
+        Err(error) => return fail(EXIT_UNREACHABLE, error),
+    };
+    let json = reply.json();
+    if args.json {
+        println!("{json}");
+    } else {
+        println!("{}", summarize(reply.status.as_u16(), &command, &json));
+    }
+    match reply.status.as_u16() {
+        200 => ExitCode::SUCCESS,
+        503 => ExitCode::from(2),
+        _ => ExitCode::from(EXIT_CONFIG),
+    }
+}
+
+/// The admin listener to ask: `--admin`, `SLUICE_ADMIN_URL`, then `listen.admin` of the settings
+/// (file and `SLUICE_*` variables, as `serve` reads them).
+fn admin_target(admin: Option<&Target>, config: Option<&Path>) -> Result<Target, String> {
+    if let Some(target) = admin {
+        return Ok(target.clone());
+    }
+    if let Some(url) = std::env::var("SLUICE_ADMIN_URL")
+        .ok()
+        .filter(|v| !v.is_empty())
+    {
+        return Target::parse_http(&url).map_err(|e| format!("SLUICE_ADMIN_URL: {e}"));
+    }
+    let settings = Settings::load(config).map_err(|e| format!("invalid settings: {e}"))?;
+    settings
+        .admin_addr()
+        .map(Target::Tcp)
+        .map_err(|e| e.to_string())
+}
+
+/// One line for people.
+fn summarize(status: u16, command: &CountersCommand, json: &serde_json::Value) -> String {
+    let field = |name: &str| field(json, name);
+    match (status, command) {
+        (200, CountersCommand::Get { .. }) => {
+            let mut line = format!(
+                "{} policy={} key={} remaining={}/{} reset_after_ms={} cost={} retry_after_ms={}",
+                if json["allowed"] == true {
+                    "open"
+                } else {
+                    "blocked"
+                },
+                field("policy"),
+                field("key"),
+                field("remaining"),
+                field("limit"),
+                field("reset_after_ms"),
+                field("cost"),
+                field("retry_after_ms"),
+            );
+            for extra in ["tier", "local_layer_retry_after_ms"] {
+                if !json[extra].is_null() {
+                    line.push_str(&format!(" {extra}={}", field(extra)));
+                }
+            }
+            line
+        }
+        (200, CountersCommand::Reset { .. }) => {
+            let keys: Vec<&str> = json["keys"]
+                .as_array()
+                .map(|keys| keys.iter().filter_map(|k| k.as_str()).collect())
+                .unwrap_or_default();
+            format!(
+                "reset policy={} key={} existed={} fleet={}",
+                field("policy"),
+                keys.join(","),
+                field("existed"),
+                field("fleet"),
+            )
+        }
+        _ => format!("error {status}: {}: {}", field("error"), field("reason")),
+    }
+}
