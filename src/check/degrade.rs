@@ -53,12 +53,9 @@ impl LocalShare {
                 ..check.clone()
             })
             .collect();
-        let refused = policies
-            .iter()
-            .zip(&checks)
-            .any(|((policy, _), check)| {
-                policy.failure_mode() == FailureMode::Closed && check.enforce
-            });
+        let refused = policies.iter().zip(&checks).any(|((policy, _), check)| {
+            policy.failure_mode() == FailureMode::Closed && check.enforce
+        });
         let decisions = self.store.check_now(&shared, dry_run || refused);
         let mut local = shared.iter().zip(decisions);
         policies

@@ -132,8 +132,8 @@ impl CheckService {
         let explained = policies
             .iter()
             .map(|policy| {
-                let Some(decided) =
-                    verdict::per_policy(&verdict.evaluated).find(|d| Arc::ptr_eq(&d.policy, policy))
+                let Some(decided) = verdict::per_policy(&verdict.evaluated)
+                    .find(|d| Arc::ptr_eq(&d.policy, policy))
                 else {
                     return PolicyExplanation {
                         policy: policy.name().to_owned(),
@@ -151,7 +151,9 @@ impl CheckService {
                     .iter()
                     .zip(&local_states)
                     .find(|((owner, _), _)| Arc::ptr_eq(owner, policy))
-                    .map(|((_, check), d)| StateExplanation::new(None, check.algorithm.period_us(), d));
+                    .map(|((_, check), d)| {
+                        StateExplanation::new(None, check.algorithm.period_us(), d)
+                    });
                 PolicyExplanation {
                     policy: policy.name().to_owned(),
                     applies: true,

@@ -336,3 +336,5 @@ impl CheckService {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod windows_tests;

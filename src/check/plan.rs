@@ -82,15 +82,12 @@ pub(crate) async fn plan(
             CheckError::Invalid(format!("policy `{}` lacks a key descriptor", policy.name()))
         })?;
         let enforce = policy.enforces(&key);
-        let mut local = quota
-            .local()
-            .filter(|_| enforce)
-            .map(|bucket| StoreCheck {
-                key: key.clone(),
-                algorithm: Algorithm::TokenBucket(*bucket),
-                cost,
-                enforce,
-            });
+        let mut local = quota.local().filter(|_| enforce).map(|bucket| StoreCheck {
+            key: key.clone(),
+            algorithm: Algorithm::TokenBucket(*bucket),
+            cost,
+            enforce,
+        });
         let part = |key, algorithm: &Algorithm, window, local| Planned {
             policy: Arc::clone(&policy),
             check: StoreCheck {

@@ -302,6 +302,8 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
 mod tests {
     use super::*;
 
+    use crate::limit::Descriptors;
+
     const SHIPPED: &str = include_str!("../../config/policies.yaml");
 
     fn parse(text: &str) -> Result<PolicySet, PolicyFileError> {
@@ -312,13 +314,14 @@ mod tests {
     fn shipped_example_is_valid_and_matches_the_design() {
         let set = parse(SHIPPED).expect("shipped policies are valid");
         let api = set.get("public_api").expect("public_api");
-        assert_eq!(api.algorithm_for(&Default::default(), None).limit(), 150);
+        let limit = |d: &Descriptors| api.quota_for(d, None).1.max_cost();
+        assert_eq!(limit(&Descriptors::new()), 150);
         assert_eq!(api.failure_mode(), FailureMode::Open);
         let enterprise = [("tier".to_owned(), "enterprise".to_owned())].into();
-        assert_eq!(api.algorithm_for(&enterprise, None).limit(), 1500);
+        assert_eq!(limit(&enterprise), 1500);
         let login = set.get("login").expect("login");
         assert_eq!(login.failure_mode(), FailureMode::Closed);
-        assert_eq!(login.algorithm_for(&Default::default(), None).limit(), 10);
+        assert_eq!(login.quota_for(&Default::default(), None).1.max_cost(), 10);
         assert_eq!(login.parts().key, vec!["ip".to_owned()]);
     }
 

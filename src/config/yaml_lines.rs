@@ -85,7 +85,8 @@ impl<'a> PolicyLines<'a> {
         let &(_, end) = self.items.get(index)?;
         let depth = |line: &str| line.len() - line.trim_start().len();
         let field_line = self.lines[at - 1].trim_start();
-        let field_depth = depth(self.lines[at - 1]) + if field_line.starts_with("- ") { 2 } else { 0 };
+        let field_depth =
+            depth(self.lines[at - 1]) + if field_line.starts_with("- ") { 2 } else { 0 };
         // Entries sit deeper than the field, or at its depth (YAML's compact `- ` under a key).
         let is_entry = |line: &str| line.trim_start().starts_with("- ");
         let entries: Vec<usize> = (at..end)
@@ -124,7 +125,11 @@ mod tests {
         let lines = PolicyLines::new(windows, 2);
         assert_eq!(lines.item(0, "limits", 0), Some(4));
         assert_eq!(lines.item(0, "limits", 1), Some(6));
-        assert_eq!(lines.item(0, "limits", 5), Some(3), "no such entry: the field");
+        assert_eq!(
+            lines.item(0, "limits", 5),
+            Some(3),
+            "no such entry: the field"
+        );
         assert_eq!(lines.item(1, "limits", 1), Some(12), "compact sequence");
         let one_line = "policies: [{name: a}, {name: b}]\n";
         assert_eq!(PolicyLines::new(one_line, 2).policy(0), None);

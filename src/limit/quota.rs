@@ -108,7 +108,8 @@ impl Quota {
         self.windows
             .iter()
             .filter(|w| {
-                pods * u128::from(w.period_us()) < u128::from(w.limit()) * u128::from(local.period_us())
+                pods * u128::from(w.period_us())
+                    < u128::from(w.limit()) * u128::from(local.period_us())
             })
             .collect()
     }
@@ -135,17 +136,14 @@ mod tests {
         let many = (1..=9).map(|i| window(i, i * 1_000)).collect();
         assert_eq!(Quota::new(many, None), Err(QuotaError::TooMany(9)));
         let twice = vec![window(1, 1_000), window(5, 2_000), window(9, 2_000)];
-        assert_eq!(
-            Quota::new(twice, None),
-            Err(QuotaError::DuplicatePeriod(1))
-        );
+        assert_eq!(Quota::new(twice, None), Err(QuotaError::DuplicatePeriod(1)));
         let mixed = vec![
             window(1, 1_000),
             SlidingLog::new(5, 2_000).expect("valid").into(),
         ];
         assert_eq!(Quota::new(mixed, None), Err(QuotaError::MixedAlgorithms));
-        let ok = Quota::new(vec![window(10, 1_000), window(1_000, 3_600_000)], None)
-            .expect("valid");
+        let ok =
+            Quota::new(vec![window(10, 1_000), window(1_000, 3_600_000)], None).expect("valid");
         assert!(ok.is_multi());
         assert_eq!(ok.window_of(3_600_000).map(|(i, _)| i), Some(1));
         assert!(!Quota::single(window(1, 1_000)).is_multi());
@@ -161,14 +159,22 @@ mod tests {
         assert_eq!(short.len(), 1);
         assert_eq!(short[0].period_us(), 1_000_000);
         assert!(quota.beyond_local_limit(3).is_empty(), "12/s covers 10/s");
-        assert!(Quota::single(window(10, 1_000)).beyond_local_limit(1).is_empty());
+        assert!(Quota::single(window(10, 1_000))
+            .beyond_local_limit(1)
+            .is_empty());
     }
 
     #[test]
     fn the_largest_cost_fits_every_window_and_the_local_limit() {
         let windows = vec![window(10, 1_000), window(1_000, 3_600_000)];
-        assert_eq!(Quota::new(windows.clone(), None).expect("valid").max_cost(), 10);
+        assert_eq!(
+            Quota::new(windows.clone(), None).expect("valid").max_cost(),
+            10
+        );
         let local = TokenBucket::new(100, 1_000, 4).expect("valid");
-        assert_eq!(Quota::new(windows, Some(local)).expect("valid").max_cost(), 4);
+        assert_eq!(
+            Quota::new(windows, Some(local)).expect("valid").max_cost(),
+            4
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! Tests of policies: matching, keys from captures, tiers, costs, rollout.
 
 use super::*;
-use crate::limit::FixedWindow;
+use crate::limit::{Algorithm, FixedWindow};
 
 fn window(limit: u64) -> Algorithm {
     Algorithm::FixedWindow(FixedWindow::new(limit, 1_000_000).expect("valid"))

@@ -23,7 +23,10 @@ pub fn redis_key(prefix: &str, key: &Key) -> String {
     match (partition.len() > MAX_PARTITION_BYTES, key.window()) {
         (false, None) => format!("{prefix}:{{{policy}:{partition}}}"),
         (false, Some(period)) => {
-            format!("{prefix}:{{{policy}:{partition}}}:{}", HumanDuration(period))
+            format!(
+                "{prefix}:{{{policy}:{partition}}}:{}",
+                HumanDuration(period)
+            )
         }
         (true, window) => {
             let digest = sha1_smol::Sha1::from(partition.as_bytes())
@@ -106,7 +109,11 @@ mod tests {
         let plain = Key::new(Arc::from("api"), ["acme", "k1"]);
         let second = redis_key("rl", &plain.for_window(1_000_000));
         let hour = redis_key("rl", &plain.for_window(5_400_000_000));
-        assert_eq!(redis_key("rl", &plain), "rl:{api:acme:k1}", "one window: as before");
+        assert_eq!(
+            redis_key("rl", &plain),
+            "rl:{api:acme:k1}",
+            "one window: as before"
+        );
         assert_eq!(second, "rl:{api:acme:k1}:1s");
         assert_eq!(hour, "rl:{api:acme:k1}:1h30m");
         assert_eq!(slot(&second), slot(&hour));
