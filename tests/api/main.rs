@@ -47,3 +47,4 @@ mod shutdown;
 mod tls_pki;
 mod tools;
 mod transports;
+mod windows;
