@@ -26,6 +26,7 @@ mod injector_manifests;
 mod injector_support;
 mod k8s;
 mod kustomize;
+mod local_limit;
 mod nginx;
 mod observability;
 mod policies;
