@@ -156,32 +156,16 @@ impl RawQuota<'_> {
                 None
             }
         });
-        if !problems.is_empty() {
-            return Err(problems);
+        // Windows that all built are checked together even when other fields failed.
+        let checked = (built.len() == windows.len()).then(|| Quota::new(built, local));
+        match checked {
+            Some(Ok(quota)) if problems.is_empty() => Ok(quota),
+            Some(Err(e)) => {
+                problems.push(window_problem(e, windows));
+                Err(problems)
+            }
+            _ => Err(problems),
         }
-        Quota::new(built, local).map_err(|e| {
-            let (item, reason) = match e {
-                QuotaError::DuplicatePeriod(first) => {
-                    let period = HumanDuration(windows[first].period.0);
-                    let second = (first + 1..windows.len())
-                        .find(|&i| windows[i].period == windows[first].period);
-                    (
-                        second,
-                        format!(
-                            "windows {first} and {} both have period {period}: each period is \
-                             one counter",
-                            second.unwrap_or(first)
-                        ),
-                    )
-                }
-                other => (None, other.to_string()),
-            };
-            vec![FieldProblem {
-                field: "limits",
-                item,
-                reason,
-            }]
-        })
     }
 
     /// The quota of tier `tier`: every window (and the local limit) scaled by `multiplier`, or,
@@ -234,6 +218,28 @@ impl RawQuota<'_> {
                 .map(|p| FieldProblem::from(("tiers", format!("tier `{tier}`: {}", p.reason))))
                 .collect()
         })
+    }
+}
+
+/// A problem of the windows as a whole (at the second of two windows of one period).
+fn window_problem(error: QuotaError, windows: &[RawWindow]) -> FieldProblem {
+    let (item, reason) = match error {
+        QuotaError::DuplicatePeriod(first) => {
+            let period = HumanDuration(windows[first].period.0);
+            let second =
+                (first + 1..windows.len()).find(|&i| windows[i].period == windows[first].period);
+            let shown = second.unwrap_or(first);
+            (
+                second,
+                format!("windows {first} and {shown} both have period {period}: each period is one counter"),
+            )
+        }
+        other => (None, other.to_string()),
+    };
+    FieldProblem {
+        field: "limits",
+        item,
+        reason,
     }
 }
 
