@@ -59,8 +59,9 @@ impl CheckService {
                 owners.push(index);
             }
         }
-        // Only a local-layer answer (denials only) needs placing by identity.
-        let identities: Vec<(Arc<crate::limit::Policy>, Key)> = if self.hot.is_some() {
+        // Only an answer of a local layer or local limit (denials only) needs placing by identity.
+        let local_answers = self.hot.is_some() || planned.iter().any(|p| p.local.is_some());
+        let identities: Vec<(Arc<crate::limit::Policy>, Key)> = if local_answers {
             planned
                 .iter()
                 .map(|p| (Arc::clone(&p.policy), p.check.key.clone()))

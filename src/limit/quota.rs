@@ -86,14 +86,6 @@ impl Quota {
         let local = self.local.iter().map(TokenBucket::capacity);
         windows.chain(local).min().unwrap_or(0)
     }
-
-    /// The window with this period, with its index.
-    pub fn window_of(&self, period_us: Micros) -> Option<(usize, &Algorithm)> {
-        self.windows
-            .iter()
-            .enumerate()
-            .find(|(_, w)| w.period_us() == period_us)
-    }
 }
 
 impl Quota {
@@ -145,7 +137,7 @@ mod tests {
         let ok =
             Quota::new(vec![window(10, 1_000), window(1_000, 3_600_000)], None).expect("valid");
         assert!(ok.is_multi());
-        assert_eq!(ok.window_of(3_600_000).map(|(i, _)| i), Some(1));
+        assert_eq!(ok.windows()[1].period_us(), 3_600_000);
         assert!(!Quota::single(window(1, 1_000)).is_multi());
     }
 

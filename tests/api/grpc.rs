@@ -438,3 +438,39 @@ policies:
         "one window, its own counter"
     );
 }
+
+/// A local limit denies a descriptor in the pod: its status says so, the other descriptor of the
+/// group is untouched.
+#[tokio::test]
+async fn a_local_limit_denies_its_descriptor() {
+    let policies = "
+policies:
+  - {name: capped, match: {user: '*'}, key: [user], algorithm: fixed_window, limit: 100, period: 1h, local_limit: {limit: 1, period: 1h}}
+  - {name: roomy, match: {ip: '*'}, key: [ip], algorithm: fixed_window, limit: 100, period: 1h}
+";
+    let daemon = spawn_grpc(policies).await;
+    let mut client = daemon.tcp().await;
+    let both = || {
+        request(
+            "d",
+            vec![descriptor(&[("user", "u")]), descriptor(&[("ip", "i")])],
+        )
+    };
+    assert_eq!(ask(&mut client, both()).await.overall_code, OK);
+    let denied = ask(&mut client, both()).await;
+    assert_eq!(denied.overall_code, OVER_LIMIT);
+    let codes: Vec<i32> = denied.statuses.iter().map(|s| s.code).collect();
+    assert_eq!(codes, [OVER_LIMIT, OK]);
+    let limit = denied.statuses[0].current_limit.as_ref().expect("limit");
+    assert_eq!(
+        (limit.name.as_str(), limit.requests_per_unit, limit.unit),
+        ("capped/local", 1, HOUR)
+    );
+    let roomy = json_of(
+        &daemon
+            .app
+            .dry_run(&json!({"policy": "roomy", "descriptors": {"ip": "i"}}))
+            .await,
+    );
+    assert_eq!(roomy["remaining"], 98, "one spent, not two");
+}
