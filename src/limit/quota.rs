@@ -2,7 +2,7 @@
 //! must fit every one: "10 per second and 1000 per hour"), and an optional per-pod local limit
 //! checked before the store.
 
-use super::{Algorithm, Micros, TokenBucket};
+use super::{Algorithm, TokenBucket};
 
 /// Most windows one policy may have: each is a counter (a Redis key) checked on every request.
 pub const MAX_WINDOWS: usize = 8;
@@ -116,7 +116,7 @@ impl From<Algorithm> for Quota {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::{FixedWindow, SlidingLog};
+    use crate::limit::{FixedWindow, Micros, SlidingLog};
 
     fn window(limit: u64, period_us: Micros) -> Algorithm {
         FixedWindow::new(limit, period_us).expect("valid").into()
