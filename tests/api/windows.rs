@@ -197,3 +197,92 @@ async fn several_windows_on_a_redis_cluster_share_one_slot() {
         ]]
     );
 }
+
+/// Random costs on policies of two windows, asked of the embedded store and of Redis side by
+/// side and held to the model: a request passes if and only if both windows have room for its
+/// cost, and then spends from both; otherwise from neither, and the window that decided had no
+/// room. Sliding logs of a minute and an hour, so the seconds the test takes expire nothing;
+/// `minute` runs out in its minute first, `hour` in its hour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_and_redis_agree_with_the_all_or_nothing_model() {
+    const DIFF: &str = "
+policies:
+  - {name: single, key: [user], algorithm: sliding_log, limit: 5, period: 1h}
+  - {name: minute, key: [user], algorithm: sliding_log, limits: [{limit: 7, period: 1m}, {limit: 11, period: 1h}]}
+  - {name: hour, key: [user], algorithm: sliding_log, limits: [{limit: 11, period: 1m}, {limit: 7, period: 1h}]}
+";
+    let redis = RedisServer::start();
+    let embedded = crate::helpers::spawn_app_with(DIFF).await;
+    let shared = {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut settings = test_settings(dir.path());
+        settings.redis.url = Some(redis.url());
+        settings.redis.timeout = HumanDuration(2_000_000);
+        // Store against store: the local layer would answer repeated denials with the figures
+        // of the first (a denial all the same, but `remaining` as it was then).
+        settings.local_layer.enabled = false;
+        let app = spawn_app_in(dir, settings, DIFF).await;
+        let probe = json!({"policy": "single", "descriptors": {"user": "probe"}, "dry_run": true});
+        for _ in 0..200 {
+            if json_of(&app.check_tcp(&probe).await)["mode"] == "enforced" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        app
+    };
+    let mut denials_by = [0, 0];
+    for seed in 1..=6u64 {
+        let user = format!("user-{seed}");
+        let (policy, limits) = if seed % 2 == 0 {
+            ("minute", [7, 11])
+        } else {
+            ("hour", [11, 7])
+        };
+        let mut state = seed;
+        let mut spent = [0u64; 2];
+        for step in 0..24 {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let cost = 1 + (state >> 33) % 4;
+            let fits = |w: usize| spent[w] + cost <= limits[w];
+            let model = fits(0) && fits(1);
+            let request = json!({"policy": policy, "descriptors": {"user": user}, "cost": cost});
+            let answers = [
+                json_of(&embedded.check_tcp(&request).await),
+                json_of(&shared.check_tcp(&request).await),
+            ];
+            for answer in &answers {
+                assert_eq!(
+                    answer["allowed"], model,
+                    "seed {seed} step {step} cost {cost} spent {spent:?}: {answer}"
+                );
+            }
+            let figures = |a: &Value| {
+                (
+                    a["window"].clone(),
+                    a["remaining"].clone(),
+                    a["limit"].clone(),
+                )
+            };
+            assert_eq!(
+                figures(&answers[0]),
+                figures(&answers[1]),
+                "seed {seed} step {step}"
+            );
+            if model {
+                spent = [spent[0] + cost, spent[1] + cost];
+            } else {
+                let window = answers[0]["window"].as_u64().expect("a window decided") as usize;
+                assert!(!fits(window), "window {window} had room: {}", answers[0]);
+                denials_by[window] += 1;
+            }
+        }
+    }
+    println!("denials by window (minute, hour): {denials_by:?}");
+    assert!(
+        denials_by.iter().all(|&n| n > 0),
+        "each window decided at least once"
+    );
+}
