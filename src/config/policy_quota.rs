@@ -465,4 +465,20 @@ mod tests {
         );
         assert!(local_limit_warnings(&set, 3).is_empty());
     }
+
+    #[test]
+    fn the_readme_examples_of_windows_and_local_limits_are_valid() {
+        let readme = include_str!("../../README.md");
+        let blocks: Vec<&str> = readme
+            .split("```yaml\n")
+            .skip(1)
+            .filter_map(|rest| rest.split("```").next())
+            .filter(|block| block.starts_with("  - name:"))
+            .filter(|block| block.contains("limits:") || block.contains("local_limit:"))
+            .collect();
+        assert_eq!(blocks.len(), 2, "the two examples");
+        for block in blocks {
+            parse(&format!("policies:\n{block}")).unwrap_or_else(|e| panic!("{e}\n{block}"));
+        }
+    }
 }
