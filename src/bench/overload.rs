@@ -118,18 +118,19 @@ pub async fn measure(
         .filter(|l| l.starts_with("sluice_redis_errors_total{") && !l.ends_with(" 0"))
         .map(str::to_owned)
         .collect();
-    let sum_of = |prefix: &str, label: &str| -> f64 {
+    // Label order in the text is the registry's: match each label on its own.
+    let sum_of = |prefix: &str, labels: &[&str]| -> f64 {
         metrics
             .lines()
-            .filter(|l| l.starts_with(prefix) && l.contains(label))
+            .filter(|l| l.starts_with(prefix) && labels.iter().all(|label| l.contains(label)))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+            .fold(0.0, |sum, value| sum + value)
     };
     let policy_label = format!("policy=\"{policy}\"");
-    let local_layer_hits = sum_of("sluice_local_layer_hits_total{", &policy_label);
+    let local_layer_hits = sum_of("sluice_local_layer_hits_total{", &[&policy_label]);
     let local_limit_denied = sum_of(
         "sluice_decisions_total{",
-        &format!("{policy_label},outcome=\"local_limit_denied\""),
+        &[&policy_label, "outcome=\"local_limit_denied\""],
     );
     drop(daemon);
     Ok(Overload {
