@@ -52,6 +52,8 @@ pub struct Overload {
     pub local_layer_hits: f64,
     /// Answers by the local limit (`outcome="local_limit_denied"`).
     pub local_limit_denied: f64,
+    /// Checks that reached Redis: answers less those of the local layer and the local limit.
+    pub reached_redis: f64,
 }
 
 /// Drives `clients` closed-loop clients at one key of a fresh daemon for `duration`, on policy
@@ -148,5 +150,6 @@ pub async fn measure(
         calls_per_check: redis_calls / (answers as f64).max(1.0),
         local_layer_hits,
         local_limit_denied,
+        reached_redis: (answers as f64 - local_layer_hits - local_limit_denied).max(0.0),
     })
 }
