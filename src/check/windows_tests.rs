@@ -318,3 +318,22 @@ async fn a_cost_beyond_the_local_limit_is_refused_before_anything_is_spent() {
     ));
     assert_eq!(f.store.calls.load(Ordering::SeqCst), 0);
 }
+
+#[tokio::test]
+async fn a_local_limit_still_caps_a_policy_failing_open_while_the_store_is_down() {
+    let policies = "
+policies:
+  - {name: api, key: [user], algorithm: fixed_window, limit: 100, period: 1h, failure_mode: open, local_limit: {limit: 2, period: 1h}}
+";
+    let f = fixture_with(policies, true);
+    for _ in 0..2 {
+        let verdict = f.service.check(&request("api", "u")).await.expect("valid");
+        assert_eq!(verdict.outcome, Outcome::Allowed);
+        assert_eq!(verdict.deciding().expect("decided").mode, Mode::FailOpen);
+    }
+    let capped = f.service.check(&request("api", "u")).await.expect("valid");
+    assert_eq!(capped.outcome, Outcome::Denied);
+    assert_eq!(capped.deciding().expect("decided").mode, Mode::LocalLimit);
+    assert_eq!(f.store.calls.load(Ordering::SeqCst), 2);
+    assert_eq!(count(&f.service, "api", "fail_open"), 2);
+}
