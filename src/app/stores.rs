@@ -74,15 +74,26 @@ pub(super) fn service(
             Arc::new(RedisTiers::new(redis.clone())),
             settings.redis.timeout.as_std(),
         );
-        let hot = settings.local_layer.enabled.then(|| {
-            let hot = HotKeys::new(settings.local_layer.max_keys);
-            // Resets on any pod drop the partition from this pod's remembered denials.
-            let forget = hot.clone();
-            redis.follow_resets(move |event| match event {
-                ResetEvent::Key(key) => forget.forget(&key),
-                ResetEvent::All => forget.clear(),
-            });
-            hot
+        let hot = settings
+            .local_layer
+            .enabled
+            .then(|| HotKeys::new(settings.local_layer.max_keys));
+        // Resets on any pod drop the partition from this pod's remembered denials and refill its
+        // local-limit bucket. A missed reset (resubscribed: `All`) clears the remembered denials
+        // only: a bucket refills within its own period anyway.
+        let (forget, buckets) = (hot.clone(), local_limits.clone());
+        redis.follow_resets(move |event| match event {
+            ResetEvent::Key(key) => {
+                if let Some(hot) = &forget {
+                    hot.forget(&key);
+                }
+                buckets.reset_now(&key.without_window());
+            }
+            ResetEvent::All => {
+                if let Some(hot) = &forget {
+                    hot.clear();
+                }
+            }
         });
         let mut service = CheckService::new(
             policies,

@@ -51,7 +51,19 @@ impl Key {
     /// The key of `policy` whose partition is `partition` as [`Key::partition`] gives it
     /// (already escaped): how a key named in a message from another process is rebuilt.
     pub fn from_partition(policy: Arc<str>, partition: String) -> Self {
-        Self { policy, partition }
+        Self {
+            policy,
+            partition,
+            window: None,
+        }
+    }
+
+    /// The partition's own key, without a window: what a policy's local limit counts in.
+    pub fn without_window(&self) -> Self {
+        Self {
+            window: None,
+            ..self.clone()
+        }
     }
 
     /// The policy this counter belongs to.

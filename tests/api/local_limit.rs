@@ -129,3 +129,108 @@ async fn a_local_limit_keeps_a_hot_partition_off_redis() {
     assert_eq!((plain, capped), (CHECKS, 10));
     after_storms(&app).await;
 }
+
+/// `/v1/counters` on a policy of two windows with a local limit, two daemons on one Redis: every
+/// window is shown and reset, each pod shows its own bucket, and a reset on one pod reaches the
+/// other's remembered denial (of the window that denied) and its bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_show_and_reset_every_window_and_the_buckets() {
+    const BOTH: &str = "
+policies:
+  - {name: plain, key: [k], algorithm: fixed_window, limit: 1000, period: 1h}
+  - {name: both, key: [ip], algorithm: sliding_log, limits: [{limit: 3, period: 1m}, {limit: 5, period: 1h}], local_limit: {limit: 4, period: 1h}}
+";
+    let redis = RedisServer::start();
+    let spawn = || {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut settings = test_settings(dir.path());
+        settings.redis.url = Some(redis.url());
+        settings.redis.timeout = HumanDuration(2_000_000);
+        spawn_app_in(dir, settings, BOTH)
+    };
+    let (a, b) = (spawn().await, spawn().await);
+    let probe = json!({"policy": "plain", "descriptors": {"k": "probe"}, "dry_run": true});
+    for app in [&a, &b] {
+        let started = std::time::Instant::now();
+        while json_of(&app.check_tcp(&probe).await)["mode"] != "enforced" {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "never reached Redis"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+    let ip: sluice::limit::Descriptors = [("ip".to_owned(), "x".to_owned())].into();
+    let path = sluice::client::counters_path("both", &ip, None);
+    let counter = |app: &TestApp, method: axum::http::Method| {
+        let (admin, path) = (sluice::client::Target::Tcp(app.admin), path.clone());
+        async move {
+            let reply = sluice::client::request(&admin, method, &path, None)
+                .await
+                .expect("admin");
+            assert_eq!(reply.status, 200, "{}", json_of(&reply));
+            json_of(&reply)
+        }
+    };
+    let check = json!({"policy": "both", "descriptors": {"ip": "x"}});
+    for _ in 0..3 {
+        assert_eq!(b.check_tcp(&check).await.status, 200);
+    }
+    let denied = json_of(&b.check_tcp(&check).await);
+    assert_eq!(
+        (denied["mode"].clone(), denied["window"].clone()),
+        (json!("enforced"), json!(0))
+    );
+
+    let on_a = counter(&a, axum::http::Method::GET).await;
+    let keys: Vec<&str> = on_a["windows"]
+        .as_array()
+        .expect("windows")
+        .iter()
+        .map(|w| w["key"].as_str().expect("key"))
+        .collect();
+    assert_eq!(keys, ["rl:{both:x}:1m", "rl:{both:x}:1h"]);
+    assert_eq!(
+        (on_a["key"].clone(), on_a["allowed"].clone()),
+        (json!("rl:{both:x}:1m"), json!(false))
+    );
+    assert_eq!(
+        on_a["local_limit"]["remaining"], 4,
+        "a's own bucket: {on_a}"
+    );
+    let on_b = counter(&b, axum::http::Method::GET).await;
+    assert_eq!(
+        on_b["local_limit"]["remaining"], 0,
+        "4 tokens, the denied one too: {on_b}"
+    );
+    assert!(
+        on_b["windows"][0]["local_layer_retry_after_ms"].as_u64() > Some(0),
+        "{on_b}"
+    );
+
+    let report = counter(&a, axum::http::Method::DELETE).await;
+    assert_eq!(report["keys"], json!(["rl:{both:x}:1m", "rl:{both:x}:1h"]));
+    assert_eq!(
+        (report["existed"].clone(), report["fleet"].clone()),
+        (json!(true), json!("announced"))
+    );
+    let started = std::time::Instant::now();
+    loop {
+        let on_b = counter(&b, axum::http::Method::GET).await;
+        let forgot = on_b["windows"][0]["local_layer_retry_after_ms"].is_null();
+        if forgot && on_b["local_limit"]["remaining"] == 4 {
+            assert_eq!(on_b["remaining"], 3, "{on_b}");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "b never heard: {on_b}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let again = json_of(&b.check_tcp(&check).await);
+    assert_eq!(
+        (again["allowed"].clone(), again["remaining"].clone()),
+        (json!(true), json!(2))
+    );
+}
