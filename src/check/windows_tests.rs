@@ -34,6 +34,10 @@ impl RateStore for Counted {
         self.store.check(checks, dry_run, deadline)
     }
 
+    fn reset<'a>(&'a self, key: &'a crate::limit::Key) -> crate::store::ResetFuture<'a> {
+        self.store.reset(key)
+    }
+
     fn name(&self) -> &'static str {
         "counted"
     }
