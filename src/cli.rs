@@ -322,7 +322,7 @@ fn summarize(status: u16, json: &serde_json::Value) -> String {
 
 fn config_check(file: &Path) -> ExitCode {
     let is_settings = file.extension().is_some_and(|ext| ext == "toml");
-    let (policy_file, limits) = if is_settings {
+    let (policy_file, limits, replicas) = if is_settings {
         let settings = match Settings::load(Some(file)) {
             Ok(settings) => settings,
             Err(error) => return fail(EXIT_CONFIG, format_args!("{}: {error}", file.display())),
@@ -331,12 +331,15 @@ fn config_check(file: &Path) -> ExitCode {
         if let Err(error) = crate::app::check_redis(&settings.redis) {
             return fail(EXIT_CONFIG, format_args!("{}: {error}", file.display()));
         }
-        (settings.policies, settings.files)
+        (settings.policies, settings.files, settings.local.replicas)
     } else {
-        (file.to_owned(), FileLimits::default())
+        (file.to_owned(), FileLimits::default(), 1)
     };
     match load_policies(&policy_file, &limits) {
         Ok((set, _)) => {
+            for warning in crate::config::local_limit_warnings(&set, replicas) {
+                eprintln!("{}: warning: {warning}", policy_file.display());
+            }
             let names: Vec<&str> = set.iter().map(|p| p.name()).collect();
             println!(
                 "{}: ok, {} policies: {}",

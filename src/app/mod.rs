@@ -53,7 +53,8 @@ pub struct App {
     admin: (TcpListener, SocketAddr),
     grpc: grpc_listeners::GrpcListeners,
     service: Arc<CheckService>,
-    memory: Arc<MemoryStore>,
+    /// The embedded stores, swept of idle keys while running.
+    memory: Vec<Arc<MemoryStore>>,
     metrics: Metrics,
     ready: Arc<AtomicBool>,
     grace: Duration,
@@ -295,14 +296,18 @@ impl App {
     }
 }
 
-async fn sweep(store: Arc<MemoryStore>, stop: impl Future<Output = ()>) {
+async fn sweep(stores: Vec<Arc<MemoryStore>>, stop: impl Future<Output = ()>) {
     let mut ticker = tokio::time::interval(SWEEP_INTERVAL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(stop);
     loop {
         tokio::select! {
             _ = &mut stop => return,
-            _ = ticker.tick() => { store.sweep(); }
+            _ = ticker.tick() => {
+                for store in &stores {
+                    store.sweep();
+                }
+            }
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Builds the check service from settings: the store (embedded, or Redis with its tenant tier
-//! table and local layer), the `local` failure mode's share, and the tenant table for the
-//! embedded store.
+//! table and local layer), the `local` failure mode's share, the policies' local limits, and the
+//! tenant table for the embedded store.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,14 +20,26 @@ use crate::store::{MemoryMetrics, MemoryStore};
 use crate::telemetry::Metrics;
 use crate::tenants::{FileTiers, RedisTiers, TenantTiers, TierSource};
 
-/// The check service, and the embedded store (to be swept) that it uses as its store or for the
-/// `local` failure mode.
+/// Estimated bytes one local-limit bucket may hold on average before buckets are evicted (a
+/// bucket with a short partition takes about 170): the key cap binds first unless partitions
+/// are long.
+const LOCAL_LIMIT_BYTES_PER_KEY: usize = 256;
+
+/// The check service, and the embedded stores (to be swept) that it uses as its store, for the
+/// `local` failure mode and for the policies' local limits.
 pub(super) fn service(
     settings: &Settings,
     policies: PolicySet,
     clock: Arc<dyn Clock>,
     metrics: &Metrics,
-) -> Result<(CheckService, Arc<MemoryStore>), StartError> {
+) -> Result<(CheckService, Vec<Arc<MemoryStore>>), StartError> {
+    // The policies' local limits: one bucket per policy and partition, as many as the local
+    // layer remembers partitions. An evicted bucket starts full: it only ever denied earlier.
+    let local_keys = usize::try_from(settings.local_layer.max_keys).unwrap_or(usize::MAX);
+    let local_limits = Arc::new(
+        MemoryStore::new(local_keys, clock.clone(), None)
+            .with_max_bytes(local_keys.saturating_mul(LOCAL_LIMIT_BYTES_PER_KEY)),
+    );
     let memory = Arc::new(
         MemoryStore::new(
             settings.memory.max_keys,
@@ -62,15 +74,26 @@ pub(super) fn service(
             Arc::new(RedisTiers::new(redis.clone())),
             settings.redis.timeout.as_std(),
         );
-        let hot = settings.local_layer.enabled.then(|| {
-            let hot = HotKeys::new(settings.local_layer.max_keys);
-            // Resets on any pod drop the partition from this pod's remembered denials.
-            let forget = hot.clone();
-            redis.follow_resets(move |event| match event {
-                ResetEvent::Key(key) => forget.forget(&key),
-                ResetEvent::All => forget.clear(),
-            });
-            hot
+        let hot = settings
+            .local_layer
+            .enabled
+            .then(|| HotKeys::new(settings.local_layer.max_keys));
+        // Resets on any pod drop the partition from this pod's remembered denials and refill its
+        // local-limit bucket. A missed reset (resubscribed: `All`) clears the remembered denials
+        // only: a bucket refills within its own period anyway.
+        let (forget, buckets) = (hot.clone(), local_limits.clone());
+        redis.follow_resets(move |event| match event {
+            ResetEvent::Key(key) => {
+                if let Some(hot) = &forget {
+                    hot.forget(&key);
+                }
+                buckets.reset_now(&key.without_window());
+            }
+            ResetEvent::All => {
+                if let Some(hot) = &forget {
+                    hot.clear();
+                }
+            }
         });
         let mut service = CheckService::new(
             policies,
@@ -101,7 +124,8 @@ pub(super) fn service(
             None => service,
         }
     };
-    Ok((service, memory))
+    let service = service.with_local_limits(local_limits.clone());
+    Ok((service, vec![memory, local_limits]))
 }
 
 /// Checks the Redis settings the way `serve` uses them (TLS files read and parsed, URLs and

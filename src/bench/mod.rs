@@ -263,15 +263,18 @@ async fn bench(args: BenchArgs) -> Result<()> {
     drop((daemon, embedded, naive));
     // Past saturation on one hot key with a real limit: bounded admission, no fail-open.
     let storm_clients = if args.quick { 64 } else { 256 };
-    report.overload = Some(
-        overload::measure(
-            &redis,
-            storm_clients,
-            args.daemon_threads,
-            plan.duration * 2,
-        )
-        .await?,
-    );
+    for local_limit in [false, true] {
+        report.overload.push(
+            overload::measure(
+                &redis,
+                storm_clients,
+                args.daemon_threads,
+                plan.duration * 2,
+                local_limit,
+            )
+            .await?,
+        );
+    }
     drop(redis);
     report.memory = memory::measure(plan.keys)?;
     report.print();

@@ -1,7 +1,9 @@
 //! Overload is not an outage: a daemon with its default 5 ms Redis deadline, driven past
 //! saturation on one hot key with a real limit (token bucket 1000/min, burst 150, failing open),
 //! must keep every answer enforced by Redis (no failure-mode answers while Redis is healthy) and
-//! admit no more than the limit allows over the run: burst + rate x elapsed time.
+//! admit no more than the limit allows over the run: burst + rate x elapsed time. Run twice:
+//! as is, and with a `local_limit` equal to the limit in front of Redis, counting the Redis
+//! script calls per check each time (what the local limit keeps off Redis).
 
 use std::time::{Duration, Instant};
 
@@ -16,11 +18,14 @@ use crate::client::{Connection, Target};
 const POLICY: &str = "
 policies:
   - {name: hot, key: [k], algorithm: token_bucket, limit: 1000, period: 1m, burst: 150, failure_mode: open}
+  - {name: hot_local, key: [k], algorithm: token_bucket, limit: 1000, period: 1m, burst: 150, failure_mode: open, local_limit: {limit: 1000, period: 1m, burst: 150}}
 ";
 
 /// What an overload run found.
 #[derive(Debug, Clone, Serialize)]
 pub struct Overload {
+    /// `hot`, or `hot_local` (the same with a `local_limit` of 1000/min, burst 150).
+    pub policy: &'static str,
     /// Concurrent clients on the one key.
     pub clients: usize,
     /// Length of the run, seconds.
@@ -39,18 +44,34 @@ pub struct Overload {
     pub errors: u64,
     /// The daemon's Redis errors by kind during the run (`sluice_redis_errors_total`, non-zero).
     pub redis_errors: Vec<String>,
+    /// Redis script calls (`EVALSHA` and `EVAL`, `INFO commandstats`) during the run.
+    pub redis_calls: f64,
+    /// Redis script calls per answer.
+    pub calls_per_check: f64,
+    /// Answers by the local layer of remembered denials (`sluice_local_layer_hits_total`).
+    pub local_layer_hits: f64,
+    /// Answers by the local limit (`outcome="local_limit_denied"`).
+    pub local_limit_denied: f64,
+    /// Checks that reached Redis: answers less those of the local layer and the local limit.
+    pub reached_redis: f64,
 }
 
-/// Drives `clients` closed-loop clients at one key of a fresh daemon for `duration`.
+/// Drives `clients` closed-loop clients at one key of a fresh daemon for `duration`, on policy
+/// `hot` or (`local_limit`) `hot_local`.
 pub async fn measure(
     redis: &Redis,
     clients: usize,
     threads: usize,
     duration: Duration,
+    local_limit: bool,
 ) -> Result<Overload> {
     // The daemon's own defaults: a 5 ms deadline, the local layer on.
     let daemon = Daemon::start_with(Some(&redis.url()), POLICY, threads, "", false)?;
-    let body = Bytes::from_static(br#"{"policy":"hot","descriptors":{"k":"storm"}}"#);
+    let policy = if local_limit { "hot_local" } else { "hot" };
+    let body = Bytes::from(format!(
+        r#"{{"policy":"{policy}","descriptors":{{"k":"storm"}}}}"#
+    ));
+    let calls_before = super::report::script_stats(&redis.url())?;
     let started = Instant::now();
     let end = started + duration;
     let mut tasks = tokio::task::JoinSet::new();
@@ -88,6 +109,7 @@ pub async fn measure(
         }
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let redis_calls = super::report::script_stats(&redis.url())?.calls_since(&calls_before);
     let answers = totals[0] + totals[1];
     let metrics = crate::client::request(&Target::Tcp(daemon.admin), Method::GET, "/metrics", None)
         .await
@@ -98,8 +120,23 @@ pub async fn measure(
         .filter(|l| l.starts_with("sluice_redis_errors_total{") && !l.ends_with(" 0"))
         .map(str::to_owned)
         .collect();
+    // Label order in the text is the registry's: match each label on its own.
+    let sum_of = |prefix: &str, labels: &[&str]| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(prefix) && labels.iter().all(|label| l.contains(label)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .fold(0.0, |sum, value| sum + value)
+    };
+    let policy_label = format!("policy=\"{policy}\"");
+    let local_layer_hits = sum_of("sluice_local_layer_hits_total{", &[&policy_label]);
+    let local_limit_denied = sum_of(
+        "sluice_decisions_total{",
+        &[&policy_label, "outcome=\"local_limit_denied\""],
+    );
     drop(daemon);
     Ok(Overload {
+        policy,
         clients,
         seconds: elapsed,
         rate: answers as f64 / elapsed,
@@ -109,5 +146,10 @@ pub async fn measure(
         bound: 150 + (1000.0 * elapsed / 60.0).ceil() as u64,
         errors: totals[3],
         redis_errors,
+        redis_calls,
+        calls_per_check: redis_calls / (answers as f64).max(1.0),
+        local_layer_hits,
+        local_limit_denied,
+        reached_redis: (answers as f64 - local_layer_hits - local_limit_denied).max(0.0),
     })
 }

@@ -136,8 +136,8 @@ pub struct Report {
     pub rows: Vec<Row>,
     /// Redis memory per key.
     pub memory: Vec<Footprint>,
-    /// The overload run (one hot key past saturation).
-    pub overload: Option<Overload>,
+    /// The overload runs (one hot key past saturation), without and with a local limit.
+    pub overload: Vec<Overload>,
 }
 
 impl Report {
@@ -147,7 +147,7 @@ impl Report {
             machine,
             rows: Vec::new(),
             memory: Vec::new(),
-            overload: None,
+            overload: Vec::new(),
         }
     }
 
@@ -241,10 +241,10 @@ impl Report {
                 f.layout, f.keys, f.used_memory_per_key, f.memory_usage
             );
         }
-        if let Some(o) = &self.overload {
+        for o in &self.overload {
             println!(
-                "\nOverload: {} clients on one key (token bucket 1000/min, burst 150, fail open, 5 ms deadline) for {:.1} s: {:.0} answers/s, {} enforced, {} fail_open, {} admitted (the limit allows at most {}), {} transport errors; Redis errors: {:?}",
-                o.clients, o.seconds, o.rate, o.enforced, o.fail_open, o.admitted, o.bound, o.errors, o.redis_errors
+                "\nOverload ({}): {} clients on one key (token bucket 1000/min, burst 150, fail open, 5 ms deadline) for {:.1} s: {:.0} answers/s, {} enforced, {} fail_open, {} admitted (the limit allows at most {}), {} transport errors; Redis errors: {:?}; {:.0} answered by the local layer, {:.0} by the local limit, {:.0} checks reached Redis in {:.0} script calls ({:.4} calls per answer)",
+                o.policy, o.clients, o.seconds, o.rate, o.enforced, o.fail_open, o.admitted, o.bound, o.errors, o.redis_errors, o.local_layer_hits, o.local_limit_denied, o.reached_redis, o.redis_calls, o.calls_per_check
             );
         }
         let errors: u64 = self.rows.iter().map(|r| r.errors).sum();

@@ -4,8 +4,9 @@
 //! Seeing never writes: the store is asked one dry run of two reads of each of the policy's
 //! counters, cost 0 (the state now: remaining units, time until full) and the request's cost
 //! (would it pass, and when). A key never seen reads as a full quota. Resetting deletes the
-//! counters' state, forgets this pod's remembered denials at once, and (with Redis) announces it
-//! so that the other pods forget theirs; it is logged with who asked and counted.
+//! counters' state (every window's), forgets this pod's remembered denials and refills its
+//! local-limit bucket at once, and (with Redis) announces it so that the other pods do the same;
+//! it is logged with who asked and counted.
 
 use std::fmt::Display;
 
@@ -89,6 +90,10 @@ pub struct CounterState {
     /// Every counter, when the policy has several.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub windows: Vec<CounterPart>,
+    /// This pod's bucket of the policy's `local_limit` (checked before the store), when it has
+    /// one and the partition is enforced.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub local_limit: Option<CounterPart>,
 }
 
 /// What a reset did.
@@ -184,6 +189,29 @@ impl CheckService {
             } else {
                 Vec::new()
             },
+            local_limit: self.local_limit_state(first),
+        })
+    }
+
+    /// This pod's local-limit bucket of `part`'s partition, read like a counter (nothing spent).
+    fn local_limit_state(&self, part: &Planned) -> Option<CounterPart> {
+        let (buckets, check) = (self.local_limits.as_ref()?, part.local.as_ref()?);
+        let read = StoreCheck {
+            cost: 0,
+            ..check.clone()
+        };
+        let decisions = buckets.check_now(&[read, check.clone()], true);
+        let (now, next) = (decisions.first()?, decisions.get(1)?);
+        Some(CounterPart {
+            key: format!("{} (this pod)", check.key),
+            algorithm: check.algorithm.name(),
+            period_ms: millis(check.algorithm.period_us()),
+            limit: now.limit,
+            remaining: now.remaining,
+            reset_after_ms: millis(now.reset_after_us),
+            allowed: next.allowed,
+            retry_after_ms: millis(next.retry_after_us),
+            local_layer_retry_after_ms: None,
         })
     }
 
@@ -214,6 +242,11 @@ impl CheckService {
             }
             existed |= outcome.existed;
             fleets.push(outcome.fleet);
+        }
+        // This pod's local-limit bucket of the partition starts full too (the others refill
+        // theirs on the announcement).
+        if let Some(buckets) = &self.local_limits {
+            buckets.reset_now(&first.check.key.without_window());
         }
         self.counter_resets.with_label_values(&[policy]).inc();
         // The weakest announcement tells what the other pods may still remember.

@@ -1,5 +1,6 @@
 //! Failure modes, applied per policy when the store cannot answer: `open` allows, `closed`
-//! refuses (503), `local` enforces this pod's share of the limit in memory.
+//! refuses (503), `local` enforces this pod's share of the limit in memory (of every window of
+//! a policy of several, each its own share, in one group).
 
 use std::sync::Arc;
 
@@ -24,6 +25,11 @@ impl LocalShare {
         }
     }
 
+    /// Pods sharing each limit (`local.replicas`).
+    pub fn replicas(&self) -> u64 {
+        self.replicas
+    }
+
     fn share(&self, algorithm: &Algorithm) -> Algorithm {
         algorithm.share(self.replicas, self.margin_percent)
     }
@@ -33,7 +39,7 @@ impl LocalShare {
     /// anyway. Shadow (un-enforced) policies never block, degraded or not.
     pub(crate) fn degrade(
         &self,
-        policies: Vec<Arc<Policy>>,
+        policies: Vec<(Arc<Policy>, Option<usize>)>,
         checks: Vec<StoreCheck>,
         dry_run: bool,
     ) -> Vec<PolicyDecision> {
@@ -41,22 +47,21 @@ impl LocalShare {
         let shared: Vec<StoreCheck> = policies
             .iter()
             .zip(&checks)
-            .filter(|(policy, _)| is_local(policy))
+            .filter(|((policy, _), _)| is_local(policy))
             .map(|(_, check)| StoreCheck {
                 algorithm: self.share(&check.algorithm),
                 ..check.clone()
             })
             .collect();
-        let refused = policies
-            .iter()
-            .zip(&checks)
-            .any(|(policy, check)| policy.failure_mode() == FailureMode::Closed && check.enforce);
+        let refused = policies.iter().zip(&checks).any(|((policy, _), check)| {
+            policy.failure_mode() == FailureMode::Closed && check.enforce
+        });
         let decisions = self.store.check_now(&shared, dry_run || refused);
         let mut local = shared.iter().zip(decisions);
         policies
             .into_iter()
             .zip(checks)
-            .map(|(policy, check)| {
+            .map(|((policy, window), check)| {
                 let fallback = |allowed: bool| Decision {
                     allowed,
                     limit: check.algorithm.limit(),
@@ -102,6 +107,7 @@ impl LocalShare {
                     decision,
                     mode,
                     window_us,
+                    window,
                 }
             })
             .collect()

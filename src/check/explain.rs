@@ -1,11 +1,17 @@
 //! "Explain" for operators: which policies a request would hit and why the others do not, with
-//! each one's partition, tier, cost and current state. A dry run: nothing is spent or counted.
+//! each one's partition, tier, cost and current state (every window of a policy of several, and
+//! its local limit). A dry run: nothing is spent or counted.
+
+use std::sync::Arc;
 
 use serde::Serialize;
 
 use super::request::{validate, CheckError, CheckRequest};
+use super::verdict::{self, PolicyDecision};
 use super::{CheckService, Outcome};
-use crate::limit::{Descriptors, Policy};
+use crate::config::HumanDuration;
+use crate::limit::{Decision, Descriptors, Policy};
+use crate::store::StoreCheck;
 
 /// The explanation of one request.
 #[derive(Debug, Clone, Serialize)]
@@ -14,6 +20,9 @@ pub struct Explanation {
     pub outcome: &'static str,
     /// The policy that would decide.
     pub deciding: Option<String>,
+    /// The window of the deciding policy that would decide, when it has several.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<usize>,
     /// Every policy, in file order.
     pub policies: Vec<PolicyExplanation>,
 }
@@ -51,6 +60,47 @@ pub struct PolicyExplanation {
     /// Milliseconds until this request would pass (0 if it would now).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
+    /// The window whose figures these are (the one deciding for this policy), when the policy
+    /// has several.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<usize>,
+    /// Every window's state, when the policy has several.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub windows: Vec<StateExplanation>,
+    /// The policy's local limit in this pod, when it has one and the partition is enforced.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub local_limit: Option<StateExplanation>,
+}
+
+/// The state of one counter: a window of the policy, or its local limit.
+#[derive(Debug, Clone, Serialize)]
+pub struct StateExplanation {
+    /// The window's index in `limits` (absent for the local limit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<usize>,
+    /// The configured period.
+    pub period: String,
+    /// Whether it would allow the request now.
+    pub allowed: bool,
+    /// Most units available at once.
+    pub limit: u64,
+    /// Units left after this request (if allowed) or now.
+    pub remaining: u64,
+    /// Milliseconds until this request would pass here (0 if it would now).
+    pub retry_after_ms: u64,
+}
+
+impl StateExplanation {
+    fn new(window: Option<usize>, period_us: u64, d: &Decision) -> Self {
+        Self {
+            window,
+            period: HumanDuration(period_us).to_string(),
+            allowed: d.allowed,
+            limit: d.limit,
+            remaining: d.remaining,
+            retry_after_ms: d.retry_after_us.div_ceil(1_000),
+        }
+    }
 }
 
 impl CheckService {
@@ -67,15 +117,24 @@ impl CheckService {
             .iter()
             .map(|p| (p.policy.name().to_owned(), p.tier.clone(), p.check.cost))
             .collect();
-        let verdict = self.run(true, planned).await;
+        let locals: Vec<(Arc<Policy>, StoreCheck)> = planned
+            .iter()
+            .filter_map(|p| Some((Arc::clone(&p.policy), p.local.clone()?)))
+            .collect();
+        let local_states = match &self.local_limits {
+            Some(buckets) if !locals.is_empty() => {
+                let checks: Vec<StoreCheck> = locals.iter().map(|(_, c)| c.clone()).collect();
+                buckets.check_now(&checks, true)
+            }
+            _ => Vec::new(),
+        };
+        let verdict = self.ask_store(true, planned).await;
         let explained = policies
             .iter()
             .map(|policy| {
-                let decided = verdict
-                    .evaluated
-                    .iter()
-                    .find(|d| d.policy.name() == policy.name());
-                let Some(decided) = decided else {
+                let Some(decided) = verdict::per_policy(&verdict.evaluated)
+                    .find(|d| Arc::ptr_eq(&d.policy, policy))
+                else {
                     return PolicyExplanation {
                         policy: policy.name().to_owned(),
                         why: why_not(policy, &request),
@@ -88,6 +147,13 @@ impl CheckService {
                     .cloned()
                     .unwrap_or_default();
                 let d = &decided.decision;
+                let local_limit = locals
+                    .iter()
+                    .zip(&local_states)
+                    .find(|((owner, _), _)| Arc::ptr_eq(owner, policy))
+                    .map(|((_, check), d)| {
+                        StateExplanation::new(None, check.algorithm.period_us(), d)
+                    });
                 PolicyExplanation {
                     policy: policy.name().to_owned(),
                     applies: true,
@@ -104,19 +170,49 @@ impl CheckService {
                     limit: Some(d.limit),
                     remaining: Some(d.remaining),
                     retry_after_ms: Some(d.retry_after_us.div_ceil(1_000)),
+                    window: decided.window,
+                    windows: windows_of(&verdict.evaluated, policy),
+                    local_limit,
                 }
             })
             .collect();
+        // A local limit without room denies before the store is asked.
+        let local_denial = locals
+            .iter()
+            .zip(&local_states)
+            .filter(|(_, d)| !d.allowed)
+            .max_by_key(|(_, d)| d.retry_after_us);
+        let (outcome, deciding, window) = match (local_denial, verdict.deciding()) {
+            (Some(((policy, _), _)), _) => (Outcome::Denied, Some(policy.name()), None),
+            (None, deciding) => (
+                verdict.outcome,
+                deciding.map(|d| d.policy.name()),
+                deciding.and_then(|d| d.window),
+            ),
+        };
         Ok(Explanation {
-            outcome: match verdict.outcome {
+            outcome: match outcome {
                 Outcome::Allowed => "allowed",
                 Outcome::Denied => "denied",
                 Outcome::Unavailable => "unavailable",
             },
-            deciding: verdict.deciding().map(|d| d.policy.name().to_owned()),
+            deciding: deciding.map(str::to_owned),
+            window,
             policies: explained,
         })
     }
+}
+
+/// Every window's state of `policy`, when it has several.
+fn windows_of(evaluated: &[PolicyDecision], policy: &Arc<Policy>) -> Vec<StateExplanation> {
+    evaluated
+        .iter()
+        .filter(|d| Arc::ptr_eq(&d.policy, policy))
+        .filter_map(|d| {
+            let period_us = d.key.window()?;
+            Some(StateExplanation::new(d.window, period_us, &d.decision))
+        })
+        .collect()
 }
 
 /// Why `policy` does not apply to `request`.

@@ -49,14 +49,19 @@ impl CheckService {
         for (index, item) in items.iter().enumerate() {
             for mut part in self.plan(&policies, &item.request).await? {
                 if let Some(quota) = item.quota_override {
+                    // The override replaces the whole quota: one window, no local limit.
+                    if part.window.is_some_and(|window| window > 0) {
+                        continue;
+                    }
                     override_quota(&mut part, quota)?;
                 }
                 planned.push(part);
                 owners.push(index);
             }
         }
-        // Only a local-layer answer (denials only) needs placing by identity.
-        let identities: Vec<(Arc<crate::limit::Policy>, Key)> = if self.hot.is_some() {
+        // Only an answer of a local layer or local limit (denials only) needs placing by identity.
+        let local_answers = self.hot.is_some() || planned.iter().any(|p| p.local.is_some());
+        let identities: Vec<(Arc<crate::limit::Policy>, Key)> = if local_answers {
             planned
                 .iter()
                 .map(|p| (Arc::clone(&p.policy), p.check.key.clone()))
@@ -71,10 +76,11 @@ impl CheckService {
                 per_item[*owner].push(part.clone());
             }
         } else {
-            // The local layer answered with the denials only: place each by its identity.
+            // A local layer answered with the denials only: place each by its policy and
+            // partition (a local limit's key has no window).
             for part in &overall.evaluated {
                 let found = identities.iter().position(|(policy, key)| {
-                    Arc::ptr_eq(policy, &part.policy) && *key == part.key
+                    Arc::ptr_eq(policy, &part.policy) && key.partition() == part.key.partition()
                 });
                 if let Some(at) = found {
                     per_item[owners[at]].push(part.clone());
@@ -117,5 +123,7 @@ fn override_quota(part: &mut Planned, quota: Algorithm) -> Result<(), CheckError
     part.check.key = Key::new(Arc::from(name), [partition, marker.as_str()]);
     part.check.algorithm = quota;
     part.tier = None;
+    part.window = None;
+    part.local = None;
     Ok(())
 }

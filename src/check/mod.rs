@@ -1,13 +1,15 @@
 //! The one decision path every transport calls: validate the request and plan its policies
 //! ([`plan`]), answer from the local layer when the store recently denied the same partition
-//! ([`hot_keys`]), ask the store as one group, apply failure modes when it cannot answer
-//! ([`degrade`]), pick the deciding policy ([`verdict`]), count and log.
+//! ([`hot_keys`]), pass the policies' per-pod local limits ([`local_limit`]), ask the store as one
+//! group, apply failure modes when it cannot answer ([`degrade`]), pick the deciding policy
+//! ([`verdict`]), count and log.
 
 mod counters;
 mod degrade;
 mod explain;
 mod group;
 mod hot_keys;
+mod local_limit;
 mod plan;
 mod request;
 mod shadow_log;
@@ -28,12 +30,14 @@ pub use verdict::{Mode, Outcome, PolicyDecision, Verdict};
 
 use crate::config::RequestLimits;
 use crate::limit::PolicySet;
-use crate::store::RateStore;
+use crate::store::{MemoryStore, RateStore};
 use crate::telemetry::Metrics;
 use crate::tenants::TenantTiers;
 
-/// Every value of the `outcome` label of `sluice_decisions_total`.
-pub const OUTCOMES: [&str; 7] = [
+/// Every value of the `outcome` label of `sluice_decisions_total`. `local_allowed` and
+/// `local_denied` are the `local` failure mode's (the store could not answer); a policy's
+/// `local_limit` denies as `local_limit_denied` (the store was not asked).
+pub const OUTCOMES: [&str; 8] = [
     "allowed",
     "denied",
     "shadow_denied",
@@ -41,6 +45,7 @@ pub const OUTCOMES: [&str; 7] = [
     "fail_closed",
     "local_allowed",
     "local_denied",
+    "local_limit_denied",
 ];
 
 /// Answers checks against a policy set and a store.
@@ -50,6 +55,7 @@ pub struct CheckService {
     local: LocalShare,
     tiers: Option<TenantTiers>,
     hot: Option<HotKeys>,
+    local_limits: Option<Arc<MemoryStore>>,
     shadow_log: shadow_log::ShadowLog,
     unmatched: unmatched::Unmatched,
     limits: RequestLimits,
@@ -73,6 +79,7 @@ impl CheckService {
             local,
             tiers: None,
             hot: None,
+            local_limits: None,
             shadow_log: shadow_log::ShadowLog::new(),
             unmatched: unmatched::Unmatched::new(false),
             limits,
@@ -101,14 +108,25 @@ impl CheckService {
         self
     }
 
+    /// Keeps the policies' local limits (per-pod token buckets checked before the store) in
+    /// `buckets`; without it `local_limit` is not enforced.
+    pub fn with_local_limits(mut self, buckets: Arc<MemoryStore>) -> Self {
+        self.local_limits = Some(buckets);
+        self
+    }
+
     /// The policy set in force.
     pub fn policies(&self) -> Arc<PolicySet> {
         let guard = self.policies.read().unwrap_or_else(|p| p.into_inner());
         Arc::clone(&guard)
     }
 
-    /// Replaces the policy set atomically; checks in flight finish with the old one.
+    /// Replaces the policy set atomically; checks in flight finish with the old one. Logs a
+    /// warning for each local limit too low for its shared quota.
     pub fn replace_policies(&self, policies: PolicySet) {
+        for warning in crate::config::local_limit_warnings(&policies, self.local.replicas()) {
+            tracing::warn!("{warning}");
+        }
         self.metrics
             .policies_loaded
             .set(i64::try_from(policies.len()).unwrap_or(i64::MAX));
@@ -194,31 +212,44 @@ impl CheckService {
         plan::plan(policies, &self.limits, self.tiers.as_ref(), request).await
     }
 
-    async fn run(&self, dry_run: bool, planned: Vec<Planned>) -> Verdict {
+    async fn run(&self, dry_run: bool, mut planned: Vec<Planned>) -> Verdict {
         if planned.is_empty() {
             return Verdict::unlimited();
         }
-        if let Some(verdict) = self.answer_locally(&planned) {
-            if !dry_run {
-                self.record(&verdict);
-            }
-            return verdict;
+        let local = self.answer_locally(&planned);
+        let local = local.or_else(|| self.local_limit(&mut planned, dry_run));
+        let verdict = match local {
+            Some(verdict) => verdict,
+            None => self.ask_store(dry_run, planned).await,
+        };
+        if !dry_run {
+            self.record(&verdict);
         }
+        verdict
+    }
+
+    /// Asks the store about every planned check as one group (failure modes if it cannot
+    /// answer); records nothing in the metrics.
+    async fn ask_store(&self, dry_run: bool, planned: Vec<Planned>) -> Verdict {
         // The most patient matched policy sets the deadline; the others' answers come with it.
         let deadline = planned
             .iter()
             .filter_map(|p| p.policy.timeout_us())
             .max()
             .map(Duration::from_micros);
-        let (policies, checks): (Vec<_>, Vec<_>) =
-            planned.into_iter().map(|p| (p.policy, p.check)).unzip();
+        let mut policies = Vec::with_capacity(planned.len());
+        let mut checks = Vec::with_capacity(planned.len());
+        for part in planned {
+            policies.push((part.policy, part.window));
+            checks.push(part.check);
+        }
         let asked = Instant::now();
         let evaluated = match self.store.check(&checks, dry_run, deadline).await {
             Ok(decisions) => policies
                 .into_iter()
                 .zip(checks)
                 .zip(decisions)
-                .map(|((policy, check), decision)| {
+                .map(|(((policy, window), check), decision)| {
                     if check.enforce {
                         if let Some(hot) = &self.hot {
                             hot.remember(&check.key, check.cost, &decision, asked);
@@ -234,6 +265,7 @@ impl CheckService {
                         policy,
                         key: check.key,
                         decision,
+                        window,
                     }
                 })
                 .collect(),
@@ -247,11 +279,7 @@ impl CheckService {
                 self.local.degrade(policies, checks, dry_run)
             }
         };
-        let verdict = verdict::decide(evaluated);
-        if !dry_run {
-            self.record(&verdict);
-        }
-        verdict
+        verdict::decide(evaluated)
     }
 
     /// A denial from the local layer, when an enforced policy's partition is known to be over
@@ -274,19 +302,23 @@ impl CheckService {
                     decision,
                     mode: Mode::Enforced,
                     window_us: p.check.algorithm.window_us(),
+                    window: p.window,
                 })
             })
             .collect();
         (!denied.is_empty()).then(|| verdict::decide(denied))
     }
 
+    /// Counts one outcome per policy (a policy of several windows counts once, by the window
+    /// that decided for it).
     fn record(&self, verdict: &Verdict) {
-        for part in &verdict.evaluated {
+        for part in verdict::per_policy(&verdict.evaluated) {
             let outcome = match (part.mode, part.decision.allowed) {
                 (Mode::FailOpen, _) => "fail_open",
                 (Mode::FailClosed, _) => "fail_closed",
                 (Mode::Local, true) => "local_allowed",
                 (Mode::Local, false) => "local_denied",
+                (Mode::LocalLimit, _) => "local_limit_denied",
                 (Mode::Enforced, false) => "denied",
                 (Mode::Shadow, false) => {
                     self.shadow_log.would_block(part);
@@ -304,3 +336,5 @@ impl CheckService {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod windows_tests;

@@ -1,12 +1,14 @@
 //! Turns a request into store checks: which policies apply (named, or by match with group
 //! precedence), each one's tier (tenant override table first, then the tier descriptor), cost
-//! (cost table or the request's), counter key and whether it is enforced (shadow, rollout).
+//! (cost table or the request's), counter key and whether it is enforced (shadow, rollout). A
+//! policy of several windows gives one check per window (its own counter, the same cost and
+//! enforcement); a policy with a local limit also carries that pre-check.
 
 use std::sync::Arc;
 
 use super::request::{validate, CheckError, CheckRequest};
 use crate::config::RequestLimits;
-use crate::limit::{Applicable, Policy, PolicySet};
+use crate::limit::{Algorithm, Applicable, Policy, PolicySet};
 use crate::store::StoreCheck;
 use crate::tenants::TenantTiers;
 
@@ -22,6 +24,11 @@ pub struct Planned {
     pub check: StoreCheck,
     /// The tier whose quota applies, if the policy has tiers and the request is in a listed one.
     pub tier: Option<String>,
+    /// Which window of the policy's quota this is (its index), when the policy has several.
+    pub window: Option<usize>,
+    /// The policy's local limit, checked in this pod before the store; carried by the first
+    /// window of an enforced partition only.
+    pub local: Option<StoreCheck>,
 }
 
 /// Validates `request` and plans its store checks. Nothing is spent.
@@ -60,33 +67,49 @@ pub(crate) async fn plan(
         }
         _ => None,
     };
-    applicable
-        .into_iter()
-        .map(|Applicable { policy, captures }| {
-            let (tier, algorithm) = policy.quota_for(descriptors, tenant_tier.as_deref());
-            let (tier, algorithm) = (tier.map(str::to_owned), *algorithm);
-            let cost = policy.cost_for(descriptors, request.cost);
-            if cost > algorithm.limit() {
-                return Err(CheckError::CostExceedsLimit {
-                    policy: policy.name().to_owned(),
-                    cost,
-                    limit: algorithm.limit(),
-                });
+    let mut planned = Vec::with_capacity(applicable.len());
+    for Applicable { policy, captures } in applicable {
+        let (tier, quota) = policy.quota_for(descriptors, tenant_tier.as_deref());
+        let cost = policy.cost_for(descriptors, request.cost);
+        if cost > quota.max_cost() {
+            return Err(CheckError::CostExceedsLimit {
+                policy: policy.name().to_owned(),
+                cost,
+                limit: quota.max_cost(),
+            });
+        }
+        let key = policy.key_for(descriptors, &captures).ok_or_else(|| {
+            CheckError::Invalid(format!("policy `{}` lacks a key descriptor", policy.name()))
+        })?;
+        let enforce = policy.enforces(&key);
+        let mut local = quota.local().filter(|_| enforce).map(|bucket| StoreCheck {
+            key: key.clone(),
+            algorithm: Algorithm::TokenBucket(*bucket),
+            cost,
+            enforce,
+        });
+        let part = |key, algorithm: &Algorithm, window, local| Planned {
+            policy: Arc::clone(&policy),
+            check: StoreCheck {
+                key,
+                algorithm: *algorithm,
+                cost,
+                enforce,
+            },
+            tier: tier.map(str::to_owned),
+            window,
+            local,
+        };
+        match quota.windows() {
+            // One window: the policy's own counter, as it always was.
+            [algorithm] => planned.push(part(key, algorithm, None, local)),
+            windows => {
+                for (index, algorithm) in windows.iter().enumerate() {
+                    let key = key.for_window(algorithm.period_us());
+                    planned.push(part(key, algorithm, Some(index), local.take()));
+                }
             }
-            let key = policy.key_for(descriptors, &captures).ok_or_else(|| {
-                CheckError::Invalid(format!("policy `{}` lacks a key descriptor", policy.name()))
-            })?;
-            let enforce = policy.enforces(&key);
-            Ok(Planned {
-                check: StoreCheck {
-                    key,
-                    algorithm,
-                    cost,
-                    enforce,
-                },
-                policy,
-                tier,
-            })
-        })
-        .collect()
+        }
+    }
+    Ok(planned)
 }

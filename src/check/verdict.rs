@@ -19,6 +19,8 @@ pub enum Mode {
     Local,
     /// The store could not answer; the policy fails closed (503).
     FailClosed,
+    /// Denied by the policy's `local_limit` in this pod; the store was not asked.
+    LocalLimit,
 }
 
 impl Mode {
@@ -30,6 +32,7 @@ impl Mode {
             Self::FailOpen => "fail_open",
             Self::Local => "local",
             Self::FailClosed => "fail_closed",
+            Self::LocalLimit => "local_limit",
         }
     }
 }
@@ -59,6 +62,9 @@ pub struct PolicyDecision {
     /// The window of the quota, for `RateLimit-Policy` (for a token bucket: the time to refill
     /// from empty, so `limit` per window is exactly the refill rate).
     pub window_us: Micros,
+    /// Which window of the policy's quota this is (its index in `limits`), for a policy of
+    /// several windows; `None` for a policy of one (and for its local limit).
+    pub window: Option<usize>,
 }
 
 /// The answer to a check.
@@ -68,7 +74,8 @@ pub struct Verdict {
     pub outcome: Outcome,
     /// Which of `evaluated` decided (see [`Verdict::deciding`]); `None` when no policy applied.
     pub deciding_index: Option<usize>,
-    /// Every policy evaluated, in policy-file order.
+    /// Every policy evaluated, in policy-file order; a policy of several windows has one entry
+    /// per window, next to each other.
     pub evaluated: Vec<PolicyDecision>,
 }
 
@@ -87,6 +94,25 @@ impl Verdict {
     pub fn deciding(&self) -> Option<&PolicyDecision> {
         self.evaluated.get(self.deciding_index?)
     }
+}
+
+/// One entry per policy of `evaluated` (whose windows sit next to each other): the window that
+/// decides for that policy (as [`decide`] picks among all).
+pub fn per_policy(evaluated: &[PolicyDecision]) -> impl Iterator<Item = &PolicyDecision> {
+    evaluated
+        .chunk_by(|a, b| Arc::ptr_eq(&a.policy, &b.policy))
+        .map(|windows| match windows {
+            [only] => only,
+            windows => {
+                let denied = windows
+                    .iter()
+                    .filter(|p| !p.decision.allowed)
+                    .max_by_key(|p| p.decision.retry_after_us);
+                denied
+                    .or_else(|| windows.iter().min_by_key(|p| p.decision.remaining))
+                    .unwrap_or(&windows[0])
+            }
+        })
 }
 
 /// Combines per-policy decisions: any enforced denial denies (the longest wait decides), else any

@@ -8,6 +8,7 @@ pub mod envoy;
 mod envoy_settings;
 mod log_level;
 mod policies;
+mod policy_quota;
 mod redact;
 mod redis_settings;
 mod settings;
@@ -19,6 +20,7 @@ pub use duration::{parse_duration, HumanDuration};
 pub use envoy_settings::EnvoySettings;
 pub use policies::policy_file_version;
 pub use policies::{load_policies, parse_policies, PolicyFileError, Problem};
+pub use policy_quota::local_limit_warnings;
 pub use redact::mask_url;
 pub use redis_settings::{BreakerSettings, RedisSettings, SentinelSettings, TlsSettings};
 pub use settings::{

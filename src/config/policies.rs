@@ -7,23 +7,11 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use super::policy_quota::{AlgorithmName, FieldProblem, RawQuota, RawTiers, RawWindow};
 use super::HumanDuration;
-use crate::limit::{
-    Algorithm, CostTable, FailureMode, FixedWindow, Pattern, Policy, PolicyParts, PolicySet,
-    SlidingLog, Tiers, TokenBucket,
-};
+use crate::limit::{CostTable, FailureMode, Pattern, Policy, PolicyParts, PolicySet, Tiers};
 
-/// Largest limit or burst accepted (keeps all integer math far from overflow, in Lua too).
-pub const MAX_LIMIT: u64 = 1_000_000_000;
-/// Largest sliding-log limit: the log keeps one entry per admitted unit, so memory grows with it.
-/// Use a token bucket for higher rates.
-pub const MAX_LOG_LIMIT: u64 = 10_000;
-/// Largest burst x period (in us) of a token bucket: keeps its Lua arithmetic exact.
-pub const MAX_BURST_TIMES_PERIOD: u128 = 1 << 52;
-/// Shortest period accepted.
-pub const MIN_PERIOD_US: u64 = 1_000;
-/// Longest period accepted (one year).
-pub const MAX_PERIOD_US: u64 = 365 * 86_400_000_000;
+pub use super::policy_quota::MAX_LIMIT;
 
 /// A policy file that could not be read or is invalid; lists every problem found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,14 +69,6 @@ struct RawFile {
     policies: Vec<serde_yaml::Value>,
 }
 
-#[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-enum AlgorithmName {
-    TokenBucket,
-    SlidingLog,
-    FixedWindow,
-}
-
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawPolicy {
@@ -100,9 +80,14 @@ struct RawPolicy {
     group: Option<String>,
     key: Vec<String>,
     algorithm: AlgorithmName,
-    limit: u64,
-    period: HumanDuration,
+    /// One window: `limit` per `period` (with `burst` for a token bucket) ...
+    limit: Option<u64>,
+    period: Option<HumanDuration>,
     burst: Option<u64>,
+    /// ... or several, checked together: `[{limit: 10, period: 1s}, {limit: 1000, period: 1h}]`.
+    limits: Option<Vec<RawWindow>>,
+    /// A per-pod token bucket checked before the store.
+    local_limit: Option<RawWindow>,
     #[serde(default = "default_failure_mode")]
     failure_mode: FailureMode,
     #[serde(default)]
@@ -136,27 +121,6 @@ struct RawCost {
 
 fn default_failure_mode() -> FailureMode {
     FailureMode::Open
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawTiers {
-    #[serde(default = "default_tier_descriptor")]
-    descriptor: String,
-    levels: BTreeMap<String, RawTier>,
-}
-
-fn default_tier_descriptor() -> String {
-    "tier".into()
-}
-
-/// A tier either scales the policy's quota or replaces it.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawTier {
-    multiplier: Option<u64>,
-    limit: Option<u64>,
-    burst: Option<u64>,
 }
 
 /// The version of a policy file's content: the low 32 bits of its SHA-1 (exported as
@@ -217,11 +181,12 @@ pub fn parse_policies(path: &Path, text: &str) -> Result<PolicySet, PolicyFileEr
         };
         match build_policy(raw_policy) {
             Ok(policy) => policies.push(policy),
-            Err(errors) => problems.extend(errors.into_iter().map(|(field, reason)| {
-                Problem::at(
-                    lines.field(index, field),
-                    format!("{label}: field `{field}`: {reason}"),
-                )
+            Err(errors) => problems.extend(errors.into_iter().map(|p| {
+                let line = match p.item {
+                    Some(item) => lines.item(index, p.field, item),
+                    None => lines.field(index, p.field),
+                };
+                Problem::at(line, format!("{label}: field `{}`: {}", p.field, p.reason))
             })),
         }
     }
@@ -244,38 +209,40 @@ fn quoted_field(message: &str) -> Option<&str> {
     Some(&message[start..start + len])
 }
 
-type FieldError = (&'static str, String);
-
 /// Longest store deadline a policy may set: past this a check is no longer "fast".
 pub const MAX_TIMEOUT_US: u64 = 10_000_000;
 
 /// Builds one policy, or every problem found in it (each field checked on its own).
-fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldError>> {
-    let mut problems = Vec::new();
+fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
+    let mut problems: Vec<FieldProblem> = Vec::new();
     if let Some(timeout) = raw.timeout {
         if timeout.0 == 0 || timeout.0 > MAX_TIMEOUT_US {
-            problems.push((
-                "timeout",
-                format!("must be above 0 and at most 10s, got {timeout}"),
-            ));
+            problems.push(
+                (
+                    "timeout",
+                    format!("must be above 0 and at most 10s, got {timeout}"),
+                )
+                    .into(),
+            );
         }
     }
-    let algorithm = build_algorithm(raw.algorithm, raw.limit, raw.period, raw.burst)
-        .map_err(|e| problems.push(e))
-        .ok();
+    let written = RawQuota {
+        algorithm: raw.algorithm,
+        limit: raw.limit,
+        period: raw.period,
+        burst: raw.burst,
+        limits: raw.limits.as_deref(),
+        local_limit: raw.local_limit,
+    };
+    let quota = written.build().map_err(|e| problems.extend(e)).ok();
     let tiers = raw.tiers.as_ref().map(|tiers| {
         let mut levels = BTreeMap::new();
         for (tier, level) in &tiers.levels {
-            let built = tier_quota(&raw, tier, level).and_then(|(limit, burst)| {
-                build_algorithm(raw.algorithm, limit, raw.period, burst).map_err(
-                    |(field, reason)| ("tiers", format!("tier `{tier}`: {field}: {reason}")),
-                )
-            });
-            match built {
-                Ok(algo) => {
-                    levels.insert(tier.clone(), algo);
+            match written.tier(tier, level) {
+                Ok(quota) => {
+                    levels.insert(tier.clone(), quota);
                 }
-                Err(problem) => problems.push(problem),
+                Err(tier_problems) => problems.extend(tier_problems),
             }
         }
         Tiers {
@@ -287,22 +254,22 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldError>> {
     for (name, text) in raw.conditions {
         match Pattern::parse(&text) {
             Ok(pattern) => conditions.push((name, pattern)),
-            Err(reason) => problems.push(("match", reason)),
+            Err(reason) => problems.push(("match", reason).into()),
         }
     }
     if let Some(domain) = raw.domain {
         match super::envoy::domain_condition(domain) {
             Ok(condition) => conditions.push(condition),
-            Err(problem) => problems.push(problem),
+            Err(problem) => problems.push(problem.into()),
         }
     }
     let cost = raw.cost.map(|table| {
-        if let Some(limit) = algorithm.as_ref().map(Algorithm::limit) {
+        if let Some(limit) = quota.as_ref().map(|q| q.max_cost()) {
             if let Some((value, cost)) = table.table.iter().find(|(_, c)| **c == 0 || **c > limit) {
-                problems.push((
-                    "cost",
-                    format!("`{value}` costs {cost}: each cost must be 1 to the limit ({limit})"),
-                ));
+                let reason = format!(
+                    "`{value}` costs {cost}: each cost must be 1 to the smallest limit ({limit})"
+                );
+                problems.push(("cost", reason).into());
             }
         }
         CostTable {
@@ -310,7 +277,7 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldError>> {
             costs: table.table,
         }
     });
-    let Some(algorithm) = algorithm.filter(|_| problems.is_empty()) else {
+    let Some(quota) = quota.filter(|_| problems.is_empty()) else {
         return Err(problems);
     };
     Policy::new(PolicyParts {
@@ -319,7 +286,7 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldError>> {
         conditions,
         group: raw.group,
         key: raw.key,
-        algorithm,
+        quota,
         tiers,
         cost,
         failure_mode: raw.failure_mode,
@@ -328,81 +295,14 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldError>> {
         timeout_us: raw.timeout.map(|t| t.0),
         limit_override: raw.limit_override,
     })
-    .map_err(|e| vec![(e.field, e.reason)])
-}
-
-/// The limit and burst a tier gets: the policy's scaled by `multiplier`, or given outright.
-fn tier_quota(
-    raw: &RawPolicy,
-    tier: &str,
-    level: &RawTier,
-) -> Result<(u64, Option<u64>), FieldError> {
-    let bad = |reason: String| Err(("tiers", format!("tier `{tier}`: {reason}")));
-    match (level.multiplier, level.limit) {
-        (Some(_), Some(_)) => bad("give either `multiplier` or `limit`, not both".into()),
-        (None, None) => bad("needs `multiplier` or `limit`".into()),
-        (Some(0), None) => bad("`multiplier` must be at least 1".into()),
-        (Some(m), None) => {
-            if level.burst.is_some() {
-                return bad("`burst` goes with `limit`, not with `multiplier`".into());
-            }
-            let limit = raw.limit.saturating_mul(m);
-            Ok((limit, raw.burst.map(|b| b.saturating_mul(m))))
-        }
-        (None, Some(limit)) => Ok((limit, level.burst.or(raw.burst))),
-    }
-}
-
-fn build_algorithm(
-    name: AlgorithmName,
-    limit: u64,
-    period: HumanDuration,
-    burst: Option<u64>,
-) -> Result<Algorithm, FieldError> {
-    let max_limit = if name == AlgorithmName::SlidingLog {
-        MAX_LOG_LIMIT
-    } else {
-        MAX_LIMIT
-    };
-    if limit == 0 || limit > max_limit {
-        return Err(("limit", format!("must be 1 to {max_limit}, got {limit}")));
-    }
-    if !(MIN_PERIOD_US..=MAX_PERIOD_US).contains(&period.0) {
-        return Err((
-            "period",
-            format!("must be between 1ms and 365d, got {period}"),
-        ));
-    }
-    let period_us = period.0;
-    let algorithm = match (name, burst) {
-        (AlgorithmName::TokenBucket, burst) => {
-            let capacity = burst.unwrap_or(limit);
-            if capacity == 0 || capacity > MAX_LIMIT {
-                return Err(("burst", format!("must be 1 to {MAX_LIMIT}, got {capacity}")));
-            }
-            // The Lua twin works in 1/limit us units; burst x period must stay far below 2^53.
-            if u128::from(capacity) * u128::from(period_us) > MAX_BURST_TIMES_PERIOD {
-                return Err((
-                    "burst",
-                    format!("burst x period must be at most 2^52 us (e.g. 1,000,000 per hour); got {capacity} x {period}"),
-                ));
-            }
-            TokenBucket::new(limit, period_us, capacity).map(Algorithm::TokenBucket)
-        }
-        (_, Some(_)) => return Err(("burst", "applies only to algorithm token_bucket".to_owned())),
-        (AlgorithmName::SlidingLog, None) => {
-            SlidingLog::new(limit, period_us).map(Algorithm::SlidingLog)
-        }
-        (AlgorithmName::FixedWindow, None) => {
-            FixedWindow::new(limit, period_us).map(Algorithm::FixedWindow)
-        }
-    };
-    algorithm.map_err(|e| ("algorithm", e.to_string()))
+    .map_err(|e| vec![(e.field, e.reason).into()])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::limit::Descriptors;
 
     const SHIPPED: &str = include_str!("../../config/policies.yaml");
 
@@ -414,13 +314,14 @@ mod tests {
     fn shipped_example_is_valid_and_matches_the_design() {
         let set = parse(SHIPPED).expect("shipped policies are valid");
         let api = set.get("public_api").expect("public_api");
-        assert_eq!(api.algorithm_for(&Default::default(), None).limit(), 150);
+        let limit = |d: &Descriptors| api.quota_for(d, None).1.max_cost();
+        assert_eq!(limit(&Descriptors::new()), 150);
         assert_eq!(api.failure_mode(), FailureMode::Open);
         let enterprise = [("tier".to_owned(), "enterprise".to_owned())].into();
-        assert_eq!(api.algorithm_for(&enterprise, None).limit(), 1500);
+        assert_eq!(limit(&enterprise), 1500);
         let login = set.get("login").expect("login");
         assert_eq!(login.failure_mode(), FailureMode::Closed);
-        assert_eq!(login.algorithm_for(&Default::default(), None).limit(), 10);
+        assert_eq!(login.quota_for(&Default::default(), None).1.max_cost(), 10);
         assert_eq!(login.parts().key, vec!["ip".to_owned()]);
     }
 

@@ -77,6 +77,29 @@ impl<'a> PolicyLines<'a> {
             .map(|i| i + 1)
             .or(Some(start + 1))
     }
+
+    /// 1-based line of entry `item` of the list `field` in policy `index`, when the entries are
+    /// written one per line (`- ...` below the field); else the field's line.
+    pub fn item(&self, index: usize, field: &str, item: usize) -> Option<usize> {
+        let at = self.field(index, field)?;
+        let &(_, end) = self.items.get(index)?;
+        let depth = |line: &str| line.len() - line.trim_start().len();
+        let field_line = self.lines[at - 1].trim_start();
+        let field_depth =
+            depth(self.lines[at - 1]) + if field_line.starts_with("- ") { 2 } else { 0 };
+        // Entries sit deeper than the field, or at its depth (YAML's compact `- ` under a key).
+        let is_entry = |line: &str| line.trim_start().starts_with("- ");
+        let entries: Vec<usize> = (at..end)
+            .take_while(|&i| {
+                let line = self.lines[i];
+                line.trim().is_empty()
+                    || depth(line) > field_depth
+                    || (depth(line) == field_depth && is_entry(line))
+            })
+            .filter(|&i| is_entry(self.lines[i]))
+            .collect();
+        Some(entries.get(item).map_or(at, |i| i + 1))
+    }
 }
 
 #[cfg(test)]
@@ -98,6 +121,16 @@ mod tests {
         assert_eq!(lines.policy(1), Some(7));
         assert_eq!(lines.field(1, "burst"), Some(7));
         assert_eq!(lines.field(0, "[ip]"), Some(4), "a value");
+        let windows = "policies:\n  - name: a\n    limits:\n      - {limit: 1, period: 1s}\n\n      - limit: 2\n        period: 1h\n    key: [ip]\n  - name: b\n    limits:\n    - {limit: 1, period: 1s}\n    - {limit: 1, period: 1m}\n";
+        let lines = PolicyLines::new(windows, 2);
+        assert_eq!(lines.item(0, "limits", 0), Some(4));
+        assert_eq!(lines.item(0, "limits", 1), Some(6));
+        assert_eq!(
+            lines.item(0, "limits", 5),
+            Some(3),
+            "no such entry: the field"
+        );
+        assert_eq!(lines.item(1, "limits", 1), Some(12), "compact sequence");
         let one_line = "policies: [{name: a}, {name: b}]\n";
         assert_eq!(PolicyLines::new(one_line, 2).policy(0), None);
     }

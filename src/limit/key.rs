@@ -3,16 +3,23 @@
 use std::fmt;
 use std::sync::Arc;
 
+use super::Micros;
+
 /// Identifies one counter: a policy and the partition (e.g. one tenant's API key) within it.
 ///
 /// The partition is the policy's key descriptor values, each percent-escaped and joined with `:`.
 /// Escaping `%`, `:`, `{`, `}`, `#` and control bytes makes the encoding injective (two different
 /// value lists never give the same partition), keeps Redis hash tags (`{...}`) under the store's
 /// control, and leaves a leading `#` free to mark hashed partitions.
+///
+/// A policy of several windows has one counter per window: the same partition with the window's
+/// period. A policy of one window has no period in its key, so its counters are the same as
+/// before windows existed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Key {
     policy: Arc<str>,
     partition: String,
+    window: Option<Micros>,
 }
 
 impl Key {
@@ -25,13 +32,38 @@ impl Key {
             }
             escape_into(value, &mut partition);
         }
-        Self { policy, partition }
+        Self {
+            policy,
+            partition,
+            window: None,
+        }
+    }
+
+    /// The counter of the window of `period_us` in the same partition (policies of several
+    /// windows only).
+    pub fn for_window(&self, period_us: Micros) -> Self {
+        Self {
+            window: Some(period_us),
+            ..self.clone()
+        }
     }
 
     /// The key of `policy` whose partition is `partition` as [`Key::partition`] gives it
     /// (already escaped): how a key named in a message from another process is rebuilt.
     pub fn from_partition(policy: Arc<str>, partition: String) -> Self {
-        Self { policy, partition }
+        Self {
+            policy,
+            partition,
+            window: None,
+        }
+    }
+
+    /// The partition's own key, without a window: what a policy's local limit counts in.
+    pub fn without_window(&self) -> Self {
+        Self {
+            window: None,
+            ..self.clone()
+        }
     }
 
     /// The policy this counter belongs to.
@@ -44,8 +76,15 @@ impl Key {
         &self.partition
     }
 
+    /// The period of this counter's window, for a policy of several windows; `None` for a
+    /// policy of one.
+    pub fn window(&self) -> Option<Micros> {
+        self.window
+    }
+
     /// A stable number in 0..100 for this key, the same in every process and release: rollouts
-    /// by percentage pick the same partitions everywhere.
+    /// by percentage pick the same partitions everywhere. The window is left out, so that every
+    /// window of a partition is in or out of a rollout together.
     pub fn bucket_of_100(&self) -> u8 {
         (self.stable_hash() % 100) as u8
     }
@@ -63,7 +102,11 @@ impl Key {
 
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.policy, self.partition)
+        write!(f, "{}:{}", self.policy, self.partition)?;
+        match self.window {
+            Some(period_us) => write!(f, "@{period_us}us"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -112,5 +155,18 @@ mod tests {
         let b = Key::new(Arc::from("b"), ["x"]);
         assert_ne!(a, b);
         assert_eq!(a.to_string(), "a:x");
+    }
+
+    #[test]
+    fn windows_are_apart_but_share_the_rollout_bucket() {
+        let plain = key(&["x"]);
+        let second = plain.for_window(1_000_000);
+        let hour = plain.for_window(3_600_000_000);
+        assert_ne!(plain, second);
+        assert_ne!(second, hour);
+        assert_eq!(hour.partition(), plain.partition());
+        assert_eq!(hour.window(), Some(3_600_000_000));
+        assert_eq!(second.to_string(), "p:x@1000000us");
+        assert_eq!(plain.bucket_of_100(), hour.bucket_of_100());
     }
 }

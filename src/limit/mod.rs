@@ -21,6 +21,7 @@ mod key;
 mod matcher;
 mod policy;
 mod policy_set;
+mod quota;
 mod sliding_log;
 mod token_bucket;
 
@@ -38,6 +39,7 @@ pub use policy::{
     CostTable, Descriptors, FailureMode, Policy, PolicyError, PolicyParts, Tiers, MAX_POLICY_NAME,
 };
 pub use policy_set::{Applicable, PolicySet};
+pub use quota::{Quota, QuotaError, MAX_WINDOWS};
 pub use sliding_log::{LogState, SlidingLog};
 pub use token_bucket::{BucketState, TokenBucket};
 

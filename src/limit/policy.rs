@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::matcher::{Captures, Pattern};
-use super::{Algorithm, Key, Micros};
+use super::{Key, Micros, Quota};
 
 /// A request's attributes (tenant, api_key, ip, method, path, operation, ...), by name.
 pub type Descriptors = BTreeMap<String, String>;
@@ -38,8 +38,9 @@ impl FailureMode {
 pub struct Tiers {
     /// The descriptor that names the tier when no override does.
     pub descriptor: String,
-    /// The algorithm (with its quota) for each named tier; unnamed tiers use the policy's own.
-    pub levels: BTreeMap<String, Algorithm>,
+    /// The quota (windows and local limit) for each named tier; unnamed tiers use the policy's
+    /// own.
+    pub levels: BTreeMap<String, Quota>,
 }
 
 /// Costs per descriptor value, e.g. GraphQL operation name -> complexity.
@@ -65,8 +66,8 @@ pub struct PolicyParts {
     /// The descriptors whose values make the partition key, in order (e.g. tenant, api_key);
     /// path template parameters count as descriptors.
     pub key: Vec<String>,
-    /// The algorithm and quota for requests without a listed tier.
-    pub algorithm: Algorithm,
+    /// The windows (algorithm and limits) and local limit for requests without a listed tier.
+    pub quota: Quota,
     /// Optional per-tier quotas.
     pub tiers: Option<Tiers>,
     /// Optional costs per descriptor value.
@@ -193,14 +194,14 @@ impl Policy {
         self.specificity
     }
 
-    /// The listed tier this request is in, if any, and the algorithm and quota that apply (the
-    /// tier's, else the policy's own). `tier_override` (the tenant table's answer) wins over the
-    /// tier descriptor.
+    /// The listed tier this request is in, if any, and the quota that applies (the tier's, else
+    /// the policy's own). `tier_override` (the tenant table's answer) wins over the tier
+    /// descriptor.
     pub fn quota_for(
         &self,
         descriptors: &Descriptors,
         tier_override: Option<&str>,
-    ) -> (Option<&str>, &Algorithm) {
+    ) -> (Option<&str>, &Quota) {
         let listed = self.parts.tiers.as_ref().and_then(|tiers| {
             let tier =
                 tier_override.or_else(|| descriptors.get(&tiers.descriptor).map(String::as_str))?;
@@ -208,17 +209,8 @@ impl Policy {
         });
         match listed {
             Some((tier, algorithm)) => (Some(tier.as_str()), algorithm),
-            None => (None, &self.parts.algorithm),
+            None => (None, &self.parts.quota),
         }
-    }
-
-    /// The algorithm and quota for this request (see [`Policy::quota_for`]).
-    pub fn algorithm_for(
-        &self,
-        descriptors: &Descriptors,
-        tier_override: Option<&str>,
-    ) -> &Algorithm {
-        self.quota_for(descriptors, tier_override).1
     }
 
     /// What this request costs under this policy: the cost table's entry, else `requested`.
@@ -242,7 +234,8 @@ impl Policy {
         Some(Key::new(Arc::clone(&self.name), values?))
     }
 
-    /// Whether this partition is enforced (not shadow, and inside the rollout percentage).
+    /// Whether this partition is enforced (not shadow, and inside the rollout percentage); the
+    /// same for every window of the partition.
     pub fn enforces(&self, key: &Key) -> bool {
         if self.parts.shadow {
             return false;

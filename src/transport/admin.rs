@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use super::wire::{CheckBody, ErrorReply};
 use crate::check::CheckService;
 use crate::config::{AdminResets, HumanDuration};
-use crate::limit::{Algorithm, Policy};
+use crate::limit::{Algorithm, Policy, Quota};
 use crate::telemetry::Metrics;
 
 #[derive(Clone)]
@@ -156,21 +156,36 @@ fn dump(policy: &Policy) -> Value {
     if let Some(cost) = &parts.cost {
         value["cost"] = json!({ "descriptor": cost.descriptor, "table": cost.costs });
     }
-    merge(&mut value, quota(&parts.algorithm));
+    merge(&mut value, quota(&parts.quota));
     if let Some(tiers) = &parts.tiers {
         let levels: serde_json::Map<String, Value> = tiers
             .levels
             .iter()
-            .map(|(tier, algorithm)| (tier.clone(), quota(algorithm)))
+            .map(|(tier, level)| (tier.clone(), quota(level)))
             .collect();
         value["tiers"] = json!({ "descriptor": tiers.descriptor, "levels": levels });
     }
     value
 }
 
-fn quota(algorithm: &Algorithm) -> Value {
+/// A quota as in the policy file: `algorithm` with `limit`/`period`/`burst` for one window or
+/// `limits` for several, and `local_limit`.
+fn quota(quota: &Quota) -> Value {
+    let mut value = match quota.windows() {
+        [only] => window(only),
+        windows => json!({ "limits": windows.iter().map(window).collect::<Vec<_>>() }),
+    };
+    if let Some(first) = quota.windows().first() {
+        value["algorithm"] = first.name().into();
+    }
+    if let Some(local) = quota.local() {
+        value["local_limit"] = window(&Algorithm::TokenBucket(*local));
+    }
+    value
+}
+
+fn window(algorithm: &Algorithm) -> Value {
     let mut value = json!({
-        "algorithm": algorithm.name(),
         "period": HumanDuration(algorithm.period_us()).to_string(),
     });
     match algorithm {

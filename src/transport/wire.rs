@@ -7,7 +7,11 @@ use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::check::{CheckError, CheckRequest, Mode, Outcome, Verdict};
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use crate::check::{CheckError, CheckRequest, Mode, Outcome, PolicyDecision, Verdict};
+use crate::config::HumanDuration;
 use crate::limit::{Descriptors, Micros};
 
 /// `POST /v1/check` body.
@@ -116,6 +120,10 @@ pub struct CheckReply<'a> {
     pub allowed: bool,
     /// The deciding policy; `null` when none applied.
     pub policy: Option<&'a str>,
+    /// The deciding policy's window that decided (its index in the policy's `limits`), for a
+    /// policy of several windows; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<usize>,
     /// Most units the deciding policy ever has available at once; `null` when none applied.
     pub limit: Option<u64>,
     /// Units still available; `null` when none applied.
@@ -124,7 +132,8 @@ pub struct CheckReply<'a> {
     pub reset_after_ms: u64,
     /// Milliseconds (rounded up) until this request would pass; 0 when allowed.
     pub retry_after_ms: u64,
-    /// `enforced`, `shadow`, `fail_open`, `local` (or `fail_closed` on a 503).
+    /// `enforced`, `shadow`, `fail_open`, `local`, `local_limit` (denied by the policy's
+    /// per-pod local limit) or `fail_closed` (on a 503).
     pub mode: &'static str,
     /// `rate_limit` on a 429, `limiter_unavailable` on a 503.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -177,6 +186,7 @@ impl<'a> CheckReply<'a> {
             None => Self {
                 allowed: true,
                 policy: None,
+                window: None,
                 limit: None,
                 remaining: None,
                 reset_after_ms: 0,
@@ -188,6 +198,7 @@ impl<'a> CheckReply<'a> {
             Some(part) => Self {
                 allowed: verdict.outcome == Outcome::Allowed,
                 policy: Some(part.policy.name()),
+                window: part.window,
                 limit: Some(part.decision.limit),
                 remaining: Some(part.decision.remaining),
                 reset_after_ms: ceil_div(part.decision.reset_after_us, 1_000),
@@ -209,6 +220,10 @@ impl<'a> CheckReply<'a> {
 /// Rate-limit headers for a verdict: `Retry-After`, `X-RateLimit-*` and the IETF draft
 /// `RateLimit-Policy` / `RateLimit` structured fields. Only enforced (or local) figures are
 /// advertised: a shadow policy must stay invisible to clients and a fail-open answer has none.
+///
+/// `RateLimit-Policy` lists every window of the deciding policy that the answer evaluated, one
+/// item each (named `<policy>/<period>` when it has several, `<policy>/local` for its local
+/// limit); `X-RateLimit-*` and `RateLimit` give the deciding window's figures.
 pub fn headers(verdict: &Verdict) -> HeaderMap {
     let mut headers = HeaderMap::with_capacity(8);
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
@@ -218,13 +233,11 @@ pub fn headers(verdict: &Verdict) -> HeaderMap {
     let Some(part) = verdict.deciding() else {
         return headers;
     };
-    if !matches!(part.mode, Mode::Enforced | Mode::Local) {
+    if !advertised(part) {
         return headers;
     }
     let d = &part.decision;
     let reset_sec = ceil_div(d.reset_after_us, 1_000_000);
-    let window_sec = ceil_div(part.window_us, 1_000_000).max(1);
-    let name = part.policy.name();
     for (name, value) in [
         ("x-ratelimit-limit", d.limit),
         ("x-ratelimit-remaining", d.remaining),
@@ -237,15 +250,54 @@ pub fn headers(verdict: &Verdict) -> HeaderMap {
             headers.insert(HeaderName::from_static(name), value);
         }
     };
-    put(
-        "ratelimit-policy",
-        format!("\"{name}\";q={};w={window_sec}", d.limit),
-    );
+    let mut policy = String::with_capacity(64);
+    let same_counter = |p: &&PolicyDecision| {
+        Arc::ptr_eq(&p.policy, &part.policy) && p.key.partition() == part.key.partition()
+    };
+    for window in verdict
+        .evaluated
+        .iter()
+        .filter(same_counter)
+        .filter(|p| advertised(p))
+    {
+        if !policy.is_empty() {
+            policy.push_str(", ");
+        }
+        let window_sec = ceil_div(window.window_us, 1_000_000).max(1);
+        let _ = write!(
+            policy,
+            "\"{}\";q={};w={window_sec}",
+            ItemName(window),
+            window.decision.limit
+        );
+    }
+    put("ratelimit-policy", policy);
     put(
         "ratelimit",
-        format!("\"{name}\";r={};t={reset_sec}", d.remaining),
+        format!("\"{}\";r={};t={reset_sec}", ItemName(part), d.remaining),
     );
     headers
+}
+
+/// Whether a part's figures may be shown to the client.
+fn advertised(part: &PolicyDecision) -> bool {
+    matches!(part.mode, Mode::Enforced | Mode::Local | Mode::LocalLimit)
+}
+
+/// A part's name in `RateLimit-Policy` and `RateLimit`: the policy's name for a policy of one
+/// window, `<policy>/<period>` for one of several, `<policy>/local` for its local limit.
+pub struct ItemName<'a>(pub &'a PolicyDecision);
+
+impl std::fmt::Display for ItemName<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let part = self.0;
+        let name = part.policy.name();
+        match (part.mode, part.key.window()) {
+            (Mode::LocalLimit, _) => write!(f, "{name}/local"),
+            (_, Some(period_us)) => write!(f, "{name}/{}", HumanDuration(period_us)),
+            (_, None) => f.write_str(name),
+        }
+    }
 }
 
 impl ErrorReply {

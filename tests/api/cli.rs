@@ -76,6 +76,44 @@ fn config_check_names_file_policy_and_field_of_every_problem() {
 }
 
 #[test]
+fn config_check_validates_windows_and_warns_about_low_local_limits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bad = write(
+        dir.path(),
+        "windows.yaml",
+        "policies:\n  - name: api\n    key: [k]\n    algorithm: fixed_window\n    limits:\n      - {limit: 10, period: 1s}\n      - {limit: 99, period: 1000ms}\n    local_limit: {limit: 0, period: 1s}\n",
+    );
+    let out = run(sluice_command(dir.path(), &["config", "check", &bad]));
+    assert_eq!(out.code, Some(64), "{out:?}");
+    for expected in [
+        format!("{bad}:7: policy `api`: field `limits`: windows 0 and 1 both have period 1s"),
+        format!("{bad}:8: policy `api`: field `local_limit`: limit: must be 1"),
+    ] {
+        assert!(out.stderr.contains(&expected), "{expected}\nin {out:?}");
+    }
+
+    // Valid, but 3 pods x 2 per second cannot fill 10 per second: a warning, exit 0.
+    let policies = write(
+        dir.path(),
+        "low.yaml",
+        "policies:\n  - {name: api, key: [k], algorithm: fixed_window, limits: [{limit: 10, period: 1s}, {limit: 99, period: 1h}], local_limit: {limit: 2, period: 1s}}\n",
+    );
+    let settings = write(
+        dir.path(),
+        "sluice.toml",
+        &format!("policies = {policies:?}\n[local]\nreplicas = 3\n"),
+    );
+    let out = run(sluice_command(dir.path(), &["config", "check", &settings]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stdout.contains("ok, 1 policies: api"), "{out:?}");
+    assert!(
+        out.stderr
+            .contains("warning: policy `api`: field `local_limit`: 2 per 1s on each of 3 pods"),
+        "{out:?}"
+    );
+}
+
+#[test]
 fn config_check_refuses_a_settings_file_with_an_unknown_key() {
     let dir = tempfile::tempdir().expect("tempdir");
     let policies = repo_root().join("config/policies.yaml");

@@ -13,6 +13,7 @@ use crate::grpc_client::{
     OVER_LIMIT,
 };
 use crate::helpers::{json_of, metric_value, SHIPPED_POLICIES};
+use sluice::transport::grpc::proto::envoy::service::ratelimit::v3::RateLimitResponse;
 
 const MINUTE: i32 = 2;
 const SECOND: i32 = 1;
@@ -383,4 +384,93 @@ async fn shutdown_drains_the_grpc_listeners() {
         .should_rate_limit(request("edge", vec![descriptor(&[("ip", "1")])]))
         .await
         .is_err());
+}
+
+/// A policy of several windows: each descriptor's status carries the window that decided
+/// (named as in `RateLimit-Policy`); a limit override replaces every window with one.
+#[tokio::test]
+async fn several_windows_answer_with_the_deciding_window() {
+    let policies = "
+policies:
+  - {name: windows, match: {user: '*'}, key: [user], algorithm: fixed_window, limits: [{limit: 2, period: 1s}, {limit: 3, period: 1h}]}
+";
+    let daemon = spawn_grpc(policies).await;
+    let mut client = daemon.tcp().await;
+    let user = || request("d", vec![descriptor(&[("user", "u")])]);
+    let figures = |answer: &RateLimitResponse| {
+        let status = &answer.statuses[0];
+        let limit = status.current_limit.as_ref().expect("limit");
+        (
+            answer.overall_code,
+            limit.name.clone(),
+            limit.requests_per_unit,
+            limit.unit,
+            status.limit_remaining,
+        )
+    };
+    let second = |code, remaining| (code, "windows/1s".to_owned(), 2, SECOND, remaining);
+    let hour = |code, remaining| (code, "windows/1h".to_owned(), 3, HOUR, remaining);
+    assert_eq!(figures(&ask(&mut client, user()).await), second(OK, 1));
+    assert_eq!(figures(&ask(&mut client, user()).await), second(OK, 0));
+    assert_eq!(
+        figures(&ask(&mut client, user()).await),
+        second(OVER_LIMIT, 0)
+    );
+    daemon.app.advance(1_000_000);
+    assert_eq!(figures(&ask(&mut client, user()).await), hour(OK, 0));
+    let denied = ask(&mut client, user()).await;
+    assert_eq!(figures(&denied), hour(OVER_LIMIT, 0));
+    let wait = denied.statuses[0].duration_until_reset.expect("reset");
+    assert!(wait.seconds > 1_000, "{wait:?}");
+    assert_eq!(
+        response_header(&denied, "ratelimit-policy"),
+        Some("\"windows/1s\";q=2;w=1, \"windows/1h\";q=3;w=3600")
+    );
+
+    let overridden = request(
+        "d",
+        vec![with_override(descriptor(&[("user", "u")]), 10, MINUTE)],
+    );
+    let answer = ask(&mut client, overridden).await;
+    assert_eq!(
+        figures(&answer),
+        (OK, "windows".to_owned(), 10, MINUTE, 9),
+        "one window, its own counter"
+    );
+}
+
+/// A local limit denies a descriptor in the pod: its status says so, the other descriptor of the
+/// group is untouched.
+#[tokio::test]
+async fn a_local_limit_denies_its_descriptor() {
+    let policies = "
+policies:
+  - {name: capped, match: {user: '*'}, key: [user], algorithm: fixed_window, limit: 100, period: 1h, local_limit: {limit: 1, period: 1h}}
+  - {name: roomy, match: {ip: '*'}, key: [ip], algorithm: fixed_window, limit: 100, period: 1h}
+";
+    let daemon = spawn_grpc(policies).await;
+    let mut client = daemon.tcp().await;
+    let both = || {
+        request(
+            "d",
+            vec![descriptor(&[("user", "u")]), descriptor(&[("ip", "i")])],
+        )
+    };
+    assert_eq!(ask(&mut client, both()).await.overall_code, OK);
+    let denied = ask(&mut client, both()).await;
+    assert_eq!(denied.overall_code, OVER_LIMIT);
+    let codes: Vec<i32> = denied.statuses.iter().map(|s| s.code).collect();
+    assert_eq!(codes, [OVER_LIMIT, OK]);
+    let limit = denied.statuses[0].current_limit.as_ref().expect("limit");
+    assert_eq!(
+        (limit.name.as_str(), limit.requests_per_unit, limit.unit),
+        ("capped/local", 1, HOUR)
+    );
+    let roomy = json_of(
+        &daemon
+            .app
+            .dry_run(&json!({"policy": "roomy", "descriptors": {"ip": "i"}}))
+            .await,
+    );
+    assert_eq!(roomy["remaining"], 98, "one spent, not two");
 }

@@ -1,6 +1,6 @@
 //! Exactness across pods: three real `sluice serve` processes share one Redis (single node, then a
 //! Cluster) and many concurrent clients hammer one key; admissions never exceed what the
-//! algorithm allows.
+//! algorithm allows, with or without a per-pod `local_limit` in front of Redis.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
@@ -9,13 +9,15 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use sluice::client::{Connection, Target};
 
-use crate::helpers::{sluice_command, ChildGuard};
+use crate::helpers::{metric_value, sluice_command, ChildGuard};
 use crate::redis_server::{RedisCluster, RedisServer};
 
 const POLICIES: &str = "
 policies:
   - {name: log, key: [ip], algorithm: sliding_log, limit: 50, period: 1h, failure_mode: closed}
   - {name: bucket, key: [api_key], algorithm: token_bucket, limit: 20, period: 1s, burst: 30, failure_mode: closed}
+  - {name: roomy, key: [ip], algorithm: sliding_log, limit: 50, period: 1h, failure_mode: closed, local_limit: {limit: 20, period: 1h}}
+  - {name: tight, key: [ip], algorithm: sliding_log, limit: 50, period: 1h, failure_mode: closed, local_limit: {limit: 10, period: 1h}}
 ";
 
 const DAEMONS: usize = 3;
@@ -31,6 +33,7 @@ fn free_addr() -> SocketAddr {
 struct Daemon {
     _child: ChildGuard,
     http: Target,
+    admin: Target,
 }
 
 fn start_daemon(dir: &Path, index: usize, redis_toml: &str) -> Daemon {
@@ -49,6 +52,7 @@ fn start_daemon(dir: &Path, index: usize, redis_toml: &str) -> Daemon {
     Daemon {
         _child: ChildGuard(Some(child)),
         http: Target::Tcp(http),
+        admin: Target::Tcp(admin),
     }
 }
 
@@ -141,6 +145,43 @@ async fn exact_across_daemons(redis_toml: String, run: &str) {
         admitted >= 30,
         "token bucket admitted {admitted} < its burst"
     );
+
+    // Local limits only deny earlier: at most 3 pods x 20 reach Redis, which admits its 50 and
+    // no more; 3 pods x 10 admit 30, below the shared limit (each pod warns about it).
+    for (policy, local, expected) in [("roomy", 20, 50), ("tight", 10, 30)] {
+        let (admitted, _) = hammer(
+            &daemons,
+            json!({"policy": policy, "descriptors": {"ip": run}}),
+        )
+        .await;
+        let (mut in_pods, mut remembered) = (0.0, 0.0);
+        for daemon in &daemons {
+            let metrics = metrics_of(daemon).await;
+            let labels = [("policy", policy), ("outcome", "local_limit_denied")];
+            in_pods += metric_value(&metrics, "sluice_decisions_total", &labels);
+            let labels = [("policy", policy)];
+            remembered += metric_value(&metrics, "sluice_local_layer_hits_total", &labels);
+        }
+        let reached_redis = attempts - (in_pods + remembered) as usize;
+        println!(
+            "{run}: {policy} (limit 50, local_limit {local} per pod, {DAEMONS} pods): admitted \
+             {admitted} of {attempts}; {in_pods} denied by local_limit, {remembered} by the \
+             local layer, {reached_redis} reached Redis"
+        );
+        assert_eq!(admitted, expected, "{policy}");
+        assert!(
+            reached_redis <= DAEMONS * local,
+            "{policy}: at most {local} per pod"
+        );
+    }
+}
+
+/// One daemon's `/metrics` text.
+async fn metrics_of(daemon: &Daemon) -> String {
+    let reply = sluice::client::request(&daemon.admin, axum::http::Method::GET, "/metrics", None)
+        .await
+        .expect("metrics");
+    String::from_utf8_lossy(&reply.body).into_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

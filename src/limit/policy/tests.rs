@@ -1,7 +1,7 @@
 //! Tests of policies: matching, keys from captures, tiers, costs, rollout.
 
 use super::*;
-use crate::limit::FixedWindow;
+use crate::limit::{Algorithm, FixedWindow};
 
 fn window(limit: u64) -> Algorithm {
     Algorithm::FixedWindow(FixedWindow::new(limit, 1_000_000).expect("valid"))
@@ -14,10 +14,10 @@ pub(crate) fn parts(name: &str) -> PolicyParts {
         conditions: vec![("path".into(), Pattern::parse("/login").expect("valid"))],
         group: None,
         key: vec!["ip".into()],
-        algorithm: window(10),
+        quota: window(10).into(),
         tiers: Some(Tiers {
             descriptor: "tier".into(),
-            levels: [("gold".to_owned(), window(100))].into(),
+            levels: [("gold".to_owned(), window(100).into())].into(),
         }),
         cost: None,
         failure_mode: FailureMode::Closed,
@@ -78,10 +78,11 @@ fn tiers_pick_their_quota_and_overrides_win() {
     let policy = Policy::new(parts("login")).expect("valid");
     let gold = descriptors(&[("tier", "gold")]);
     let other = descriptors(&[("tier", "bronze")]);
-    assert_eq!(policy.algorithm_for(&gold, None).limit(), 100);
-    assert_eq!(policy.algorithm_for(&other, None).limit(), 10);
-    assert_eq!(policy.algorithm_for(&other, Some("gold")).limit(), 100);
-    assert_eq!(policy.algorithm_for(&gold, Some("bronze")).limit(), 10);
+    let limit = |d, o| policy.quota_for(d, o).1.max_cost();
+    assert_eq!(limit(&gold, None), 100);
+    assert_eq!(limit(&other, None), 10);
+    assert_eq!(limit(&other, Some("gold")), 100);
+    assert_eq!(limit(&gold, Some("bronze")), 10);
 }
 
 #[test]

@@ -1,11 +1,16 @@
-//! Redis key layout: `<prefix>:{<policy>:<partition>}`.
+//! Redis key layout: `<prefix>:{<policy>:<partition>}`, and `<prefix>:{<policy>:<partition>}:<period>`
+//! for each window of a policy of several (e.g. `rl:{api:acme}:1h`).
 //!
-//! The whole counter identity sits inside one hash tag, so every key a script touches (just the
-//! one) maps to one Cluster slot, and different partitions spread over the slots. The partition
-//! is already escaped by [`Key`] (`%`, `:`, `{`, `}`, `#` and control bytes), so a value can neither
-//! collide with another nor move the tag. Partitions longer than [`MAX_PARTITION_BYTES`] are
-//! replaced by `#` and their SHA-1, bounding memory per key; `#` cannot start an escaped value.
+//! The whole partition identity sits inside one hash tag, so every key of one check of one
+//! partition maps to one Cluster slot (a policy's windows too: their periods follow the tag),
+//! and different partitions spread over the slots. The partition is already escaped by [`Key`]
+//! (`%`, `:`, `{`, `}`, `#` and control bytes), so a value can neither collide with another nor
+//! move the tag; the first `}` ends the tag, so what follows it (nothing, or a window's period
+//! in its one canonical spelling) tells the windows apart. Partitions longer than
+//! [`MAX_PARTITION_BYTES`] are replaced by `#` and their SHA-1, bounding memory per key; `#`
+//! cannot start an escaped value.
 
+use crate::config::HumanDuration;
 use crate::limit::Key;
 
 /// Longest partition stored as is; longer ones are hashed.
@@ -14,13 +19,26 @@ pub const MAX_PARTITION_BYTES: usize = 128;
 /// The Redis key of a counter.
 pub fn redis_key(prefix: &str, key: &Key) -> String {
     let partition = key.partition();
-    if partition.len() > MAX_PARTITION_BYTES {
-        let digest = sha1_smol::Sha1::from(partition.as_bytes())
-            .digest()
-            .to_string();
-        format!("{prefix}:{{{}:#{digest}}}", key.policy())
-    } else {
-        format!("{prefix}:{{{}:{partition}}}", key.policy())
+    let policy = key.policy();
+    match (partition.len() > MAX_PARTITION_BYTES, key.window()) {
+        (false, None) => format!("{prefix}:{{{policy}:{partition}}}"),
+        (false, Some(period)) => {
+            format!(
+                "{prefix}:{{{policy}:{partition}}}:{}",
+                HumanDuration(period)
+            )
+        }
+        (true, window) => {
+            let digest = sha1_smol::Sha1::from(partition.as_bytes())
+                .digest()
+                .to_string();
+            match window {
+                None => format!("{prefix}:{{{policy}:#{digest}}}"),
+                Some(period) => {
+                    format!("{prefix}:{{{policy}:#{digest}}}:{}", HumanDuration(period))
+                }
+            }
+        }
     }
 }
 
@@ -84,6 +102,29 @@ mod tests {
             crc16(b"{}x") % 16_384,
             "an empty tag hashes the whole key"
         );
+    }
+
+    #[test]
+    fn windows_follow_the_tag_and_share_its_slot() {
+        let plain = Key::new(Arc::from("api"), ["acme", "k1"]);
+        let second = redis_key("rl", &plain.for_window(1_000_000));
+        let hour = redis_key("rl", &plain.for_window(5_400_000_000));
+        assert_eq!(
+            redis_key("rl", &plain),
+            "rl:{api:acme:k1}",
+            "one window: as before"
+        );
+        assert_eq!(second, "rl:{api:acme:k1}:1s");
+        assert_eq!(hour, "rl:{api:acme:k1}:1h30m");
+        assert_eq!(slot(&second), slot(&hour));
+        assert_eq!(slot(&second), slot("rl:{api:acme:k1}"));
+        // A hostile value cannot end the tag early and fake a window.
+        let fake = Key::new(Arc::from("api"), ["acme", "k1}:1s"]);
+        assert_ne!(redis_key("rl", &fake), second);
+        let long = Key::new(Arc::from("api"), ["x".repeat(200).as_str()]);
+        let (a, b) = (long.for_window(1_000_000), long.for_window(2_000_000));
+        assert_ne!(redis_key("rl", &a), redis_key("rl", &b));
+        assert_eq!(slot(&redis_key("rl", &a)), slot(&redis_key("rl", &long)));
     }
 
     #[test]

@@ -44,6 +44,9 @@ pub fn channel(prefix: &str) -> String {
 struct Message<'a> {
     policy: Cow<'a, str>,
     partition: Cow<'a, str>,
+    /// The window's period in µs, for a counter of a policy of several windows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    window_us: Option<u64>,
 }
 
 /// The message announcing that `key` was reset.
@@ -51,6 +54,7 @@ pub fn encode(key: &Key) -> String {
     let message = Message {
         policy: Cow::Borrowed(key.policy()),
         partition: Cow::Borrowed(key.partition()),
+        window_us: key.window(),
     };
     serde_json::to_string(&message).unwrap_or_default()
 }
@@ -61,10 +65,14 @@ pub fn decode(payload: &[u8]) -> Option<Key> {
         return None;
     }
     let message: Message = serde_json::from_slice(payload).ok()?;
-    Some(Key::from_partition(
+    let key = Key::from_partition(
         Arc::from(message.policy.as_ref()),
         message.partition.into_owned(),
-    ))
+    );
+    Some(match message.window_us {
+        Some(period_us) => key.for_window(period_us),
+        None => key,
+    })
 }
 
 /// What a subscriber tells the local layer.
@@ -170,7 +178,13 @@ mod tests {
         let key = Key::new(Arc::from("login"), ["1.2.3.4", "a:b{c}\"\n"]);
         let message = encode(&key);
         assert!(!message.contains('\n'), "{message}");
-        assert_eq!(decode(message.as_bytes()), Some(key));
+        assert_eq!(decode(message.as_bytes()), Some(key.clone()));
+        let hour = key.for_window(3_600_000_000);
+        assert_eq!(decode(encode(&hour).as_bytes()), Some(hour));
+        assert!(
+            !message.contains("window"),
+            "one window: the message of before"
+        );
     }
 
     #[test]

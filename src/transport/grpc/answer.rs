@@ -62,7 +62,9 @@ fn status(item: &Verdict) -> DescriptorStatus {
 }
 
 /// The policy's rate in Envoy's terms: `limit` per window when the window is a whole unit, else
-/// the rate over the shortest unit that holds the window (rounded down, at least 1).
+/// the rate over the shortest unit that holds the window (rounded down, at least 1). For a
+/// policy of several windows, the window that decided (named `<policy>/<period>` as in
+/// `RateLimit-Policy`): Envoy takes one status per descriptor.
 fn current_limit(part: &PolicyDecision) -> RateLimit {
     let (limit, window) = (part.decision.limit, part.window_us.max(1));
     let (unit, length) = UNITS
@@ -77,7 +79,7 @@ fn current_limit(part: &PolicyDecision) -> RateLimit {
         u64::try_from(scaled).unwrap_or(u64::MAX).max(1)
     };
     RateLimit {
-        name: part.policy.name().to_owned(),
+        name: wire::ItemName(part).to_string(),
         requests_per_unit: u32::try_from(per_unit).unwrap_or(u32::MAX),
         unit: unit as i32,
     }

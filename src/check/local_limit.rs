@@ -1,0 +1,51 @@
+//! The policies' local limits: a token bucket per policy and partition in this pod, checked
+//! before the store, so that one partition's storm is cut here and never reaches Redis.
+//!
+//! It only ever denies earlier: a request it admits still needs the store's admission, and a
+//! request it denies never reaches the store (nothing is spent there). The buckets of one
+//! request's policies are one all-or-nothing group, spent when every one admits. A token spent
+//! here is not given back when the store then denies: the bucket caps what this pod sends to
+//! the store for a partition, denied or not.
+
+use std::sync::Arc;
+
+use super::plan::Planned;
+use super::verdict::{self, Mode, PolicyDecision, Verdict};
+use super::CheckService;
+use crate::store::StoreCheck;
+
+impl CheckService {
+    /// A denial when a local limit of an enforced policy has no room for the request; `None`
+    /// (after spending from every bucket, unless `dry_run`) when all have room. Takes the
+    /// local checks out of `planned`.
+    pub(super) fn local_limit(&self, planned: &mut [Planned], dry_run: bool) -> Option<Verdict> {
+        let buckets = self.local_limits.as_ref()?;
+        let (owners, checks): (Vec<usize>, Vec<StoreCheck>) = planned
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(index, part)| Some((index, part.local.take()?)))
+            .unzip();
+        if checks.is_empty() {
+            return None;
+        }
+        let decisions = buckets.check_now(&checks, dry_run);
+        if decisions.iter().all(|d| d.allowed) {
+            return None;
+        }
+        let denied = owners
+            .into_iter()
+            .zip(checks)
+            .zip(decisions)
+            .filter(|(_, decision)| !decision.allowed)
+            .map(|((owner, check), decision)| PolicyDecision {
+                policy: Arc::clone(&planned[owner].policy),
+                window_us: check.algorithm.window_us(),
+                key: check.key,
+                decision,
+                mode: Mode::LocalLimit,
+                window: None,
+            })
+            .collect();
+        Some(verdict::decide(denied))
+    }
+}
