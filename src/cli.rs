@@ -217,6 +217,29 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
         .map_err(|error| fail(1, format_args!("cannot start the runtime: {error}")))
 }
 
+/// Sends one request to a running daemon and prints its answer: the JSON as is (`json`), else
+/// `summary(status, json)`. The answer's status, or the exit code (69: unreachable).
+fn ask_daemon(
+    target: &Target,
+    method: axum::http::Method,
+    path: &str,
+    body: Option<Vec<u8>>,
+    json: bool,
+    summary: impl FnOnce(u16, &serde_json::Value) -> String,
+) -> Result<u16, ExitCode> {
+    let reply = runtime()?
+        .block_on(client::request(target, method, path, body))
+        .map_err(|error| fail(EXIT_UNREACHABLE, error))?;
+    let answer = reply.json();
+    let status = reply.status.as_u16();
+    if json {
+        println!("{answer}");
+    } else {
+        println!("{}", summary(status, &answer));
+    }
+    Ok(status)
+}
+
 /// A field of a JSON answer as text (`-` when absent).
 fn field(json: &serde_json::Value, name: &str) -> String {
     match &json[name] {
@@ -242,27 +265,18 @@ fn check(args: CheckArgs) -> ExitCode {
         dry_run: args.dry_run,
     };
     let payload = serde_json::to_vec(&body).unwrap_or_default();
-    let runtime = match runtime() {
-        Ok(runtime) => runtime,
-        Err(code) => return code,
-    };
-    let reply = runtime.block_on(client::request(
+    let status = match ask_daemon(
         &target,
         axum::http::Method::POST,
         "/v1/check",
         Some(payload),
-    ));
-    let reply = match reply {
-        Ok(reply) => reply,
-        Err(error) => return fail(EXIT_UNREACHABLE, error),
+        args.json,
+        summarize,
+    ) {
+        Ok(status) => status,
+        Err(code) => return code,
     };
-    let json = reply.json();
-    if args.json {
-        println!("{json}");
-    } else {
-        println!("{}", summarize(reply.status.as_u16(), &json));
-    }
-    match reply.status.as_u16() {
+    match status {
         200 => ExitCode::SUCCESS,
         429 => ExitCode::from(1),
         503 => ExitCode::from(2),

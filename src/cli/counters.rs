@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use axum::http::Method;
 use clap::{Args, Subcommand};
 
-use super::{fail, field, parse_descriptors, runtime, EXIT_CONFIG, EXIT_UNREACHABLE};
+use super::{ask_daemon, fail, field, parse_descriptors, EXIT_CONFIG};
 use crate::client::{self, Target};
 use crate::config::Settings;
 
@@ -67,21 +67,13 @@ pub fn run(command: CountersCommand) -> ExitCode {
         Err(error) => return fail(EXIT_CONFIG, error),
     };
     let path = client::counters_path(&args.policy, &descriptors, cost);
-    let runtime = match runtime() {
-        Ok(runtime) => runtime,
+    let status = match ask_daemon(&target, method, &path, None, args.json, |status, json| {
+        summarize(status, &command, json)
+    }) {
+        Ok(status) => status,
         Err(code) => return code,
     };
-    let reply = match runtime.block_on(client::request(&target, method, &path, None)) {
-        Ok(reply) => reply,
-        Err(error) => return fail(EXIT_UNREACHABLE, error),
-    };
-    let json = reply.json();
-    if args.json {
-        println!("{json}");
-    } else {
-        println!("{}", summarize(reply.status.as_u16(), &command, &json));
-    }
-    match reply.status.as_u16() {
+    match status {
         200 => ExitCode::SUCCESS,
         503 => ExitCode::from(2),
         _ => ExitCode::from(EXIT_CONFIG),
