@@ -15,6 +15,7 @@ pub mod config;
 pub mod inject;
 pub mod injector;
 pub mod limit;
+pub mod logging;
 pub mod process_cpu;
 pub mod reload;
 pub mod store;

@@ -170,11 +170,13 @@ pub fn init_tracing(settings: &LogSettings) {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&settings.level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colours only for a person at a terminal: a file or a log collector gets plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let _ = match settings.format {
-        LogFormat::Text => builder.try_init(),
+        LogFormat::Text => builder.fmt_fields(crate::logging::text_fields()).try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
 }

@@ -152,7 +152,7 @@ fn redis_options(settings: &RedisSettings) -> Result<RedisOptions, String> {
         password: settings.password.clone(),
         tls: TlsOptions {
             skip_hostname: !tls.verify_hostname,
-            ..TlsOptions::load(files, tls.insecure)?
+            ..TlsOptions::load(files, tls.insecure, settings.uses_tls())?
         },
     };
     let sentinel = &settings.sentinel;

@@ -4,10 +4,10 @@
 //! line (`log_unmatched`), at most one per [`QUIET`], naming the descriptors sent (names only:
 //! values are client data such as IPs).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::CheckRequest;
+use crate::logging::LogGate;
 use crate::telemetry::Metrics;
 
 /// The `outcome` label of an unmatched check (its `policy` label is empty).
@@ -19,9 +19,7 @@ const QUIET: Duration = Duration::from_secs(10);
 /// Counts (and optionally logs) unmatched checks.
 pub struct Unmatched {
     log: bool,
-    started: Instant,
-    /// Milliseconds after `started` of the last line, plus one (0: never).
-    last_logged_ms: AtomicU64,
+    gate: LogGate,
 }
 
 impl Unmatched {
@@ -29,8 +27,7 @@ impl Unmatched {
     pub fn new(log: bool) -> Self {
         Self {
             log,
-            started: Instant::now(),
-            last_logged_ms: AtomicU64::new(0),
+            gate: LogGate::new(QUIET),
         }
     }
 
@@ -45,21 +42,12 @@ impl Unmatched {
         if !self.log {
             return;
         }
-        let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX) + 1;
-        let last = self.last_logged_ms.load(Ordering::Relaxed);
-        let quiet = u64::try_from(QUIET.as_millis()).unwrap_or(u64::MAX);
-        if last != 0 && now.saturating_sub(last) < quiet {
-            return;
-        }
-        if self
-            .last_logged_ms
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-        {
+        if let Some(held_back) = self.gate.pass() {
             let names: Vec<&str> = request.descriptors.keys().map(String::as_str).collect();
             tracing::warn!(
                 policy = request.policy.as_deref(),
                 descriptors = ?names,
+                held_back,
                 "a check matched no policy and was allowed (log_unmatched; at most one line per 10 s)"
             );
         }

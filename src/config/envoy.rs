@@ -129,8 +129,9 @@ pub fn convert_file(path: &Path) -> Result<String, PolicyFileError> {
         file: path.to_owned(),
         problems: problems.into_iter().map(Problem::from).collect(),
     };
-    let text =
-        std::fs::read_to_string(path).map_err(|e| fail(vec![format!("cannot read: {e}")]))?;
+    let (text, _) = super::bounded_read::read(path, &super::FileLimits::default())
+        .map_err(|e| fail(vec![format!("cannot read: {}", e.reason)]))?;
+    super::check_expansion(&text).map_err(|e| fail(vec![e.to_string()]))?;
     if !is_envoy_config(&text) {
         return Err(fail(vec![
             "not an envoyproxy/ratelimit file (no top-level `domain`)".into(),

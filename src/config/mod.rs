@@ -12,6 +12,7 @@ mod policy_quota;
 mod redact;
 mod redis_settings;
 mod settings;
+mod yaml_budget;
 mod yaml_lines;
 
 pub use authz_settings::{AuthzSettings, ControlHeader, OriginalFrom};
@@ -27,3 +28,4 @@ pub use settings::{
     AdminResets, LocalLayerSettings, LocalSettings, LogFormat, LogSettings, MemorySettings,
     RequestLimits, Settings, SettingsError, TenantSettings,
 };
+pub use yaml_budget::{check_expansion, ExpansionError};

@@ -150,6 +150,7 @@ pub fn parse_policies(path: &Path, text: &str) -> Result<PolicySet, PolicyFileEr
         file: path.to_owned(),
         problems,
     };
+    super::check_expansion(text).map_err(|e| fail(vec![Problem::at(None, e.to_string())]))?;
     if super::envoy::is_envoy_config(text) {
         let converted = super::envoy::convert(text)
             .map_err(|messages| fail(messages.into_iter().map(Problem::from).collect()))?;

@@ -87,6 +87,11 @@ impl RedisSettings {
             .filter(|url| !url.is_empty())
     }
 
+    /// Whether the URLs are `rediss://` (all of them, once validated).
+    pub fn uses_tls(&self) -> bool {
+        self.urls().any(|url| url.starts_with("rediss://"))
+    }
+
     /// Checks credentials and TLS settings against the URLs (no I/O: the files are read when the
     /// store is built, by `serve` and `config check` alike).
     pub fn validate_access(&self) -> Result<(), String> {
@@ -146,8 +151,9 @@ impl RedisSettings {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsSettings {
-    /// PEM bundle of the CAs that may sign the server's certificate; unset: the Mozilla roots
-    /// built into sluice (webpki-roots), which cover the managed services' public CAs.
+    /// PEM bundle of the CAs that may sign the server's certificate; unset: the system's roots
+    /// (`SSL_CERT_FILE`, `SSL_CERT_DIR`, the OS bundle; the built-in Mozilla set only where the
+    /// system has none).
     pub ca_file: Option<PathBuf>,
     /// PEM client certificate (chain) for mutual TLS; needs `key_file`.
     pub cert_file: Option<PathBuf>,

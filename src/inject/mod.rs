@@ -71,6 +71,7 @@ pub struct Injected {
 
 /// Injects every pod template in `input` (a YAML stream). Empty documents are dropped.
 pub fn inject_str(input: &str, options: &Options) -> Result<Injected, InjectError> {
+    crate::config::check_expansion(input).map_err(|e| InjectError::NotYaml(e.to_string()))?;
     let mut documents = Vec::new();
     for document in serde_yaml::Deserializer::from_str(input) {
         let value =

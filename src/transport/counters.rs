@@ -18,6 +18,11 @@ use super::wire::ErrorReply;
 use crate::check::{CheckService, CounterError, CounterQuery};
 use crate::config::AdminResets;
 use crate::limit::Descriptors;
+use crate::logging::LogGate;
+
+/// Refused resets are a peer's doing: one warn line per 10 s at most.
+static REFUSALS: std::sync::LazyLock<LogGate> =
+    std::sync::LazyLock::new(|| LogGate::new(std::time::Duration::from_secs(10)));
 
 /// The prefix of a descriptor parameter: `d.ip=...`.
 const DESCRIPTOR_PREFIX: &str = "d.";
@@ -61,7 +66,10 @@ pub async fn counters(service: &CheckService, resets: AdminResets, request: Requ
                 .get::<ConnectInfo<SocketAddr>>()
                 .map(|ConnectInfo(addr)| *addr);
             if let Err(reason) = may_reset(resets, peer) {
-                tracing::warn!(policy = %query.policy, requested_by = ?peer, reason, "counter reset refused");
+                if let Some(held_back) = REFUSALS.pass() {
+                    tracing::warn!(policy = %query.policy, requested_by = ?peer, reason, held_back,
+                        "counter reset refused (at most one line per 10 s)");
+                }
                 return error_response((
                     StatusCode::FORBIDDEN,
                     ErrorReply::new("forbidden", reason),

@@ -174,3 +174,49 @@ async fn serve_logs_a_tls_refusal_with_its_reason_and_warns_about_insecure() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// With no `redis.tls.ca_file`, `rediss://` trusts what the system trusts: a private CA named
+/// only by `SSL_CERT_FILE` (or found in `SSL_CERT_DIR`), as OpenSSL, curl and Go read them.
+/// Without it the same server is refused: the test CA is in no system bundle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_trusts_a_ca_given_only_by_ssl_cert_file_or_dir() {
+    let pki = TestPki::generate();
+    let redis = TlsRedis::start(&pki, false, &[]);
+    let ca = pki.path("ca.pem");
+    let cert_dir = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(&ca, cert_dir.path().join("private-ca.pem")).expect("copy CA");
+    let by_file = ("SSL_CERT_FILE", ca.display().to_string());
+    let by_dir = ("SSL_CERT_DIR", cert_dir.path().display().to_string());
+    // One Redis for both rounds: each round counts its own address.
+    for (name, env, ip) in [
+        ("file", vec![by_file], "192.0.2.6"),
+        ("dir", vec![by_dir], "192.0.2.8"),
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let served = serve(dir.path(), &redis.url(), &env);
+        let started = Instant::now();
+        while served.check("192.0.2.5").await != Some(200) {
+            assert!(
+                started.elapsed() < WAIT,
+                "SSL_CERT_{name}: never enforced; log:\n{}",
+                served.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let statuses = [
+            served.check(ip).await,
+            served.check(ip).await,
+            served.check(ip).await,
+        ];
+        assert_eq!(statuses, [Some(200), Some(200), Some(429)], "{name}");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let empty = tempfile::tempdir().expect("tempdir");
+    let refused = serve(
+        dir.path(),
+        &redis.url(),
+        &[("SSL_CERT_DIR", empty.path().display().to_string())],
+    );
+    refused.wait_for_log("UnknownIssuer").await;
+    assert_eq!(refused.check("192.0.2.7").await, Some(503));
+}

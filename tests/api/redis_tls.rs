@@ -88,7 +88,7 @@ fn access(
         key: client.map(|c| c.1),
     };
     Access {
-        tls: TlsOptions::load(files, false).expect("tls files load"),
+        tls: TlsOptions::load(files, false, true).expect("tls files load"),
         ..Access::default()
     }
 }

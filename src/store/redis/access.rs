@@ -1,6 +1,7 @@
 //! Who sluice is on Redis and how it proves the server is Redis: the ACL user and password that
 //! override the URLs', and TLS (rustls, never OpenSSL) for `rediss://` URLs, with a CA bundle
-//! (the built-in Mozilla roots by default), a client certificate for mutual TLS, and an
+//! (the system's roots by default: `SSL_CERT_FILE`, `SSL_CERT_DIR`, the OS bundle; the built-in
+//! Mozilla roots only where the system has none), a client certificate for mutual TLS, and an
 //! `insecure` switch for self-signed test setups. Files are read once, bounded, when the store is
 //! built.
 
@@ -87,11 +88,14 @@ pub struct TlsFiles<'a> {
 impl TlsOptions {
     /// Reads and checks the files (each PEM must parse, so a wrong file fails at start, not at the
     /// first connection).
-    pub fn load(files: TlsFiles<'_>, insecure: bool) -> Result<Self, String> {
-        let root_cert = files
-            .ca
-            .map(|path| read_certificates("redis.tls.ca_file", path))
-            .transpose()?;
+    /// Without `ca_file`, `rediss://` URLs (`uses_tls`) trust what the system trusts:
+    /// [`system_roots`].
+    pub fn load(files: TlsFiles<'_>, insecure: bool, uses_tls: bool) -> Result<Self, String> {
+        let root_cert = match files.ca {
+            Some(path) => Some(read_certificates("redis.tls.ca_file", path)?),
+            None if uses_tls && !insecure => system_roots()?,
+            None => None,
+        };
         let client_tls = match (files.cert, files.key) {
             (Some(cert), Some(key)) => Some(ClientTlsConfig {
                 client_cert: read_certificates("redis.tls.cert_file", cert)?,
@@ -119,6 +123,44 @@ impl TlsOptions {
 }
 
 /// A PEM file holding at least one certificate, each of which parses.
+/// The roots the system trusts, as one PEM bundle, the way OpenSSL, curl and Go find them:
+/// `SSL_CERT_FILE` and `SSL_CERT_DIR` when set, else the OS bundle (`/etc/ssl/certs/...` and the
+/// other usual places). `None` when the system has none at all: redis-rs then uses the Mozilla
+/// roots compiled in. A named file that cannot be read is an error, not a silent fallback.
+pub fn system_roots() -> Result<Option<Vec<u8>>, String> {
+    let found = rustls_native_certs::load_native_certs();
+    if found.certs.is_empty() {
+        if let Some(error) = found.errors.first() {
+            return Err(format!(
+                "redis.tls: the system's CA certificates cannot be read ({error}); fix \
+                 SSL_CERT_FILE / SSL_CERT_DIR or set redis.tls.ca_file"
+            ));
+        }
+        tracing::info!("no system CA certificates found; trusting the built-in Mozilla roots");
+        return Ok(None);
+    }
+    for error in &found.errors {
+        tracing::warn!(%error, "a system CA certificate source was skipped");
+    }
+    let mut pem = Vec::with_capacity(found.certs.len() * 2048);
+    for cert in &found.certs {
+        pem_encode(cert.as_ref(), &mut pem);
+    }
+    Ok(Some(pem))
+}
+
+/// Appends `der` as a PEM `CERTIFICATE` block (base64 in 64-column lines).
+fn pem_encode(der: &[u8], out: &mut Vec<u8>) {
+    use base64::Engine as _;
+    let body = base64::engine::general_purpose::STANDARD.encode(der);
+    out.extend_from_slice(b"-----BEGIN CERTIFICATE-----\n");
+    for line in body.as_bytes().chunks(64) {
+        out.extend_from_slice(line);
+        out.push(b'\n');
+    }
+    out.extend_from_slice(b"-----END CERTIFICATE-----\n");
+}
+
 fn read_certificates(setting: &str, path: &Path) -> Result<Vec<u8>, String> {
     let bytes = read_pem(setting, path)?;
     let mut count = 0;
@@ -222,7 +264,7 @@ mod tests {
             ca: Some(&path),
             ..TlsFiles::default()
         };
-        let error = TlsOptions::load(files, false).expect_err("refused");
+        let error = TlsOptions::load(files, false, true).expect_err("refused");
         assert!(
             error.contains("redis.tls.ca_file") && error.contains("not a PEM"),
             "{error}"
@@ -230,12 +272,12 @@ mod tests {
         // A key where the CA bundle belongs: PEM, but no certificate in it.
         let key = "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg\n-----END PRIVATE KEY-----\n";
         std::fs::write(&path, key).expect("write");
-        let error = TlsOptions::load(files, false).expect_err("refused");
+        let error = TlsOptions::load(files, false, true).expect_err("refused");
         assert!(error.contains("no CERTIFICATE"), "{error}");
         let missing = TlsFiles {
             ca: Some(Path::new("/nonexistent/ca.pem")),
             ..TlsFiles::default()
         };
-        assert!(TlsOptions::load(missing, false).is_err());
+        assert!(TlsOptions::load(missing, false, true).is_err());
     }
 }
