@@ -91,7 +91,7 @@ struct CheckArgs {
     #[arg(long, conflicts_with = "http")]
     socket: Option<PathBuf>,
     /// Daemon's TCP address: http://127.0.0.1:7070, 127.0.0.1:7070 or localhost:7070.
-    #[arg(long, alias = "url", value_parser = Target::parse_http)]
+    #[arg(long, visible_alias = "url", value_parser = Target::parse_http)]
     http: Option<Target>,
     /// Settings file used to find the daemon when neither --socket nor --http is given.
     #[arg(long, short, env = "SLUICE_CONFIG")]

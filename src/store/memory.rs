@@ -15,8 +15,10 @@ use crate::clock::Clock;
 use crate::limit::{Decision, Key, Micros, State};
 
 /// What one key costs besides its own heap parts: the map entry, its control byte and the
-/// table's spare capacity (a hashbrown table is at most 7/8 full), rounded up.
-const ENTRY_OVERHEAD: usize = (size_of::<(Key, Slot)>() + 1) * 8 / 7 + 8;
+/// table's spare capacity. A hashbrown table doubles when 7/8 full, so right after it grows it
+/// is 7/16 full: each entry then carries 16/7 of its size, the worst case, which the budget
+/// assumes (the budget is an upper bound on what the keys hold, not an average).
+const ENTRY_OVERHEAD: usize = (size_of::<(Key, Slot)>() + 1) * 16 / 7 + 8;
 
 /// How many entries are looked at to pick an eviction victim when a shard is full.
 const EVICTION_SAMPLE: usize = 8;

@@ -3,7 +3,7 @@
 //! answer is the same as `/v1/check`'s (status, JSON body, rate-limit headers).
 //!
 //! A proxy copies the client's own headers into the subrequest unless told not to, so only what
-//! `[authz]` names is believed (DESIGN.md §4a):
+//! `[authz]` names is believed:
 //! - Descriptors: each `X-Sluice-Descriptor-<name>: <value>` header whose name is in
 //!   `authz.descriptors`; any other descriptor header, or one sent twice, is a 400.
 //! - `method` and `path` always come from the original request, by `authz.original`:

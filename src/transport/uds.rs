@@ -58,7 +58,9 @@ fn check_dirs(dir: &Path) -> io::Result<()> {
             return Err(io::Error::new(
                 io::ErrorKind::PermissionDenied,
                 format!(
-                    "socket directory {} {reason}: another user could replace the socket; use a                      directory only sluice's user can write (or set listen.trust_socket_dir                      for a volume only this pod reaches)",
+                    "socket directory {} {reason}: another user could replace the socket; use a \
+                     directory only sluice's user can write (or set listen.trust_socket_dir \
+                     for a volume only this pod reaches)",
                     ancestor.display()
                 ),
             ));
@@ -129,6 +131,10 @@ mod tests {
         let err = bind(&open.join("s.sock"), 0o660, false).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::PermissionDenied);
         assert!(err.to_string().contains("writable by others"), "{err}");
+        assert!(
+            !err.to_string().contains("  "),
+            "one space between words: {err}"
+        );
         assert!(!open.join("s.sock").exists(), "nothing bound");
         bind(&open.join("s.sock"), 0o660, true).expect("trusted on request");
         // Sticky, like /tmp: others cannot remove what is ours.

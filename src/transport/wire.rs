@@ -1,5 +1,5 @@
 //! The check API's JSON bodies and rate-limit headers: the stable wire contract that clients in
-//! other languages rely on (see DESIGN.md section 2).
+//! other languages rely on (README: the check API).
 
 use axum::http::header::{CACHE_CONTROL, RETRY_AFTER};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
