@@ -45,7 +45,7 @@ fn two_million_keys_stay_within_the_byte_budget_plus_the_fixed_overhead() {
         std::fmt::Write::write_fmt(&mut value, format_args!("{i:012}{padding}")).expect("write");
         let check = [StoreCheck {
             key: Key::new(policy.clone(), [value.as_str()]),
-            algorithm: algorithm.clone(),
+            algorithm,
             cost: 1,
             enforce: true,
         }];
