@@ -69,7 +69,7 @@ pub struct Settings {
     /// How long in-flight checks get to finish on SIGTERM.
     pub shutdown_grace: HumanDuration,
     /// Tokio worker threads; 0 means half the cores, 1 to 4 (a sidecar shares its node); at
-    /// most [`MAX_WORKER_THREADS`].
+    /// most [`MAX_WORKER_THREADS`]. One thread is tokio's current-thread runtime.
     pub worker_threads: usize,
     /// What `/v1/authz` believes of the headers a proxy forwards.
     pub authz: AuthzSettings,

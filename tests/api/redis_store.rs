@@ -274,3 +274,31 @@ policies:
     }
     println!("Redis MEMORY USAGE per key: {}", report.join(", "));
 }
+
+/// `POST /v1/check/batch` of eight checks costs Redis one script call, not eight: the checks
+/// reach the batcher's queue together. One thread, as `sluice serve` runs by default, so the
+/// dispatcher cannot flush the first check alone before the others are queued.
+#[tokio::test(flavor = "current_thread")]
+async fn a_batch_request_is_one_redis_call() {
+    let backend = Backend::Single(RedisServer::start());
+    let policies = format!("{SHIPPED_POLICIES}\n  - {{name: warmup, key: [ip], algorithm: fixed_window, limit: 1000, period: 1h}}\n");
+    let app = spawn_on(&backend, &policies, "t4").await;
+    let calls = |metrics: &str| {
+        crate::helpers::metric_value(metrics, "sluice_redis_calls_total", &[("scope", "slot")])
+    };
+    let before = calls(&app.metrics().await);
+    let checks: Vec<serde_json::Value> = (0..8)
+        .map(|i| json!({"policy": "login", "descriptors": {"ip": format!("192.0.2.{i}")}}))
+        .collect();
+    let reply = app.batch(&checks).await;
+    assert_eq!(reply.status, 200);
+    let results = json_of(&reply)["results"]
+        .as_array()
+        .expect("results")
+        .clone();
+    assert!(results
+        .iter()
+        .all(|r| r["allowed"] == true && r["remaining"] == 9));
+    let after = calls(&app.metrics().await);
+    assert_eq!(after - before, 1.0, "one script call for the batch of 8");
+}
