@@ -2,6 +2,7 @@
 //! manual clock), and the real `sluice` binary.
 
 mod admin;
+mod algorithm_change;
 mod authz;
 mod bad_input;
 mod batch;
