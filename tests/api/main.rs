@@ -30,6 +30,7 @@ mod kustomize;
 mod local_limit;
 mod nginx;
 mod observability;
+mod poisoned_key;
 mod policies;
 mod policy_layer;
 mod redis_acl;

@@ -24,10 +24,10 @@ fn fresh_base() -> String {
 }
 
 /// One check of a batch: (commit, items).
-type Check = (bool, Vec<Item>);
+pub(crate) type Check = (bool, Vec<Item>);
 
 /// Runs `checks` as one batch script call at `now`; one entry per check.
-fn run_batch(conn: &mut redis::Connection, checks: &[Check], now: Micros) -> Vec<Value> {
+pub(crate) fn run_batch(conn: &mut redis::Connection, checks: &[Check], now: Micros) -> Vec<Value> {
     let (keys, args) = batch_arguments(
         checks.iter().map(|(commit, items)| (*commit, &items[..])),
         Some(now),
@@ -48,7 +48,7 @@ fn run_batch(conn: &mut redis::Connection, checks: &[Check], now: Micros) -> Vec
     }
 }
 
-fn decisions(entry: &Value, items: usize) -> Vec<Decision> {
+pub(crate) fn decisions(entry: &Value, items: usize) -> Vec<Decision> {
     parse_check_reply(entry, items).expect("a check's reply parses")
 }
 
