@@ -13,8 +13,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use sluice::config::HumanDuration;
+use sluice::limit::{Algorithm, FixedWindow, SlidingLog, TokenBucket};
+use sluice::store::redis::scripts::Item;
 
 use crate::helpers::{json_of, spawn_served, test_settings, TestApp};
+use crate::redis_batch::{decisions, run_batch, Check};
+use crate::redis_differential::{with_redis, START};
 use crate::redis_server::{RedisCluster, RedisServer};
 
 const ALGORITHMS: [&str; 3] = ["token_bucket", "sliding_log", "fixed_window"];
@@ -278,4 +282,101 @@ async fn algorithm_changes_start_afresh_on_redis_cluster() {
     let urls = cluster.urls();
     let app = spawn(|s| s.redis.cluster = urls, "algo").await;
     change_under_load(app).await;
+}
+
+/// A token bucket, sliding log and fixed window of 10 per 10 s (a token is 1 s).
+fn script_algorithms() -> [Algorithm; 3] {
+    [
+        Algorithm::TokenBucket(TokenBucket::new(10, 10_000_000, 10).expect("valid")),
+        Algorithm::SlidingLog(SlidingLog::new(10, 10_000_000).expect("valid")),
+        Algorithm::FixedWindow(FixedWindow::new(10, 10_000_000).expect("valid")),
+    ]
+}
+
+fn one(key: &str, algorithm: Algorithm) -> Check {
+    let item = Item {
+        key: key.to_owned(),
+        algorithm,
+        cost: 1,
+        enforce: true,
+    };
+    (true, vec![item])
+}
+
+fn remaining(conn: &mut redis::Connection, checks: &[Check], now: u64) -> Vec<u64> {
+    run_batch(conn, checks, now)
+        .iter()
+        .map(|reply| decisions(reply, 1)[0].remaining)
+        .collect()
+}
+
+#[test]
+fn another_algorithms_value_reads_as_absent_and_todays_values_keep_counting() {
+    let now = START;
+    with_redis(|conn| {
+        // Every ordered pair: 3 units spent under `from`, then `to` sees a fresh partition.
+        for (i, from) in script_algorithms().into_iter().enumerate() {
+            for (j, to) in script_algorithms().into_iter().enumerate() {
+                let key = format!("{{change:{i}:{j}}}");
+                let spent = remaining(conn, &vec![one(&key, from); 3], now);
+                assert_eq!(spent, [9, 8, 7]);
+                let expected = if i == j { 6 } else { 9 };
+                assert_eq!(
+                    remaining(conn, &[one(&key, to)], now),
+                    [expected],
+                    "{i} -> {j}"
+                );
+            }
+        }
+        // Values written before fixed windows were negative: a positive packed count of the
+        // current window still counts; a token bucket's TAT, bare or with a remainder, too.
+        let [bucket, _, window] = script_algorithms();
+        let tag = (now / 10_000_000) % (1 << 20);
+        let set = |conn: &mut redis::Connection, key: &str, value: String| {
+            redis::cmd("SET")
+                .arg(key)
+                .arg(value)
+                .query::<()>(conn)
+                .expect("SET");
+        };
+        set(
+            conn,
+            "{legacy}:window",
+            (3 * (1u64 << 20) + tag).to_string(),
+        );
+        assert_eq!(remaining(conn, &[one("{legacy}:window", window)], now), [6]);
+        set(conn, "{legacy}:bucket", (now + 3_000_000).to_string());
+        assert_eq!(remaining(conn, &[one("{legacy}:bucket", bucket)], now), [6]);
+        set(conn, "{legacy}:rem", format!("{}:5", now + 3_000_000));
+        assert_eq!(remaining(conn, &[one("{legacy}:rem", bucket)], now), [5]);
+    });
+}
+
+#[test]
+fn one_key_under_two_algorithms_in_one_batch_runs_as_one_by_one() {
+    let [bucket, log, window] = script_algorithms();
+    let sequence = |key: &str| {
+        vec![
+            one(key, bucket),
+            one(key, log),
+            one(key, log),
+            one(key, window),
+            one(key, bucket),
+            one(key, log),
+        ]
+    };
+    with_redis(|conn| {
+        let together = remaining(conn, &sequence("{mixed}:batch"), START);
+        let apart: Vec<u64> = sequence("{mixed}:apart")
+            .into_iter()
+            .flat_map(|check| remaining(conn, &[check], START))
+            .collect();
+        assert_eq!(together, [9, 9, 8, 9, 9, 9]);
+        assert_eq!(together, apart);
+        let kind: String = redis::cmd("TYPE")
+            .arg("{mixed}:batch")
+            .query(conn)
+            .expect("TYPE");
+        assert_eq!(kind, "zset", "the last check's algorithm holds the key");
+    });
 }
