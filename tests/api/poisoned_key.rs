@@ -13,7 +13,7 @@ use sluice::client::Target;
 use sluice::limit::{Algorithm, FixedWindow, SlidingLog, TokenBucket};
 use sluice::store::redis::scripts::Item;
 
-use crate::helpers::{json_of, post, sluice_command, ChildGuard};
+use crate::helpers::{json_of, metric_value, post, sluice_command, ChildGuard};
 use crate::redis_batch::{decisions, run_batch, Check};
 use crate::redis_differential::{with_redis, START};
 use crate::redis_server::RedisServer;
@@ -225,4 +225,43 @@ fn oversized_values_fail_their_own_check_after_bounded_work() {
             .expect("STRLEN");
         assert_eq!(length, 1 << 20, "the string is left alone");
     });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_user_without_getrange_still_reads_values_whole() {
+    let redis = RedisServer::start();
+    let older: Vec<String> = crate::redis_acl::readme_acl("sluice", "pw")
+        .into_iter()
+        .filter(|word| word != "+getrange")
+        .collect();
+    redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg(&older)
+        .query::<()>(&mut redis.connection())
+        .expect("ACL SETUSER");
+    let policies = "policies:\n  - {name: api, key: [k], algorithm: token_bucket, limit: 2, period: 1h, burst: 2, failure_mode: closed}\n  - {name: page, key: [k], algorithm: fixed_window, limit: 2, period: 1h, failure_mode: closed}\n";
+    let url = format!("redis://sluice:pw@127.0.0.1:{}", redis.port);
+    let app = crate::redis_tls::spawn_on_redis(policies, |s| s.redis.url = Some(url)).await;
+    let started = Instant::now();
+    let probe = json!({"policy": "page", "descriptors": {"k": "probe"}, "dry_run": true});
+    while json_of(&app.check_tcp(&probe).await)["mode"] != "enforced" {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "never connected"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut statuses = Vec::new();
+    for policy in ["api", "page"] {
+        for _ in 0..3 {
+            let check = json!({"policy": policy, "descriptors": {"k": "x"}});
+            statuses.push(app.check_tcp(&check).await.status.as_u16());
+        }
+    }
+    assert_eq!(statuses, [200, 200, 429, 200, 200, 429]);
+    let metrics = app.metrics().await;
+    for kind in ["auth", "other", "bad_key"] {
+        let errors = metric_value(&metrics, "sluice_redis_errors_total", &[("kind", kind)]);
+        assert_eq!(errors, 0.0, "{kind} errors with the older ACL line");
+    }
 }
