@@ -50,7 +50,7 @@ end
 -- limit is at most 10,000 by config bound, and each commit drops what left the window), a string
 -- fewer bytes than this. A key beyond either is not sluice's: it fails its own check (BADSTATE)
 -- after O(1) work, never O(members) or O(bytes) that would hold up the rest of the batch.
-local max_log_members, max_value_bytes = 10000, 64
+local max_log_members, max_value_bytes, last_byte = 10000, 64, '63'
 
 -- Per key index: the algorithm kind it is held as in this batch (a policy that changed algorithm
 -- can meet the key under both kinds in one batch: its checks then run as if one by one), its
@@ -64,7 +64,7 @@ local held, a, b, bad, stale, ttls = {}, {}, {}, {}, {}, {}
 -- writes one), or an error reply (WRONGTYPE for another type, BADSTATE when too long). An ACL
 -- from before GETRANGE was used refuses it: then the value is read whole with GET.
 local function read_string(key)
-  local value = redis.pcall('GETRANGE', key, 0, max_value_bytes - 1)
+  local value = redis.pcall('GETRANGE', key, '0', last_byte)
   if type(value) == 'table' and not string.find(value.err, 'WRONGTYPE', 1, true) then
     value = redis.pcall('GET', key)
   end

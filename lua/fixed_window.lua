@@ -35,20 +35,18 @@ local function fixed_window_parse(value)
   if not value then
     return false
   end
-  local digits = string.match(value, '^%-(%d+)$')
-  if digits and #digits <= 16 then
-    return tonumber(digits)
+  if #value <= 17 and string.find(value, '^%-%d+$') then
+    return -tonumber(value)
   end
-  digits = string.match(value, '^(%d+)$')
-  if digits and #digits <= 16 then
-    local packed = tonumber(digits)
+  if #value <= 16 and string.find(value, '^%d+$') then
+    local packed = tonumber(value)
     if packed < 1125899906842624 then
       return packed
     end
     return false
   end
-  local tat, rem = string.match(value, '^(%d+):(%d+)$')
-  if tat and #tat <= 16 and #rem <= 10 then
+  local sep = string.find(value, ':', 1, true)
+  if sep and sep <= 17 and #value - sep <= 10 and string.find(value, '^%d+:%d+$') then
     return false
   end
   return nil
@@ -99,7 +97,7 @@ else
   local t = redis.call('TIME')
   now, min_ttl_ms = tonumber(t[1]) * 1000000 + tonumber(t[2]), 1
 end
-local value = redis.call('GETRANGE', KEYS[1], 0, 63)
+local value = redis.call('GETRANGE', KEYS[1], '0', '63')
 if #value == 64 then
   return redis.error_reply('BADSTATE the value is longer than any sluice state')
 end

@@ -43,17 +43,23 @@ local function token_bucket_parse(value)
   if not value then
     return 0, 0
   end
-  if #value <= 17 and string.find(value, '^%-%d+$') then
-    return 0, 0
-  end
-  local tat, rem = string.match(value, '^(%d+):(%d+)$')
-  if not tat then
-    tat, rem = string.match(value, '^(%d+)$'), '0'
-  end
-  if not tat or #tat > 16 or #rem > 10 then
+  -- Cheapest test first: a plain find, then one anchored pattern per part (a pattern with a
+  -- capture before `:` backtracks over every digit of a bare TAT).
+  local sep = string.find(value, ':', 1, true)
+  if not sep then
+    if #value <= 16 and string.find(value, '^%d+$') then
+      return tonumber(value), 0
+    end
+    if #value <= 17 and string.find(value, '^%-%d+$') then
+      return 0, 0
+    end
     return nil, nil
   end
-  return tonumber(tat), tonumber(rem)
+  local tat, rem = string.sub(value, 1, sep - 1), string.sub(value, sep + 1)
+  if #tat <= 16 and #rem <= 10 and string.find(tat, '^%d+$') and string.find(rem, '^%d+$') then
+    return tonumber(tat), tonumber(rem)
+  end
+  return nil, nil
 end
 
 -- One decision, pure, on numbers: allowed (0|1), limit (= capacity), remaining, reset_after_us,
@@ -108,7 +114,7 @@ else
   now, min_ttl_ms = tonumber(t[1]) * 1000000 + tonumber(t[2]), 1
 end
 local limit, capacity = tonumber(ARGV[1]), tonumber(ARGV[3])
-local value = redis.call('GETRANGE', KEYS[1], 0, 63)
+local value = redis.call('GETRANGE', KEYS[1], '0', '63')
 if #value == 64 then
   return redis.error_reply('BADSTATE the value is longer than any sluice state')
 end

@@ -265,3 +265,55 @@ async fn an_acl_user_without_getrange_still_reads_values_whole() {
         assert_eq!(errors, 0.0, "{kind} errors with the older ACL line");
     }
 }
+
+#[test]
+fn numbers_no_algorithm_writes_are_foreign_under_every_algorithm() {
+    let foreign = [
+        "1e15",
+        " 12",
+        "0x10",
+        "1.5",
+        "+5",
+        "12345678901234567",
+        "-123456789012345678",
+        "1:2:3",
+        "12:",
+        "not a number",
+    ];
+    let algorithms = [
+        Algorithm::TokenBucket(TokenBucket::new(10, 1_000_000, 10).expect("valid")),
+        Algorithm::SlidingLog(SlidingLog::new(10, 1_000_000).expect("valid")),
+        Algorithm::FixedWindow(FixedWindow::new(10, 1_000_000).expect("valid")),
+    ];
+    with_redis(|conn| {
+        for (i, value) in foreign.iter().enumerate() {
+            let key = format!("{{foreign:{i}}}");
+            redis::cmd("SET")
+                .arg(&key)
+                .arg(*value)
+                .query::<()>(conn)
+                .expect("SET");
+            let checks: Vec<Check> = algorithms
+                .iter()
+                .map(|&algorithm| {
+                    let item = Item {
+                        key: key.clone(),
+                        algorithm,
+                        cost: 1,
+                        enforce: true,
+                    };
+                    (true, vec![item])
+                })
+                .collect();
+            for (reply, algorithm) in run_batch(conn, &checks, START).iter().zip(&algorithms) {
+                assert!(
+                    matches!(reply, Value::ServerError(e) if e.code() == "BADSTATE"),
+                    "{value:?} under {}: {reply:?}",
+                    algorithm.name()
+                );
+            }
+            let kept: String = redis::cmd("GET").arg(&key).query(conn).expect("GET");
+            assert_eq!(kept, *value, "left as it was");
+        }
+    });
+}
