@@ -29,7 +29,7 @@ use redis::{Cmd, Value};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::conn::Conn;
-use super::error::ErrorKind;
+use super::error::{check_error, ErrorKind};
 use super::health::Health;
 use super::keys;
 use super::scripts::{batch_keys_and_checks, parse_check_reply, Item, Script};
@@ -473,22 +473,6 @@ fn batch_command(script: &Script, jobs: &[Job], send: Send, via: Via) -> Cmd {
         Via::Node(_) => cmd.arg(0).arg(0).arg(packed).arg(&keys),
     };
     cmd
-}
-
-/// One check's error reply as an error: a bad key's names the item whose key it is (the batch
-/// script ends its message with ` [item <n>]`, 1-based), so that its policy can be logged.
-fn check_error(kind: ErrorKind, error: &redis::ServerError) -> StoreError {
-    let detail = format!("Redis replied {}", error.code());
-    if kind != ErrorKind::BadKey {
-        return StoreError::failed(kind, detail);
-    }
-    let item = error
-        .details()
-        .and_then(|text| text.rsplit_once("[item "))
-        .and_then(|(_, rest)| rest.strip_suffix(']'))
-        .and_then(|n| n.parse::<usize>().ok())
-        .map_or(0, |n| n.saturating_sub(1));
-    StoreError::BadKey { item, detail }
 }
 
 fn fail_all(jobs: Vec<Job>, error: &StoreError) {
