@@ -12,8 +12,9 @@
 --               policies never block), cost, limit, period_us, and for a token bucket capacity
 -- returns     one entry per check, in order: either its items' {allowed (0|1), limit, remaining,
 --             reset_after_us, retry_after_us} one after the other (5 integers per item), or an
---             error reply for that check alone (a key of the wrong type or holding a foreign
---             value fails only its own check)
+--             error reply for that check alone (a key of the wrong type, holding a foreign
+--             value or beyond a sluice value's size fails only its own check), ending with
+--             " [item <n>]": the check's item whose key it is
 --
 -- Why one script: a batch costs Redis one call, one TIME and one read of the request instead of
 -- one of each per check. A check of several items (the policies of one request) is all or
@@ -24,6 +25,10 @@
 -- if they had arrived one by one at the same instant), and written once at the end. The sliding
 -- log's state is a sorted set of units; it is read and written in place.
 -- TTL: each written key gets the TTL its algorithm gives for its last recorded check.
+-- Policy changes: a key holding another algorithm's value (the policy changed algorithm on a
+-- reload) reads as absent, so its partition starts afresh under the new one; formats are told
+-- apart exactly (sorted set: sliding log; "<tat>[:<rem>]": token bucket; negative integer: fixed
+-- window). Anything else fails its own check.
 
 local now, min_ttl_ms
 if ARGV[1] ~= '0' then
@@ -41,31 +46,134 @@ if node_call then
   end
 end
 
--- Per key index: its state once read (token bucket: a, b = tat_us, tat_rem; fixed window: a =
--- packed count, false when absent), an error reply if it cannot be read, and the TTL of the last
--- recorded check (the key is written at the end).
-local loaded, a, b, bad, ttls = {}, {}, {}, {}, {}
+-- What a sluice value can be: a sorted set holds at most this many members (a sliding log's
+-- limit is at most 10,000 by config bound, and each commit drops what left the window), a string
+-- fewer bytes than this. A key beyond either is not sluice's: it fails its own check (BADSTATE)
+-- after O(1) work, never O(members) or O(bytes) that would hold up the rest of the batch.
+local max_log_members, max_value_bytes, last_byte = 10000, 64, '63'
 
+-- Per key index: the algorithm kind it is held as in this batch (a policy that changed algorithm
+-- can meet the key under both kinds in one batch: its checks then run as if one by one), its
+-- state once read (token bucket: a, b = tat_us, tat_rem; fixed window: a = packed count, false
+-- when absent), an error reply if it cannot be read, whether a sliding log finds another
+-- algorithm's value there (`stale`: read as absent, deleted by its first commit), and the TTL of
+-- the last recorded check (token bucket and fixed window keys are written at the end).
+local held, a, b, bad, stale, ttls = {}, {}, {}, {}, {}, {}
+
+-- A string key's value, at most max_value_bytes read: false when absent (or empty: sluice never
+-- writes one), or an error reply (WRONGTYPE for another type, BADSTATE when too long). An ACL
+-- from before GETRANGE was used refuses it: then the value is read whole with GET.
+local function read_string(key)
+  local value = redis.pcall('GETRANGE', key, '0', last_byte)
+  if type(value) == 'table' and not string.find(value.err, 'WRONGTYPE', 1, true) then
+    value = redis.pcall('GET', key)
+  end
+  if type(value) == 'table' then
+    return value
+  end
+  if not value or value == '' then
+    return false
+  end
+  if #value >= max_value_bytes then
+    return {err = 'BADSTATE the value is longer than any sluice state'}
+  end
+  return value
+end
+
+-- Whether the key's sorted set is within a sliding log's bound: nil if so, else an error reply
+-- (WRONGTYPE when it is no sorted set either). ZCOUNT over every score costs O(log n), like ZCARD
+-- (which the documented ACL does not grant).
+local function log_bound(key)
+  local members = redis.pcall('ZCOUNT', key, '-inf', '+inf')
+  if type(members) == 'table' then
+    return members
+  end
+  if members > max_log_members then
+    return {err = 'BADSTATE the sorted set holds more members than a sluice log'}
+  end
+  return nil
+end
+
+-- Writes a token bucket or fixed window key's kept state, if a check recorded one.
+local function write(k)
+  local ttl_ms = ttls[k]
+  if not ttl_ms then
+    return
+  end
+  ttls[k] = nil
+  local value
+  if held[k] == 1 then
+    value = token_bucket_format(a[k], b[k])
+  else
+    value = fixed_window_format(a[k])
+  end
+  redis.call('SET', keys[k], value, 'PX', ttl_ms)
+end
+
+-- Holds key k as `kind` from here on: a key held as another kind so far has its recorded state
+-- written first, so that this check reads what the one before it left, as one by one.
+local function hold(k, kind)
+  if held[k] == kind then
+    return false
+  end
+  if held[k] then
+    write(k)
+  end
+  held[k], a[k], b[k], bad[k], stale[k] = kind, nil, nil, nil, nil
+  return true
+end
+
+-- Reads key k as a token bucket (1) or fixed window (3) once; returns its error reply, if any.
+-- A sorted set within the log bound is a sliding log's (the policy changed algorithm): absent.
 local function load(k, kind)
-  if loaded[k] then
+  if not hold(k, kind) then
     return bad[k]
   end
-  loaded[k] = true
-  local value = redis.pcall('GET', keys[k])
+  local value = read_string(keys[k])
   if type(value) == 'table' then
-    bad[k] = value
-  elseif kind == 1 then
+    if not string.find(value.err, 'WRONGTYPE', 1, true) then
+      bad[k] = value
+      return value
+    end
+    bad[k] = log_bound(keys[k])
+    if bad[k] then
+      return bad[k]
+    end
+    value = false
+  end
+  if kind == 1 then
     a[k], b[k] = token_bucket_parse(value)
     if not a[k] or not b[k] then
       bad[k] = {err = 'BADSTATE the value is not a sluice token bucket'}
     end
   else
-    a[k] = value and tonumber(value)
-    if value and not a[k] then
+    a[k] = fixed_window_parse(value)
+    if a[k] == nil then
       bad[k] = {err = 'BADSTATE the value is not a sluice fixed window'}
     end
   end
   return bad[k]
+end
+
+-- Checks key k as a sliding log once; returns its error reply, if any. A string holding a token
+-- bucket's or fixed window's value (token_bucket_parse knows both) is `stale`: read as absent.
+local function load_log(k)
+  if not hold(k, 2) then
+    return bad[k]
+  end
+  local failed = log_bound(keys[k])
+  if failed and string.find(failed.err, 'WRONGTYPE', 1, true) then
+    local value = read_string(keys[k])
+    if type(value) == 'table' then
+      failed = value
+    elseif token_bucket_parse(value) then
+      failed, stale[k] = nil, true
+    else
+      failed = {err = 'BADSTATE the value is not a sluice sliding log'}
+    end
+  end
+  bad[k] = failed
+  return failed
 end
 
 -- Decides the item at spec[at] (kind `kind`), appending its 5 figures to `out`; for a token bucket
@@ -74,7 +182,11 @@ local function decide(at, kind, out, commit)
   local k, cost, limit, period = spec[at], spec[at + 3], spec[at + 4], spec[at + 5]
   local n = #out
   if kind == 2 then
-    local reply = sliding_log(keys[k], now, min_ttl_ms, commit, limit, period, cost)
+    if stale[k] and commit then
+      redis.call('DEL', keys[k])
+      stale[k] = nil
+    end
+    local reply = sliding_log(keys[k], now, min_ttl_ms, commit, limit, period, cost, stale[k])
     out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] =
       reply[1], reply[2], reply[3], reply[4], reply[5]
     return reply[1]
@@ -111,13 +223,17 @@ end
 -- Runs the check whose items start at spec[first]; returns its figures or an error reply.
 local function check(first, count, commit)
   local at = first
-  for _ = 1, count do
+  for i = 1, count do
     local kind = spec[at + 1]
-    if kind ~= 2 then
-      local failed = load(spec[at], kind)
-      if failed then
-        return failed
-      end
+    local failed
+    if kind == 2 then
+      failed = load_log(spec[at])
+    else
+      failed = load(spec[at], kind)
+    end
+    if failed then
+      -- Which item failed, for the daemon's warn line (the message never names the key).
+      return {err = failed.err .. ' [item ' .. i .. ']'}
     end
     at = at + width(kind)
   end
@@ -174,10 +290,9 @@ end
 
 -- A node call was grouped by sluice's copy of the slot map, which a resharding can make stale:
 -- every key must be served here, and that is checked before anything is written (a script that
--- touches another node's key fails mid-way, after its earlier writes). Token bucket and fixed
--- window keys are read now instead of at first use (no extra command); a sliding log key costs
--- one empty ZCOUNT (a command its ACL allows already). sluice resends a refused call one call per
--- slot.
+-- touches another node's key fails mid-way, after its earlier writes). Every key is read (or its
+-- log bound checked) now instead of at first use: no extra command. sluice resends a refused call
+-- one call per slot.
 if node_call then
   local at = 1
   while at <= #spec do
@@ -187,7 +302,7 @@ if node_call then
       local k, kind = spec[at], spec[at + 1]
       local failed
       if kind == 2 then
-        failed = redis.pcall('ZCOUNT', keys[k], 1, 0)
+        failed = load_log(k)
       else
         failed = load(k, kind)
       end
@@ -220,13 +335,7 @@ while at <= #spec do
   end
 end
 
-for k, ttl_ms in pairs(ttls) do
-  local value
-  if b[k] then
-    value = token_bucket_format(a[k], b[k])
-  else
-    value = string.format('%d', a[k])
-  end
-  redis.call('SET', keys[k], value, 'PX', ttl_ms)
+for k in pairs(held) do
+  write(k)
 end
 return results

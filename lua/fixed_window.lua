@@ -1,7 +1,10 @@
 -- fixed_window.lua: fixed window counter, the twin of src/limit/fixed_window.rs.
 --
--- KEYS[1]  the counter key: the integer count * 2^20 + (window index mod 2^20), kept by Redis as
---          an integer object (the smallest value it stores)
+-- KEYS[1]  the counter key: the negative integer -(count * 2^20 + (window index mod 2^20)), kept
+--          by Redis as an integer object (the smallest value it stores); negative so that it can
+--          never be taken for a token bucket's TAT (a positive integer) after a policy changed
+--          algorithm. Releases before this layout wrote it positive: such a value still reads as
+--          a fixed window when below 2^50 (a count below 2^30; a TAT is above 2^50 since 2005)
 -- ARGV[1]  limit      most units per window (integer >= 1)
 -- ARGV[2]  period_us  the window length in microseconds; windows are aligned to multiples of it
 --                     since the epoch, so every pod agrees on them (integer >= 1)
@@ -20,8 +23,38 @@
 -- With the test-only now_us, TTLs are at least a minute: real time keeps running while test time
 -- stands still, and state must not expire under a test (expiry never changes a decision).
 -- TTL: the key expires at the end of its window.
+-- Another algorithm's value (a token bucket's TAT, a sliding log's sorted set in the batch
+-- script) reads as absent: the policy changed algorithm, its partitions start afresh. A value
+-- that is no sluice state is refused (BADSTATE).
 --
 -- Everything above the `sluice:entry` line is also used by batch.lua.
+
+-- The stored value as the packed number, false when absent or another algorithm's (a token
+-- bucket's "<tat>" or "<tat>:<rem>"), nil when it is no sluice state. Exact: at most 16 digits.
+local function fixed_window_parse(value)
+  if not value then
+    return false
+  end
+  if #value <= 17 and string.find(value, '^%-%d+$') then
+    return -tonumber(value)
+  end
+  if #value <= 16 and string.find(value, '^%d+$') then
+    local packed = tonumber(value)
+    if packed < 1125899906842624 then
+      return packed
+    end
+    return false
+  end
+  local sep = string.find(value, ':', 1, true)
+  if sep and sep <= 17 and #value - sep <= 10 and string.find(value, '^%d+:%d+$') then
+    return false
+  end
+  return nil
+end
+
+local function fixed_window_format(packed)
+  return '-' .. string.format('%d', packed)
+end
 
 -- One decision, pure, on the stored number `packed` (nil when absent): allowed (0|1), limit,
 -- remaining, reset_after_us, retry_after_us, and when allowed the new packed value and its TTL in
@@ -64,14 +97,17 @@ else
   local t = redis.call('TIME')
   now, min_ttl_ms = tonumber(t[1]) * 1000000 + tonumber(t[2]), 1
 end
-local value = redis.call('GET', KEYS[1])
-local packed = value and tonumber(value)
-if value and not packed then
+local value = redis.call('GETRANGE', KEYS[1], '0', '63')
+if #value == 64 then
+  return redis.error_reply('BADSTATE the value is longer than any sluice state')
+end
+local packed = fixed_window_parse(value ~= '' and value)
+if packed == nil then
   return redis.error_reply('BADSTATE the value is not a sluice fixed window')
 end
-local allowed, limit, remaining, reset, retry, new_packed, ttl_ms = fixed_window_decide(packed,
+local allowed, limit, remaining, reset, retry, new_packed, ttl_ms = fixed_window_decide(packed or nil,
   now, min_ttl_ms, tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]))
 if new_packed and ARGV[4] == '1' then
-  redis.call('SET', KEYS[1], string.format('%d', new_packed), 'PX', ttl_ms)
+  redis.call('SET', KEYS[1], fixed_window_format(new_packed), 'PX', ttl_ms)
 end
 return {allowed, limit, remaining, reset, retry}

@@ -25,13 +25,17 @@
 --
 -- Everything above the `sluice:entry` line is also used by batch.lua.
 
-local function sliding_log(key, now, min_ttl_ms, commit, limit, period, cost)
+-- `absent`: decide as if the key held no log, without reading it (the batch script passes it
+-- for a dry run on a key holding another algorithm's value, which a commit deletes first).
+local function sliding_log(key, now, min_ttl_ms, commit, limit, period, cost, absent)
   local floor = '(' .. string.format('%d', now - period)
-  local used = redis.call('ZCOUNT', key, floor, '+inf')
-  local newest = redis.call('ZRANGE', key, '+inf', floor, 'BYSCORE', 'REV', 'LIMIT', 0, 1, 'WITHSCORES')
-  local newest_ts = nil
-  if newest[2] then
-    newest_ts = tonumber(newest[2])
+  local used, newest_ts = 0, nil
+  if not absent then
+    used = redis.call('ZCOUNT', key, floor, '+inf')
+    local newest = redis.call('ZRANGE', key, '+inf', floor, 'BYSCORE', 'REV', 'LIMIT', 0, 1, 'WITHSCORES')
+    if newest[2] then
+      newest_ts = tonumber(newest[2])
+    end
   end
 
   if used + cost <= limit then

@@ -17,7 +17,10 @@
 --
 -- State: the theoretical arrival time TAT = tat_us + tat_rem / limit microseconds, stored as
 -- "<tat_us>:<tat_rem>", or as the bare integer "<tat_us>" when tat_rem is 0 (Redis then keeps it
--- as an integer object: less memory; always so when period_us is a multiple of limit).
+-- as an integer object: less memory; always so when period_us is a multiple of limit). Another
+-- algorithm's value (after a policy changed algorithm) reads as a full bucket; a value that is
+-- no sluice state at all is refused (BADSTATE), and so is one longer than any sluice state (the
+-- read is bounded: GETRANGE of 64 bytes).
 -- Arithmetic runs in units of 1/limit us relative to now, so every value stays an exact integer
 -- below 2^53 (config keeps capacity * period_us <= 2^52); Lua numbers are doubles, and floor()
 -- of an exact quotient below 2^53 is exact.
@@ -32,16 +35,31 @@ local function ceil_div(a, b)
 end
 
 -- The stored value as numbers: TAT = tat_us + tat_rem / limit. An absent key is (0, 0), a full
--- bucket; nil for a value that is not a token bucket.
+-- bucket, and so is a fixed window's value (a negative integer, see fixed_window.lua): the policy
+-- changed algorithm, its partitions start afresh. nil for anything else (not sluice's). The
+-- format check is exact: only digits, at most 16 for the time (us until the year 2286) and 10
+-- for the remainder (below limit <= 10^9), so a foreign number cannot pose as a far TAT.
 local function token_bucket_parse(value)
   if not value then
     return 0, 0
   end
+  -- Cheapest test first: a plain find, then one anchored pattern per part (a pattern with a
+  -- capture before `:` backtracks over every digit of a bare TAT).
   local sep = string.find(value, ':', 1, true)
-  if sep then
-    return tonumber(string.sub(value, 1, sep - 1)), tonumber(string.sub(value, sep + 1))
+  if not sep then
+    if #value <= 16 and string.find(value, '^%d+$') then
+      return tonumber(value), 0
+    end
+    if #value <= 17 and string.find(value, '^%-%d+$') then
+      return 0, 0
+    end
+    return nil, nil
   end
-  return tonumber(value), 0
+  local tat, rem = string.sub(value, 1, sep - 1), string.sub(value, sep + 1)
+  if #tat <= 16 and #rem <= 10 and string.find(tat, '^%d+$') and string.find(rem, '^%d+$') then
+    return tonumber(tat), tonumber(rem)
+  end
+  return nil, nil
 end
 
 -- One decision, pure, on numbers: allowed (0|1), limit (= capacity), remaining, reset_after_us,
@@ -96,7 +114,11 @@ else
   now, min_ttl_ms = tonumber(t[1]) * 1000000 + tonumber(t[2]), 1
 end
 local limit, capacity = tonumber(ARGV[1]), tonumber(ARGV[3])
-local tat_us, tat_rem = token_bucket_parse(redis.call('GET', KEYS[1]))
+local value = redis.call('GETRANGE', KEYS[1], '0', '63')
+if #value == 64 then
+  return redis.error_reply('BADSTATE the value is longer than any sluice state')
+end
+local tat_us, tat_rem = token_bucket_parse(value ~= '' and value)
 if not tat_us or not tat_rem then
   return redis.error_reply('BADSTATE the value is not a sluice token bucket')
 end

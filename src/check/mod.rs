@@ -30,7 +30,7 @@ pub use verdict::{Mode, Outcome, PolicyDecision, Verdict};
 
 use crate::config::RequestLimits;
 use crate::limit::PolicySet;
-use crate::store::{MemoryStore, RateStore};
+use crate::store::{MemoryStore, RateStore, StoreError};
 use crate::telemetry::Metrics;
 use crate::tenants::TenantTiers;
 
@@ -274,6 +274,13 @@ impl CheckService {
                 .collect(),
             Err(error) => {
                 tracing::debug!(%error, store = self.store.name(), "store could not decide; applying failure modes");
+                if let StoreError::BadKey { item, detail } = &error {
+                    if let (Some((policy, _)), Some(check)) =
+                        (policies.get(*item), checks.get(*item))
+                    {
+                        self.shadow_log.bad_key(policy.name(), &check.key, detail);
+                    }
+                }
                 // A store that failed may come back without its counters (restart, failover):
                 // remembered denials could then outlive the state they came from.
                 if let Some(hot) = &self.hot {

@@ -1,7 +1,9 @@
 //! The shadow policies' "would block" log line: at info level, at most once per partition per
 //! minute (a storm must not flood the log), naming the policy and a fingerprint of the partition
 //! (a keyed hash, random per process, so a short value such as an IP cannot be recovered by trying
-//! them all); the raw partition only at debug level.
+//! them all); the raw partition only at debug level. The same fingerprint, and the same once per
+//! partition per minute, for the warn line of a counter whose key the store says is not sluice's
+//! (a foreign or oversized value under the key prefix).
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
@@ -18,19 +20,40 @@ const QUIET: Duration = Duration::from_secs(60);
 /// Remembers which partitions were logged recently.
 pub struct ShadowLog {
     logged: Cache<Key, ()>,
+    bad_keys: Cache<Key, ()>,
     secret: RandomState,
 }
 
 impl ShadowLog {
     /// An empty log memory (bounded to 10,000 partitions).
     pub fn new() -> Self {
-        Self {
-            logged: Cache::builder()
+        let quiet = || {
+            Cache::builder()
                 .max_capacity(10_000)
                 .time_to_live(QUIET)
-                .build(),
+                .build()
+        };
+        Self {
+            logged: quiet(),
+            bad_keys: quiet(),
             secret: RandomState::new(),
         }
+    }
+
+    /// Logs at warn that `key`'s counter holds something that is not sluice's (the check got its
+    /// failure mode), unless that partition was logged within a minute.
+    pub fn bad_key(&self, policy: &str, key: &Key, detail: &str) {
+        if self.bad_keys.contains_key(key) {
+            return;
+        }
+        self.bad_keys.insert(key.clone(), ());
+        tracing::warn!(
+            policy,
+            partition = self.fingerprint(key),
+            store = detail,
+            "the counter's key holds a value that is not sluice's (another type, a foreign or \
+             oversized value): this check gets its failure mode until the key is removed"
+        );
     }
 
     /// The partition's fingerprint in this process's log lines (shadow blocks, counter resets).

@@ -35,6 +35,16 @@ pub enum StoreError {
     /// The circuit breaker is open: the store was not asked.
     #[error("store skipped: circuit open")]
     CircuitOpen,
+    /// The key of the check's counter number `item` (0-based, in the order given) is not
+    /// sluice's: another type, a value no algorithm writes, or beyond any sluice value's size.
+    /// That check alone failed; the store itself is fine.
+    #[error("store failed (bad_key) on counter {item}: {detail}")]
+    BadKey {
+        /// Which counter of the check.
+        item: usize,
+        /// What the store said (for logs; never names the key).
+        detail: String,
+    },
     /// The store answered with an error or is unreachable.
     #[error("store failed ({}): {detail}", kind.as_str())]
     Failed {
@@ -51,6 +61,7 @@ impl StoreError {
         match self {
             Self::Timeout => Some(ErrorKind::Deadline),
             Self::CircuitOpen => None,
+            Self::BadKey { .. } => Some(ErrorKind::BadKey),
             Self::Failed { kind, .. } => Some(*kind),
         }
     }

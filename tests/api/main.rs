@@ -2,6 +2,7 @@
 //! manual clock), and the real `sluice` binary.
 
 mod admin;
+mod algorithm_change;
 mod authz;
 mod bad_input;
 mod batch;
@@ -30,6 +31,7 @@ mod local_limit;
 mod log_safety;
 mod nginx;
 mod observability;
+mod poisoned_key;
 mod policies;
 mod policy_layer;
 mod redis_acl;

@@ -29,7 +29,7 @@ use redis::{Cmd, Value};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::conn::Conn;
-use super::error::ErrorKind;
+use super::error::{check_error, ErrorKind};
 use super::health::Health;
 use super::keys;
 use super::scripts::{batch_keys_and_checks, parse_check_reply, Item, Script};
@@ -330,10 +330,7 @@ impl Dispatch {
                 Value::ServerError(error) => {
                     let kind = ErrorKind::of_code(error.code());
                     self.metrics.count(kind);
-                    Err(StoreError::failed(
-                        kind,
-                        format!("Redis replied {}", error.code()),
-                    ))
+                    Err(check_error(kind, &error))
                 }
                 value => parse_check_reply(&value, job.items.len()).map_err(|detail| {
                     self.metrics.count(ErrorKind::Protocol);

@@ -1,7 +1,10 @@
 //! What went wrong talking to Redis, as a bounded set of kinds: the `kind` label of
-//! `sluice_redis_errors_total`, and what the circuit breaker branches on.
+//! `sluice_redis_errors_total`, and what the circuit breaker branches on; and one check's error
+//! reply as a [`StoreError`].
 
 use redis::RedisError;
+
+use crate::store::StoreError;
 
 /// A kind of Redis failure (never the message: it may hold a key).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -147,9 +150,55 @@ impl ErrorKind {
     }
 }
 
+/// One check's error reply as an error: a bad key's names the item whose key it is (the batch
+/// script ends its message with ` [item <n>]`, 1-based), so that its policy can be logged.
+pub(crate) fn check_error(kind: ErrorKind, error: &redis::ServerError) -> StoreError {
+    let detail = format!("Redis replied {}", error.code());
+    if kind != ErrorKind::BadKey {
+        return StoreError::failed(kind, detail);
+    }
+    let item = error
+        .details()
+        .and_then(|text| text.rsplit_once("[item "))
+        .and_then(|(_, rest)| rest.strip_suffix(']'))
+        .and_then(|n| n.parse::<usize>().ok())
+        .map_or(0, |n| n.saturating_sub(1));
+    StoreError::BadKey { item, detail }
+}
+
 #[cfg(test)]
 mod tests {
+    use redis::Value;
+
     use super::*;
+
+    fn server_error(line: &str) -> redis::ServerError {
+        match redis::parse_redis_value(format!("-{line}\r\n").as_bytes()) {
+            Ok(Value::ServerError(error)) => error,
+            other => panic!("not an error reply: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_bad_key_names_its_item_and_other_errors_stay_as_they_are() {
+        let bad = |line: &str| check_error(ErrorKind::BadKey, &server_error(line));
+        assert!(matches!(
+            bad("BADSTATE the sorted set holds more members than a sluice log [item 3]"),
+            StoreError::BadKey { item: 2, .. }
+        ));
+        assert!(matches!(
+            bad("WRONGTYPE Operation against a key holding the wrong kind of value [item 1]"),
+            StoreError::BadKey { item: 0, .. }
+        ));
+        // A reply without the mark (a script from another release) blames the first item.
+        assert!(matches!(
+            bad("BADSTATE the value is not a sluice token bucket"),
+            StoreError::BadKey { item: 0, .. }
+        ));
+        let busy = check_error(ErrorKind::Busy, &server_error("BUSY running a script"));
+        assert_eq!(busy.kind(), Some(ErrorKind::Busy));
+        assert!(!matches!(busy, StoreError::BadKey { .. }));
+    }
 
     #[test]
     fn labels_are_unique_and_codes_map() {

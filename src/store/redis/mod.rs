@@ -243,7 +243,16 @@ impl RedisStore {
             .filter(|&i| decisions[i].allowed)
             .collect();
         let items = allowed.iter().map(|&i| self.item(&checks[i])).collect();
-        let recorded = self.each(items, true, deadline).await?;
+        let recorded = self
+            .each(items, true, deadline)
+            .await
+            .map_err(|error| match error {
+                StoreError::BadKey { item, detail } => StoreError::BadKey {
+                    item: allowed.get(item).copied().unwrap_or(item),
+                    detail,
+                },
+                other => other,
+            })?;
         for (i, decision) in allowed.into_iter().zip(recorded) {
             decisions[i] = decision;
         }
@@ -262,8 +271,16 @@ impl RedisStore {
             pending.push(self.batcher.submit(vec![item], commit, deadline).await?);
         }
         let mut decisions = Vec::with_capacity(pending.len());
-        for reply in pending {
-            decisions.extend(answer(reply, deadline).await?);
+        for (index, reply) in pending.into_iter().enumerate() {
+            // Each job is one item: a bad key is the item's own, number `index` here.
+            let decided = answer(reply, deadline).await.map_err(|error| match error {
+                StoreError::BadKey { detail, .. } => StoreError::BadKey {
+                    item: index,
+                    detail,
+                },
+                other => other,
+            })?;
+            decisions.extend(decided);
         }
         Ok(decisions)
     }
