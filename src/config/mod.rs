@@ -8,6 +8,7 @@ pub mod envoy;
 mod envoy_settings;
 mod log_level;
 mod policies;
+mod policy_fields;
 mod policy_quota;
 mod redact;
 mod redis_settings;

@@ -183,8 +183,7 @@ async fn client_headers_cannot_switch_the_limit_off() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn path_variants_are_one_path() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut settings = test_settings(dir.path());
-    settings.authz.path_case_insensitive = true;
+    let settings = test_settings(dir.path());
     let app = spawn_app_in(dir, settings, SHIPPED_POLICIES).await;
     let ip = "192.0.2.61";
     let variants = [

@@ -91,9 +91,7 @@ async fn the_nginx_example_holds_against_a_hostile_client() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut settings = test_settings(dir.path());
-    // The stub application below routes paths case-insensitively, as the one in the report did.
-    settings.authz.path_case_insensitive = true;
+    let settings = test_settings(dir.path());
     let app = spawn_app_in(dir, settings, SHIPPED_POLICIES).await;
     let sluice::client::Target::Tcp(sluice_addr) = app.tcp.clone() else {
         unreachable!("tcp target")
