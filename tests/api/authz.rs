@@ -212,6 +212,25 @@ async fn path_variants_are_one_path() {
     assert_eq!(status, 400, "above the root");
 }
 
+/// With the default settings, the spellings a case-insensitive application or a Servlet
+/// container routes to the login page (issue 21) are the login path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn case_and_path_parameters_do_not_escape_the_login_limit_by_default() {
+    let app = spawn_app().await;
+    let ip = "192.0.2.63";
+    let spellings = ["/LOGIN", "/Login/", "/login;jsessionid=1", "/login;x=1", "/LoGiN"];
+    for (i, uri) in spellings.iter().cycle().take(10).enumerate() {
+        let (status, _, body) = send(&app, Method::GET, "/v1/authz", &nginx(uri, ip, &[])).await;
+        assert_eq!(
+            (status, body["policy"].as_str()),
+            (200, Some("login")),
+            "{i}: {uri}"
+        );
+    }
+    let (status, _, _) = send(&app, Method::GET, "/v1/authz", &nginx("/LOGIN", ip, &[])).await;
+    assert_eq!(status, 429, "the eleventh");
+}
+
 /// With the control headers turned on, they work, and dry run takes only documented values.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_headers_work_when_the_operator_enables_them() {

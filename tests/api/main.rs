@@ -27,6 +27,7 @@ mod injector_support;
 mod k8s;
 mod kustomize;
 mod local_limit;
+mod matching;
 mod nginx;
 mod observability;
 mod policies;
