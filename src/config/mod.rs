@@ -13,6 +13,7 @@ mod policy_quota;
 mod redact;
 mod redis_settings;
 mod settings;
+mod socket_group;
 mod yaml_lines;
 
 pub use authz_settings::{AuthzSettings, ControlHeader, OriginalFrom};
@@ -24,6 +25,7 @@ pub use policies::{load_policies, parse_policies, PolicyFileError, Problem};
 pub use policy_quota::local_limit_warnings;
 pub use redact::mask_url;
 pub use redis_settings::{BreakerSettings, RedisSettings, SentinelSettings, TlsSettings};
+pub use socket_group::SocketGroup;
 pub use settings::{
     AdminResets, LocalLayerSettings, LocalSettings, LogFormat, LogSettings, MemorySettings,
     RequestLimits, Settings, SettingsError, TenantSettings,
