@@ -25,8 +25,8 @@ pub use policies::{load_policies, parse_policies, PolicyFileError, Problem};
 pub use policy_quota::local_limit_warnings;
 pub use redact::mask_url;
 pub use redis_settings::{BreakerSettings, RedisSettings, SentinelSettings, TlsSettings};
-pub use socket_group::SocketGroup;
 pub use settings::{
     AdminResets, LocalLayerSettings, LocalSettings, LogFormat, LogSettings, MemorySettings,
     RequestLimits, Settings, SettingsError, TenantSettings,
 };
+pub use socket_group::SocketGroup;

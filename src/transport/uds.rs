@@ -147,7 +147,10 @@ mod tests {
         let own = std::fs::metadata(dir.path()).expect("meta").gid();
         let _listener = bind(&path, 0o660, Some(own), false).expect("bind");
         let meta = std::fs::metadata(&path).expect("meta");
-        assert_eq!((meta.gid(), meta.permissions().mode() & 0o777), (own, 0o660));
+        assert_eq!(
+            (meta.gid(), meta.permissions().mode() & 0o777),
+            (own, 0o660)
+        );
     }
 
     #[tokio::test]

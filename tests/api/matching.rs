@@ -74,10 +74,16 @@ async fn login_spellings_spend_the_login_limit_over_grpc() {
             vec![descriptor(&[("path", path), ("ip", "203.0.113.70")])],
         )
     };
-    for path in ["/LOGIN", "/login;jsessionid=1", "/Login/", "/login", "/LOGIN"]
-        .iter()
-        .cycle()
-        .take(10)
+    for path in [
+        "/LOGIN",
+        "/login;jsessionid=1",
+        "/Login/",
+        "/login",
+        "/LOGIN",
+    ]
+    .iter()
+    .cycle()
+    .take(10)
     {
         let answer = ask(&mut client, attempt(path)).await;
         let status = &answer.statuses[0];
@@ -120,14 +126,23 @@ async fn exact_case_is_an_opt_in_and_keys_follow_the_match() {
         let got = decided(&app, by_path("by_path_exact", path)).await;
         assert_eq!(got.0, 200, "{path}");
     }
-    assert_eq!(decided(&app, by_path("by_path_exact", "/LOGIN")).await.0, 200);
-    assert_eq!(decided(&app, by_path("by_path_exact", "/login")).await.0, 429);
+    assert_eq!(
+        decided(&app, by_path("by_path_exact", "/LOGIN")).await.0,
+        200
+    );
+    assert_eq!(
+        decided(&app, by_path("by_path_exact", "/login")).await.0,
+        429
+    );
     // A template parameter keeps its case: order IDs `AbC` and `abc` are two orders.
     for path in ["/v1/orders/AbC", "/V1/ORDERS/abc"] {
         let got = decided(&app, json!({"path": path})).await;
         assert_eq!(got, (200, json!("order")), "{path}");
     }
-    assert_eq!(decided(&app, json!({"path": "/v1/Orders/AbC/"})).await.0, 429);
+    assert_eq!(
+        decided(&app, json!({"path": "/v1/Orders/AbC/"})).await.0,
+        429
+    );
 }
 
 const ENVOY: &str = "
@@ -150,7 +165,10 @@ async fn a_converted_envoy_star_matches_anywhere_in_the_value() {
         [("host", "api.example.com")],
     ] {
         let first = ask(&mut client, request("edge", vec![descriptor(&entries)])).await;
-        assert_eq!(first.overall_code, 1, "{entries:?} is limited, first passes");
+        assert_eq!(
+            first.overall_code, 1,
+            "{entries:?} is limited, first passes"
+        );
         let second = ask(&mut client, request("edge", vec![descriptor(&entries)])).await;
         assert_eq!(second.overall_code, 2, "{entries:?}: the limit of 1 holds");
     }
@@ -224,7 +242,8 @@ fn config_check_lists_every_problem_of_every_policy_in_one_run() {
     let problems = stderr.lines().filter(|l| l.starts_with(&file)).count();
     assert!(problems >= expected.len(), "{stderr}");
     // The name and key of a policy whose quota is fine are checked too.
-    let text = "policies:\n  - {name: Bad Name, key: [], algorithm: fixed_window, limit: 5, period: 1m}\n";
+    let text =
+        "policies:\n  - {name: Bad Name, key: [], algorithm: fixed_window, limit: 5, period: 1m}\n";
     let (_, stderr, file) = config_check(dir.path(), "names.yaml", text);
     for says in ["field `name`", "field `key`"] {
         let wanted = format!("{file}:2: policy `Bad Name`: {says}");

@@ -241,7 +241,11 @@ async fn the_nginx_example_holds_over_the_unix_socket_with_unprivileged_workers(
         let app = spawn_app_in(dir, settings, SHIPPED_POLICIES).await;
         let socket = app.socket_path();
         assert_eq!(
-            std::fs::metadata(&socket).expect("socket").permissions().mode() & 0o777,
+            std::fs::metadata(&socket)
+                .expect("socket")
+                .permissions()
+                .mode()
+                & 0o777,
             0o660
         );
         let nginx = start_nginx(&format!("unix:{}", socket.display())).await;
@@ -267,7 +271,8 @@ fn an_unknown_socket_group_is_a_settings_error() {
     ));
     assert_eq!(out.code, Some(64), "{out:?}");
     assert!(
-        out.stderr.contains("listen.socket_group: no group \"no-such-group-here\""),
+        out.stderr
+            .contains("listen.socket_group: no group \"no-such-group-here\""),
         "{out:?}"
     );
 }
