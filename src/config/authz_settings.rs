@@ -112,3 +112,17 @@ impl AuthzSettings {
         self.control.contains(&control)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_older_exact_case_setting_is_refused_with_what_to_do_instead() {
+        let mut settings = AuthzSettings::default();
+        settings.validate().expect("the default is valid");
+        settings.path_case_insensitive = false;
+        let error = settings.validate().expect_err("refused").to_string();
+        assert!(error.contains("`path_case: exact`"), "{error}");
+    }
+}

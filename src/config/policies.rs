@@ -127,35 +127,42 @@ pub fn parse_policies(path: &Path, text: &str) -> Result<PolicySet, PolicyFileEr
                 names.insert(name.to_owned(), index);
             }
         }
-        let raw_policy = match read_policy(value) {
-            Ok(raw_policy) => raw_policy,
-            Err(errors) => {
-                problems.extend(errors.into_iter().map(|(field, reason)| {
-                    let (line, message) = match &field {
-                        Some(field) => (
-                            lines.field(index, field),
-                            format!("{label}: field `{field}`: {reason}"),
-                        ),
-                        None => {
-                            let line = quoted_field(&reason)
-                                .map_or(lines.policy(index), |f| lines.field(index, f));
-                            (line, format!("{label}: {reason}"))
-                        }
-                    };
-                    Problem::at(line, message)
-                }));
-                continue;
-            }
+        let (raw_policy, unread) = read_policy(value);
+        // Fields already reported as unreadable are not reported again as missing.
+        let reported: Vec<String> = unread.iter().filter_map(|(f, _)| f.clone()).collect();
+        let clean = unread.is_empty();
+        problems.extend(unread.into_iter().map(|(field, reason)| {
+            let (line, message) = match &field {
+                Some(field) => (
+                    lines.field(index, field),
+                    format!("{label}: field `{field}`: {reason}"),
+                ),
+                None => {
+                    let line = quoted_field(&reason)
+                        .map_or(lines.policy(index), |f| lines.field(index, f));
+                    (line, format!("{label}: {reason}"))
+                }
+            };
+            Problem::at(line, message)
+        }));
+        let Some(raw_policy) = raw_policy else {
+            continue;
         };
         match build_policy(raw_policy) {
-            Ok(policy) => policies.push(policy),
-            Err(errors) => problems.extend(errors.into_iter().map(|p| {
-                let line = match p.item {
-                    Some(item) => lines.item(index, p.field, item),
-                    None => lines.field(index, p.field),
-                };
-                Problem::at(line, format!("{label}: field `{}`: {}", p.field, p.reason))
-            })),
+            Ok(policy) if clean => policies.push(policy),
+            Ok(_) => {}
+            Err(errors) => problems.extend(
+                errors
+                    .into_iter()
+                    .filter(|p| !reported.iter().any(|f| f == p.field))
+                    .map(|p| {
+                        let line = match p.item {
+                            Some(item) => lines.item(index, p.field, item),
+                            None => lines.field(index, p.field),
+                        };
+                        Problem::at(line, format!("{label}: field `{}`: {}", p.field, p.reason))
+                    }),
+            ),
         }
     }
     if problems.is_empty() {

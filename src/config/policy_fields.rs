@@ -77,24 +77,28 @@ const REQUIRED: [&str; 3] = ["name", "key", "algorithm"];
 /// A field problem: the field's name as written (`None` for the policy as a whole) and why.
 pub(super) type FieldError = (Option<String>, String);
 
-/// Reads one policy; on failure, every field that does not read, every unknown field and every
-/// missing required one.
-pub(super) fn read_policy(value: Value) -> Result<RawPolicy, Vec<FieldError>> {
+/// Reads one policy: the policy, and every field that does not read (bad, unknown, or a
+/// missing required one). When some fields are bad, the policy is read again without them
+/// (`None` if it still does not read), so that the caller can check the rest as well.
+pub(super) fn read_policy(value: Value) -> (Option<RawPolicy>, Vec<FieldError>) {
     let whole = match serde_yaml::from_value::<RawPolicy>(value.clone()) {
-        Ok(policy) => return Ok(policy),
+        Ok(policy) => return (Some(policy), Vec::new()),
         Err(error) => error.to_string(),
     };
-    let Value::Mapping(map) = value else {
-        return Err(vec![(None, whole)]);
+    let Value::Mapping(mut map) = value else {
+        return (None, vec![(None, whole)]);
     };
     let mut problems = Vec::new();
+    let mut bad = Vec::new();
     for (key, field) in &map {
         let Some(name) = key.as_str() else {
             problems.push((None, format!("field name {key:?} is not a string")));
+            bad.push(key.clone());
             continue;
         };
         if let Err(reason) = read_field(name, field.clone()) {
             problems.push((Some(name.to_owned()), reason));
+            bad.push(key.clone());
         }
     }
     for name in REQUIRED {
@@ -103,9 +107,13 @@ pub(super) fn read_policy(value: Value) -> Result<RawPolicy, Vec<FieldError>> {
         }
     }
     if problems.is_empty() {
-        problems.push((None, whole));
+        return (None, vec![(None, whole)]);
     }
-    Err(problems)
+    for key in &bad {
+        map.remove(key);
+    }
+    let rest = serde_yaml::from_value::<RawPolicy>(Value::Mapping(map)).ok();
+    (rest, problems)
 }
 
 /// Whether field `name` reads as its type on its own.
@@ -139,7 +147,10 @@ mod tests {
     use super::*;
 
     fn read(text: &str) -> Result<RawPolicy, Vec<FieldError>> {
-        read_policy(serde_yaml::from_str(text).expect("yaml"))
+        match read_policy(serde_yaml::from_str(text).expect("yaml")) {
+            (Some(policy), problems) if problems.is_empty() => Ok(policy),
+            (_, problems) => Err(problems),
+        }
     }
 
     #[test]
@@ -174,5 +185,15 @@ mod tests {
             );
         }
         assert_eq!(problems.len(), 5, "{problems:?}");
+        let value = serde_yaml::from_str(
+            "{name: a, key: [ip], algorithm: fixed_window, limit: 0, colour: red}",
+        );
+        let (rest, problems) = read_policy(value.expect("yaml"));
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(
+            rest.expect("read without `colour`").limit,
+            Some(0),
+            "for the caller to check"
+        );
     }
 }

@@ -241,12 +241,12 @@ fn config_check_lists_every_problem_of_every_policy_in_one_run() {
     }
     let problems = stderr.lines().filter(|l| l.starts_with(&file)).count();
     assert!(problems >= expected.len(), "{stderr}");
-    // The name and key of a policy whose quota is fine are checked too.
-    let text =
-        "policies:\n  - {name: Bad Name, key: [], algorithm: fixed_window, limit: 5, period: 1m}\n";
+    // A policy with an unknown field still has the fields that read checked: name, key, limit.
+    let text = "policies:\n  - {name: Bad Name, key: [], algorithm: fixed_window, limit: 0, \
+                period: 1m, colour: red}\n";
     let (_, stderr, file) = config_check(dir.path(), "names.yaml", text);
-    for says in ["field `name`", "field `key`"] {
-        let wanted = format!("{file}:2: policy `Bad Name`: {says}");
+    for says in ["`colour`", "`name`", "`key`", "`limit`"] {
+        let wanted = format!("{file}:2: policy `Bad Name`: field {says}");
         assert!(stderr.contains(&wanted), "{wanted} in\n{stderr}");
     }
 }
