@@ -1,6 +1,6 @@
 //! What policies match against: a request's descriptors, with the `path` descriptor read the way
 //! applications route it, so that a spelling cannot walk past a limit. Before matching, a path
-//! loses its `;` parameters (`/login;jsessionid=1`: Servlet containers strip them), runs of `/`
+//! loses its query and fragment (Envoy's `:path` carries them), its `;` parameters (`/login;jsessionid=1`: Servlet containers strip them), runs of `/`
 //! merge and a trailing `/` goes (`/login/`: most frameworks route it to `/login`); and unless a
 //! policy says `path_case: exact`, case is ignored (`/LOGIN`: Express, ASP.NET and IIS route
 //! case-insensitively). Counting `/LOGIN` on a case-sensitive application spends an attempt on
@@ -81,9 +81,10 @@ impl<'a> Subject<'a> {
     }
 }
 
-/// `path` without `;` parameters in any segment, with runs of `/` merged and no trailing `/`
-/// (the root stays `/`).
+/// `path` without its query or fragment and `;` parameters in any segment, with runs of `/`
+/// merged and no trailing `/` (the root stays `/`).
 pub fn canonical_path(path: &str) -> Cow<'_, str> {
+    let path = path.split(['?', '#']).next().unwrap_or("");
     let trailing = path.len() > 1 && path.ends_with('/');
     if !path.contains(';') && !path.contains("//") && !trailing {
         return Cow::Borrowed(path);
@@ -115,9 +116,15 @@ pub fn lowercase(text: &str) -> Cow<'_, str> {
     }
 }
 
-/// Why a `path` condition as written could never match a path as matched (they lose `;`
-/// parameters, repeated and trailing slashes first), if it could not.
+/// Why a `path` condition as written could never match a path as matched (they lose their
+/// query, `;` parameters, repeated and trailing slashes first), if it could not.
 pub fn path_pattern_problem(text: &str) -> Option<String> {
+    if text.contains(['?', '#']) {
+        return Some(format!(
+            "{text:?} has `?` or `#`: the query and fragment are removed from paths before \
+             matching, so it would never match"
+        ));
+    }
     if text.contains(';') {
         return Some(format!(
             "{text:?} has `;`: `;` parameters are removed from paths before matching \
@@ -156,6 +163,9 @@ mod tests {
             ("/;x", "/"),
             ("", ""),
             ("rel/x/", "rel/x"),
+            ("/login?next=/home", "/login"),
+            ("/login/#top", "/login"),
+            ("/?q", "/"),
         ] {
             assert_eq!(canonical_path(sent), matched, "{sent}");
         }
@@ -184,7 +194,7 @@ mod tests {
 
     #[test]
     fn path_patterns_that_could_never_match_are_named() {
-        for bad in ["/login;x", "//login", "/login/", "/v1/*/"] {
+        for bad in ["/login;x", "//login", "/login/", "/v1/*/", "/login?x=*"] {
             assert!(path_pattern_problem(bad).is_some(), "{bad}");
         }
         for good in ["/", "/login", "*", "/v1/*", "/Login"] {
