@@ -149,6 +149,20 @@ pub fn path_pattern_problem(text: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// A path as matched is its own canonical form, and a `path` value accepted in a
+        /// condition is already one: what is written is what is compared.
+        #[test]
+        fn canonical_paths_are_fixed_points(path in "[aB/;?#=]{0,12}") {
+            let once = canonical_path(&path).into_owned();
+            prop_assert_eq!(canonical_path(&once), once.as_str());
+            if path_pattern_problem(&path).is_none() {
+                prop_assert_eq!(canonical_path(&path), path.as_str());
+            }
+        }
+    }
 
     #[test]
     fn paths_lose_parameters_and_extra_slashes() {
