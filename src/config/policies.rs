@@ -165,6 +165,8 @@ pub fn parse_policies(path: &Path, text: &str) -> Result<PolicySet, PolicyFileEr
             ),
         }
     }
+    // In file order (each policy's checks run field by field, not line by line).
+    problems.sort_by_key(|p| p.line.unwrap_or(usize::MAX));
     if problems.is_empty() {
         PolicySet::new(policies).map_err(|name| {
             fail(vec![Problem::at(
