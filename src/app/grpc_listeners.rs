@@ -47,7 +47,8 @@ impl GrpcListeners {
             None => None,
             Some(path) => {
                 let mode = settings.socket_mode_bits().map_err(config)?;
-                let listener = uds::bind(&path, mode, settings.listen.trust_socket_dir)
+                let group = settings.listen.socket_group.as_ref().map(|g| g.gid);
+                let listener = uds::bind(&path, mode, group, settings.listen.trust_socket_dir)
                     .map_err(|e| bind_err("listen.grpc_socket", &path.display(), e))?;
                 Some((listener, path))
             }

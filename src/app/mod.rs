@@ -123,7 +123,8 @@ impl App {
                 let mode = settings
                     .socket_mode_bits()
                     .map_err(|e| StartError::Config(e.to_string()))?;
-                let listener = uds::bind(&path, mode, settings.listen.trust_socket_dir)
+                let group = settings.listen.socket_group.as_ref().map(|g| g.gid);
+                let listener = uds::bind(&path, mode, group, settings.listen.trust_socket_dir)
                     .map_err(|e| bind_err("listen.socket", &path.display(), e))?;
                 Some((listener, path))
             }

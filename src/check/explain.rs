@@ -221,14 +221,14 @@ fn why_not(policy: &Policy, request: &CheckRequest) -> String {
         return "the request names another policy".into();
     }
     let descriptors: &Descriptors = &request.descriptors;
-    for (name, pattern) in &policy.parts().conditions {
-        match descriptors.get(name) {
-            None => return format!("descriptor `{name}` is absent (match needs `{pattern}`)"),
-            Some(value) if !pattern.matches(value, &mut Vec::new()) => {
-                return format!("descriptor `{name}` does not match `{pattern}`")
-            }
-            Some(_) => {}
+    match policy.unmet_condition(descriptors) {
+        Some((name, pattern, false)) => {
+            return format!("descriptor `{name}` is absent (match needs `{pattern}`)")
         }
+        Some((name, pattern, true)) => {
+            return format!("descriptor `{name}` does not match `{pattern}`")
+        }
+        None => {}
     }
     let captures = policy.conditions_hold(descriptors).unwrap_or_default();
     if let Some(missing) = policy.missing_key_descriptor(descriptors, &captures) {

@@ -18,8 +18,9 @@ pub struct AuthzSettings {
     /// Control headers honoured (`policy`, `cost`, `dry_run`); off unless listed, and refused
     /// (400) when sent while off.
     pub control: Vec<ControlHeader>,
-    /// Lowercase the path before matching (for applications that route case-insensitively;
-    /// policies' `path` conditions must then be lowercase too).
+    /// The older opt-in to case-insensitive paths. Path matching now ignores case by default,
+    /// for every transport (a policy opts out with `path_case: exact`), so `true` is what sluice
+    /// does anyway and `false` is refused: it would no longer mean what it says.
     pub path_case_insensitive: bool,
 }
 
@@ -29,7 +30,7 @@ impl Default for AuthzSettings {
             original: OriginalFrom::Nginx,
             descriptors: ["ip", "tenant", "api_key"].map(str::to_owned).to_vec(),
             control: Vec::new(),
-            path_case_insensitive: false,
+            path_case_insensitive: true,
         }
     }
 }
@@ -77,6 +78,14 @@ impl AuthzSettings {
     /// Names must be descriptor names as headers carry them (lowercase); `method` and `path`
     /// cannot be listed (they come from the original request).
     pub fn validate(&self) -> Result<(), SettingsError> {
+        if !self.path_case_insensitive {
+            return Err(SettingsError(
+                "authz.path_case_insensitive = false is no longer supported: path matching \
+                 ignores case by default on every transport; remove the setting and give the \
+                 policies that need exact case `path_case: exact`"
+                    .into(),
+            ));
+        }
         for name in &self.descriptors {
             let valid = !name.is_empty()
                 && name.len() <= 64
@@ -101,5 +110,19 @@ impl AuthzSettings {
     /// Whether `control` is honoured.
     pub fn allows(&self, control: ControlHeader) -> bool {
         self.control.contains(&control)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_older_exact_case_setting_is_refused_with_what_to_do_instead() {
+        let mut settings = AuthzSettings::default();
+        settings.validate().expect("the default is valid");
+        settings.path_case_insensitive = false;
+        let error = settings.validate().expect_err("refused").to_string();
+        assert!(error.contains("`path_case: exact`"), "{error}");
     }
 }

@@ -7,9 +7,11 @@
 //! - a limit applies to a request descriptor whose entries follow the path to it, key by key and
 //!   of the same length: the policy matches the pseudo-descriptors the gRPC adapter adds,
 //!   [`DOMAIN_DESCRIPTOR`] and [`ENTRIES_DESCRIPTOR`] (the entry keys in order), plus each
-//!   entry's value (exact, `prefix*` or any);
+//!   entry's value (exact, a glob with `*` anywhere, or any), read by sluice's own matcher
+//!   ([`crate::limit::Glob`]), so `*` matches any run wherever it is, as upstream's does;
 //! - one limit per descriptor, the most specific: every limit of one domain and key path is in
-//!   one `group` (sluice ranks exact > prefix > any per entry and sums over the path);
+//!   one `group` (sluice ranks exact > glob (more literal characters first) > any per entry and
+//!   sums over the path);
 //! - their windows are fixed and aligned to the epoch: a `fixed_window` of one unit;
 //! - `shadow_mode` is `shadow`; `unlimited` becomes a shadow policy where a limited sibling would
 //!   otherwise apply to its values (so it wins the group and blocks nothing), else nothing.
@@ -341,16 +343,12 @@ fn covered(leaf: &Leaf, leaves: &[Leaf]) -> bool {
     })
 }
 
+/// Whether some value fits both patterns (`None` is any value), by the same globs the matcher
+/// uses.
 fn overlaps(a: Option<&str>, b: Option<&str>) -> bool {
-    let prefix = |v: &str| v.strip_suffix('*').map(str::to_owned);
     match (a, b) {
-        (None, _) | (_, None) => true,
-        (Some(a), Some(b)) => match (prefix(a), prefix(b)) {
-            (Some(pa), Some(pb)) => pa.starts_with(&pb) || pb.starts_with(&pa),
-            (Some(p), None) => b.starts_with(&p),
-            (None, Some(p)) => a.starts_with(&p),
-            (None, None) => a == b,
-        },
+        (Some(a), Some(b)) => crate::limit::globs_overlap(a, b),
+        _ => true,
     }
 }
 
@@ -408,6 +406,8 @@ mod tests {
         assert!(!overlaps(Some("ab*"), Some("b")));
         assert!(!overlaps(Some("x"), Some("y")));
         assert!(overlaps(Some("x"), Some("x")));
+        assert!(overlaps(Some("*.example.com"), Some("api.*")));
+        assert!(!overlaps(Some("/v1/*/items"), Some("/v1/*/notes")));
     }
 
     #[test]

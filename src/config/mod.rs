@@ -8,10 +8,12 @@ pub mod envoy;
 mod envoy_settings;
 mod log_level;
 mod policies;
+mod policy_fields;
 mod policy_quota;
 mod redact;
 mod redis_settings;
 mod settings;
+mod socket_group;
 mod yaml_budget;
 mod yaml_lines;
 
@@ -28,4 +30,5 @@ pub use settings::{
     AdminResets, LocalLayerSettings, LocalSettings, LogFormat, LogSettings, MemorySettings,
     RequestLimits, Settings, SettingsError, TenantSettings,
 };
+pub use socket_group::SocketGroup;
 pub use yaml_budget::{check_expansion, ExpansionError};

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::policy_quota::{AlgorithmName, FieldProblem, RawQuota, RawTiers, RawWindow};
-use super::HumanDuration;
-use crate::limit::{CostTable, FailureMode, Pattern, Policy, PolicyParts, PolicySet, Tiers};
+use super::policy_fields::{read_policy, RawPolicy};
+use super::policy_quota::{FieldProblem, RawQuota};
+use crate::limit::{field_problems, CostTable, Pattern, Policy, PolicyParts, PolicySet, Tiers};
 
 pub use super::policy_quota::MAX_LIMIT;
 
@@ -69,60 +69,6 @@ struct RawFile {
     policies: Vec<serde_yaml::Value>,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawPolicy {
-    name: String,
-    #[serde(default)]
-    description: String,
-    #[serde(default, rename = "match")]
-    conditions: BTreeMap<String, String>,
-    group: Option<String>,
-    key: Vec<String>,
-    algorithm: AlgorithmName,
-    /// One window: `limit` per `period` (with `burst` for a token bucket) ...
-    limit: Option<u64>,
-    period: Option<HumanDuration>,
-    burst: Option<u64>,
-    /// ... or several, checked together: `[{limit: 10, period: 1s}, {limit: 1000, period: 1h}]`.
-    limits: Option<Vec<RawWindow>>,
-    /// A per-pod token bucket checked before the store.
-    local_limit: Option<RawWindow>,
-    #[serde(default = "default_failure_mode")]
-    failure_mode: FailureMode,
-    #[serde(default)]
-    shadow: bool,
-    #[serde(default = "all_percent")]
-    enforce_percent: u8,
-    timeout: Option<HumanDuration>,
-    tiers: Option<RawTiers>,
-    cost: Option<RawCost>,
-    /// Envoy rate limit service domain this policy belongs to (see [`super::envoy`]).
-    domain: Option<String>,
-    #[serde(default = "yes")]
-    limit_override: bool,
-}
-
-fn yes() -> bool {
-    true
-}
-
-fn all_percent() -> u8 {
-    100
-}
-
-/// `cost: {descriptor: operation, table: {search: 40}}`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawCost {
-    descriptor: String,
-    table: BTreeMap<String, u64>,
-}
-
-fn default_failure_mode() -> FailureMode {
-    FailureMode::Open
-}
-
 /// The version of a policy file's content: the low 32 bits of its SHA-1 (exported as
 /// `sluice_policies_version`, so operators can see every pod runs the same file).
 pub fn policy_file_version(text: &str) -> u32 {
@@ -163,6 +109,7 @@ pub fn parse_policies(path: &Path, text: &str) -> Result<PolicySet, PolicyFileEr
     let lines = super::yaml_lines::PolicyLines::new(text, raw.policies.len());
     let mut problems = Vec::new();
     let mut policies = Vec::new();
+    let mut names: BTreeMap<String, usize> = BTreeMap::new();
     for (index, value) in raw.policies.into_iter().enumerate() {
         let name = value.get("name").and_then(|n| n.as_str()).unwrap_or("");
         let label = if name.is_empty() {
@@ -170,27 +117,57 @@ pub fn parse_policies(path: &Path, text: &str) -> Result<PolicySet, PolicyFileEr
         } else {
             format!("policy `{name}`")
         };
-        let raw_policy = match serde_yaml::from_value::<RawPolicy>(value) {
-            Ok(raw_policy) => raw_policy,
-            Err(error) => {
-                let message = error.to_string();
-                let field = quoted_field(&message);
-                let line = field.map_or(lines.policy(index), |f| lines.field(index, f));
-                problems.push(Problem::at(line, format!("{label}: {message}")));
-                continue;
+        if !name.is_empty() {
+            if let Some(first) = names.get(name) {
+                let message = format!(
+                    "{label}: field `name`: defined more than once (first as policy #{})",
+                    first + 1
+                );
+                problems.push(Problem::at(lines.field(index, "name"), message));
+            } else {
+                names.insert(name.to_owned(), index);
             }
+        }
+        let (raw_policy, unread) = read_policy(value);
+        // Fields already reported as unreadable are not reported again as missing.
+        let reported: Vec<String> = unread.iter().filter_map(|(f, _)| f.clone()).collect();
+        let clean = unread.is_empty();
+        problems.extend(unread.into_iter().map(|(field, reason)| {
+            let (line, message) = match &field {
+                Some(field) => (
+                    lines.field(index, field),
+                    format!("{label}: field `{field}`: {reason}"),
+                ),
+                None => {
+                    let line = quoted_field(&reason)
+                        .map_or(lines.policy(index), |f| lines.field(index, f));
+                    (line, format!("{label}: {reason}"))
+                }
+            };
+            Problem::at(line, message)
+        }));
+        let Some(raw_policy) = raw_policy else {
+            continue;
         };
         match build_policy(raw_policy) {
-            Ok(policy) => policies.push(policy),
-            Err(errors) => problems.extend(errors.into_iter().map(|p| {
-                let line = match p.item {
-                    Some(item) => lines.item(index, p.field, item),
-                    None => lines.field(index, p.field),
-                };
-                Problem::at(line, format!("{label}: field `{}`: {}", p.field, p.reason))
-            })),
+            Ok(policy) if clean => policies.push(policy),
+            Ok(_) => {}
+            Err(errors) => problems.extend(
+                errors
+                    .into_iter()
+                    .filter(|p| !reported.iter().any(|f| f == p.field))
+                    .map(|p| {
+                        let line = match p.item {
+                            Some(item) => lines.item(index, p.field, item),
+                            None => lines.field(index, p.field),
+                        };
+                        Problem::at(line, format!("{label}: field `{}`: {}", p.field, p.reason))
+                    }),
+            ),
         }
     }
+    // In file order (each policy's checks run field by field, not line by line).
+    problems.sort_by_key(|p| p.line.unwrap_or(usize::MAX));
     if problems.is_empty() {
         PolicySet::new(policies).map_err(|name| {
             fail(vec![Problem::at(
@@ -255,7 +232,7 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
     for (name, text) in raw.conditions {
         match Pattern::parse(&text) {
             Ok(pattern) => conditions.push((name, pattern)),
-            Err(reason) => problems.push(("match", reason).into()),
+            Err(reason) => problems.push(("match", format!("`{name}`: {reason}")).into()),
         }
     }
     if let Some(domain) = raw.domain {
@@ -278,6 +255,11 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
             costs: table.table,
         }
     });
+    problems.extend(
+        field_problems(&raw.name, &raw.key, raw.enforce_percent, &conditions)
+            .into_iter()
+            .map(|e| FieldProblem::from((e.field, e.reason))),
+    );
     let Some(quota) = quota.filter(|_| problems.is_empty()) else {
         return Err(problems);
     };
@@ -285,6 +267,7 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
         name: raw.name,
         description: raw.description,
         conditions,
+        path_case: raw.path_case,
         group: raw.group,
         key: raw.key,
         quota,
@@ -303,7 +286,7 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
 mod tests {
     use super::*;
 
-    use crate::limit::Descriptors;
+    use crate::limit::{Descriptors, FailureMode};
 
     const SHIPPED: &str = include_str!("../../config/policies.yaml");
 
@@ -345,7 +328,7 @@ mod tests {
             "p.yaml:7: policy `a`: field `timeout`",
             "p.yaml:8: policy `a`: field `match`",
             "p.yaml:11: policy `b`:",
-            "p.yaml:19: policy `c`: unknown field `colour`",
+            "p.yaml:19: policy `c`: field `colour`: unknown field",
         ] {
             assert!(shown.contains(expected), "{expected} in\n{shown}");
         }

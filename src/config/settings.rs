@@ -117,6 +117,10 @@ pub struct Listen {
     /// Permission bits of the socket file, octal.
     #[serde(deserialize_with = "octal_mode")]
     pub socket_mode: String,
+    /// The group the Unix sockets (check API and gRPC) are given, a name or a numeric id,
+    /// resolved at load: with mode `0660`, members of it (nginx workers as `www-data`) may
+    /// connect. Unset: the group sluice runs as. sluice's user must be in the group (or root).
+    pub socket_group: Option<super::SocketGroup>,
     /// Admin listener (probes, metrics, policy dump).
     pub admin: String,
     /// Envoy's rate limit service (gRPC) over TCP; empty (the default) disables it. Its
@@ -155,6 +159,7 @@ impl Default for Listen {
             http: "127.0.0.1:7070".into(),
             socket: None,
             socket_mode: "0660".into(),
+            socket_group: None,
             admin: "127.0.0.1:7071".into(),
             grpc: String::new(),
             grpc_socket: None,

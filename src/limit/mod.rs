@@ -17,12 +17,14 @@
 mod algorithm;
 mod decision;
 mod fixed_window;
+mod glob;
 mod key;
 mod matcher;
 mod policy;
 mod policy_set;
 mod quota;
 mod sliding_log;
+mod subject;
 mod token_bucket;
 
 #[cfg(test)]
@@ -33,14 +35,17 @@ use std::fmt;
 pub use algorithm::{Algorithm, State};
 pub use decision::{Decision, Micros, NEVER};
 pub use fixed_window::{FixedWindow, WindowState};
+pub use glob::{globs_overlap, Glob};
 pub use key::Key;
 pub use matcher::{Captures, Pattern, Segment};
 pub use policy::{
-    CostTable, Descriptors, FailureMode, Policy, PolicyError, PolicyParts, Tiers, MAX_POLICY_NAME,
+    field_problems, CostTable, Descriptors, FailureMode, Policy, PolicyError, PolicyParts, Tiers,
+    MAX_POLICY_NAME,
 };
 pub use policy_set::{Applicable, PolicySet};
 pub use quota::{Quota, QuotaError, MAX_WINDOWS};
 pub use sliding_log::{LogState, SlidingLog};
+pub use subject::{canonical_path, path_pattern_problem, PathCase, Subject, PATH_DESCRIPTOR};
 pub use token_bucket::{BucketState, TokenBucket};
 
 /// Why limiter parameters were rejected. Only degenerate values are refused here; sensible

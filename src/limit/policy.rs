@@ -4,8 +4,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use std::borrow::Cow;
+
 use super::matcher::{Captures, Pattern};
-use super::{Key, Micros, Quota};
+use super::subject::{canonical_path, lowercase, path_pattern_problem};
+use super::{Key, Micros, PathCase, Quota, Subject, PATH_DESCRIPTOR};
 
 /// A request's attributes (tenant, api_key, ip, method, path, operation, ...), by name.
 pub type Descriptors = BTreeMap<String, String>;
@@ -61,6 +64,8 @@ pub struct PolicyParts {
     pub description: String,
     /// Conditions on descriptors; all must hold for the policy to apply.
     pub conditions: Vec<(String, Pattern)>,
+    /// How the `path` descriptor's letters compare, in conditions and in the key.
+    pub path_case: PathCase,
     /// Among matching policies of one group only the most specific applies.
     pub group: Option<String>,
     /// The descriptors whose values make the partition key, in order (e.g. tenant, api_key);
@@ -103,34 +108,72 @@ pub const MAX_POLICY_NAME: usize = 64;
 pub struct Policy {
     name: Arc<str>,
     specificity: (u32, usize),
+    /// The conditions as compared: a `path` pattern lowercased unless `path_case: exact`.
+    matchers: Vec<(String, Pattern)>,
     parts: PolicyParts,
 }
 
-impl Policy {
-    /// Validates `parts` into a policy.
-    pub fn new(parts: PolicyParts) -> Result<Self, PolicyError> {
-        let err = |field, reason: String| Err(PolicyError { field, reason });
-        if parts.name.is_empty() || parts.name.len() > MAX_POLICY_NAME {
-            return err("name", format!("must be 1 to {MAX_POLICY_NAME} bytes"));
+/// Every problem with a policy's name, key, rollout and conditions (the fields besides its
+/// quota), so that a policy file's check can list them all at once.
+pub fn field_problems(
+    name: &str,
+    key: &[String],
+    enforce_percent: u8,
+    conditions: &[(String, Pattern)],
+) -> Vec<PolicyError> {
+    let mut problems = Vec::new();
+    let mut err = |field, reason: String| problems.push(PolicyError { field, reason });
+    if name.is_empty() || name.len() > MAX_POLICY_NAME {
+        err("name", format!("must be 1 to {MAX_POLICY_NAME} bytes"));
+    } else if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+    {
+        err("name", "may contain only a-z, 0-9, `_` and `-`".into());
+    }
+    if key.is_empty() {
+        err("key", "must name at least one descriptor".into());
+    }
+    for (i, name) in key.iter().enumerate() {
+        if key[..i].contains(name) {
+            err("key", format!("descriptor `{name}` is listed twice"));
         }
-        if !parts
-            .name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
-        {
-            return err("name", "may contain only a-z, 0-9, `_` and `-`".into());
-        }
-        if parts.key.is_empty() {
-            return err("key", "must name at least one descriptor".into());
-        }
-        for (i, name) in parts.key.iter().enumerate() {
-            if parts.key[..i].contains(name) {
-                return err("key", format!("descriptor `{name}` is listed twice"));
+    }
+    if enforce_percent > 100 {
+        err("enforce_percent", "must be 0 to 100".into());
+    }
+    for (descriptor, pattern) in conditions {
+        if descriptor == PATH_DESCRIPTOR {
+            if let Some(reason) = path_pattern_problem(&pattern.to_string()) {
+                err("match", reason);
             }
         }
-        if parts.enforce_percent > 100 {
-            return err("enforce_percent", "must be 0 to 100".into());
+    }
+    problems
+}
+
+impl Policy {
+    /// Validates `parts` into a policy; the error is the first of [`field_problems`].
+    pub fn new(parts: PolicyParts) -> Result<Self, PolicyError> {
+        let problems = field_problems(
+            &parts.name,
+            &parts.key,
+            parts.enforce_percent,
+            &parts.conditions,
+        );
+        if let Some(first) = problems.into_iter().next() {
+            return Err(first);
         }
+        let matchers = parts
+            .conditions
+            .iter()
+            .map(|(name, pattern)| match parts.path_case {
+                PathCase::Insensitive if name == PATH_DESCRIPTOR => {
+                    (name.clone(), pattern.lowercased())
+                }
+                _ => (name.clone(), pattern.clone()),
+            })
+            .collect();
         let specificity = parts
             .conditions
             .iter()
@@ -139,6 +182,7 @@ impl Policy {
         Ok(Self {
             name: Arc::from(parts.name.as_str()),
             specificity,
+            matchers,
             parts,
         })
     }
@@ -155,23 +199,50 @@ impl Policy {
 
     /// Whether the conditions hold; if so, the template parameters captured.
     pub fn conditions_hold(&self, descriptors: &Descriptors) -> Option<Captures> {
+        self.conditions_hold_in(&Subject::new(descriptors))
+    }
+
+    /// [`Self::conditions_hold`] for a request whose path forms are already worked out.
+    pub fn conditions_hold_in(&self, subject: &Subject<'_>) -> Option<Captures> {
         let mut captures = Vec::new();
-        self.parts
-            .conditions
+        self.matchers
             .iter()
             .all(|(name, pattern)| {
-                descriptors
-                    .get(name)
-                    .is_some_and(|value| pattern.matches(value, &mut captures))
+                subject
+                    .value(name, self.parts.path_case)
+                    .is_some_and(|(compared, kept)| {
+                        pattern.matches_kept(compared, kept, &mut captures)
+                    })
             })
             .then_some(captures)
+    }
+
+    /// The first condition that does not hold, as written, and whether its descriptor was sent.
+    pub fn unmet_condition(&self, descriptors: &Descriptors) -> Option<(&str, &Pattern, bool)> {
+        let subject = Subject::new(descriptors);
+        self.matchers.iter().zip(&self.parts.conditions).find_map(
+            |((name, pattern), (_, written))| match subject.value(name, self.parts.path_case) {
+                None => Some((name.as_str(), written, false)),
+                Some((compared, kept))
+                    if !pattern.matches_kept(compared, kept, &mut Vec::new()) =>
+                {
+                    Some((name.as_str(), written, true))
+                }
+                Some(_) => None,
+            },
+        )
     }
 
     /// Whether the policy applies to a request that did not name a policy: every condition
     /// holds and every key descriptor is present. Returns the captured template parameters.
     pub fn matches(&self, descriptors: &Descriptors) -> Option<Captures> {
-        let captures = self.conditions_hold(descriptors)?;
-        self.missing_key_descriptor(descriptors, &captures)
+        self.matches_in(&Subject::new(descriptors))
+    }
+
+    /// [`Self::matches`] for a request whose path forms are already worked out.
+    pub fn matches_in(&self, subject: &Subject<'_>) -> Option<Captures> {
+        let captures = self.conditions_hold_in(subject)?;
+        self.missing_key_descriptor(subject.descriptors(), &captures)
             .is_none()
             .then_some(captures)
     }
@@ -223,15 +294,34 @@ impl Policy {
             .unwrap_or(requested)
     }
 
-    /// The counter this request spends from, or `None` when a key descriptor is missing.
+    /// The counter this request spends from, or `None` when a key descriptor is missing. A
+    /// `path` in the key is the path as this policy matches it (no `;` parameters or trailing
+    /// slash; lowercased unless `path_case: exact`), so `/LOGIN` and `/login` are one partition
+    /// wherever they are one match. Other values, template parameters included, are as sent.
     pub fn key_for(&self, descriptors: &Descriptors, captures: &Captures) -> Option<Key> {
-        let values: Option<Vec<&str>> = self
+        let values: Option<Vec<Cow<'_, str>>> = self
             .parts
             .key
             .iter()
-            .map(|name| lookup(descriptors, captures, name))
+            .map(|name| {
+                let value = lookup(descriptors, captures, name)?;
+                if name != PATH_DESCRIPTOR || !descriptors.contains_key(name) {
+                    return Some(Cow::Borrowed(value));
+                }
+                let path = canonical_path(value);
+                Some(match self.parts.path_case {
+                    PathCase::Exact => path,
+                    PathCase::Insensitive => match path {
+                        Cow::Borrowed(path) => lowercase(path),
+                        Cow::Owned(path) => Cow::Owned(lowercase(&path).into_owned()),
+                    },
+                })
+            })
             .collect();
-        Some(Key::new(Arc::clone(&self.name), values?))
+        Some(Key::new(
+            Arc::clone(&self.name),
+            values?.iter().map(|v| v.as_ref()),
+        ))
     }
 
     /// Whether this partition is enforced (not shadow, and inside the rollout percentage); the

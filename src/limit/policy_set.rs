@@ -2,14 +2,15 @@
 //!
 //! Precedence: every matching policy applies (each is its own limit and all must pass), except
 //! that among matching policies of the same `group` only the most specific one applies (more and
-//! stricter conditions win: exact > path template > longer prefix > `*`; a tie goes to the one
-//! earlier in the file). A group lets a specific route replace a broad default instead of
-//! stacking on it.
+//! stricter conditions win: per condition exact > path template > glob > `*`, globs ranked by
+//! their literal characters (`/v1/orders/*/items` > `/v1/orders/*` > `/v1/*`), summed over the
+//! conditions; a tie goes to the one earlier in the file). A group lets a specific route replace
+//! a broad default instead of stacking on it.
 
 use std::sync::Arc;
 
 use super::matcher::Captures;
-use super::{Descriptors, Policy};
+use super::{Descriptors, Policy, Subject};
 
 /// An ordered set of policies with unique names.
 #[derive(Debug, Clone, Default)]
@@ -47,11 +48,12 @@ impl PolicySet {
     /// Every policy that applies to a request that did not name one, in file order, with group
     /// precedence applied.
     pub fn matching(&self, descriptors: &Descriptors) -> Vec<Applicable> {
+        let subject = Subject::new(descriptors);
         let matched: Vec<Applicable> = self
             .policies
             .iter()
             .filter_map(|policy| {
-                let captures = policy.matches(descriptors)?;
+                let captures = policy.matches_in(&subject)?;
                 Some(Applicable {
                     policy: Arc::clone(policy),
                     captures,
@@ -124,8 +126,13 @@ mod tests {
             policy("default", Some("api"), "/v1/*"),
             policy("search", Some("api"), "/v1/search"),
             policy("orders", Some("api"), "/v1/orders/{id}"),
+            policy("items", Some("api"), "/v1/orders/*/items"),
+            policy("order_any", Some("api"), "/v1/orders/*"),
         ])
         .expect("unique");
+        assert_eq!(names(&set, "/v1/orders/7/items"), ["all", "items"]);
+        assert_eq!(names(&set, "/v1/orders/7/notes"), ["all", "order_any"]);
+        assert_eq!(names(&set, "/V1/Orders/7/Items/"), ["all", "items"]);
         assert_eq!(names(&set, "/v1/search"), ["all", "search"]);
         assert_eq!(names(&set, "/v1/orders/9"), ["all", "orders"]);
         assert_eq!(names(&set, "/v1/other"), ["all", "default"]);

@@ -146,6 +146,7 @@ fn dump(policy: &Policy) -> Value {
         "name": policy.name(),
         "description": parts.description,
         "match": conditions,
+        "path_case": parts.path_case.as_str(),
         "key": parts.key,
         "group": parts.group,
         "failure_mode": parts.failure_mode.as_str(),

@@ -9,7 +9,8 @@
 //! - `method` and `path` always come from the original request, by `authz.original`:
 //!   `X-Original-Method` / `X-Original-URI` (nginx), `X-Forwarded-Method` / `X-Forwarded-Uri`
 //!   (Traefik), or this request's own method and path after `/v1/authz` (Envoy's `path_prefix`);
-//!   the path is normalised as nginx does ([`super::path`]).
+//!   the path is normalised as nginx does ([`super::path`]); matching then ignores its case and
+//!   `;` parameters unless a policy says `path_case: exact` ([`crate::limit::Subject`]).
 //! - `X-Sluice-Policy`, `X-Sluice-Cost`, `X-Sluice-Dry-Run` only when listed in `authz.control`
 //!   (a 400 otherwise); dry run takes `true`/`false`/`1`/`0`, anything else is a 400.
 //! - `X-Sluice-Deny-Status` (or `?deny_status=`) replaces 429 on a denial: nginx `auth_request`
@@ -121,7 +122,7 @@ fn request_from(
             (method.as_str(), if rest.is_empty() { "/" } else { rest })
         }
     };
-    let path = super::path::normalize(original_uri, config.path_case_insensitive)?;
+    let path = super::path::normalize(original_uri)?;
     descriptors.insert("method".into(), original_method.to_owned());
     descriptors.insert("path".into(), path);
     let cost = match control(config, headers, ControlHeader::Cost)? {

@@ -6,10 +6,11 @@
 //! fragment are dropped, `%XX` escapes are decoded (`%2F` included), runs of `/` are merged, `.`
 //! segments are dropped and `..` removes the segment before it (above the root is an error, as
 //! nginx answers 400). On top of nginx: a trailing slash is dropped (most frameworks route
-//! `/login/` to `/login`), and optionally the path is lowercased.
+//! `/login/` to `/login`). Letters are kept: case and `;` parameters are the matcher's business
+//! ([`crate::limit::Subject`]), the same for every transport.
 
 /// Normalises `uri` (a request target such as `/a//b/../c?x=1`); `Err` says why it is invalid.
-pub fn normalize(uri: &str, lowercase: bool) -> Result<String, String> {
+pub fn normalize(uri: &str) -> Result<String, String> {
     let raw = uri.split(['?', '#']).next().unwrap_or("");
     let decoded = percent_decode(raw)?;
     let mut segments: Vec<&str> = Vec::new();
@@ -31,9 +32,6 @@ pub fn normalize(uri: &str, lowercase: bool) -> Result<String, String> {
     }
     if path.is_empty() {
         path.push('/');
-    }
-    if lowercase {
-        path.make_ascii_lowercase();
     }
     Ok(path)
 }
@@ -88,26 +86,22 @@ mod tests {
             "/login#top",
             "///login//",
         ] {
-            assert_eq!(
-                normalize(variant, false).as_deref(),
-                Ok("/login"),
-                "{variant}"
-            );
+            assert_eq!(normalize(variant).as_deref(), Ok("/login"), "{variant}");
         }
-        assert_eq!(normalize("/LOGIN", false).as_deref(), Ok("/LOGIN"));
-        assert_eq!(normalize("/LOGIN/", true).as_deref(), Ok("/login"));
-        assert_eq!(normalize("", false).as_deref(), Ok("/"));
-        assert_eq!(normalize("/?q", false).as_deref(), Ok("/"));
         assert_eq!(
-            normalize("/v1/orders%2F42", false).as_deref(),
-            Ok("/v1/orders/42")
+            normalize("/LOGIN/").as_deref(),
+            Ok("/LOGIN"),
+            "case is the matcher's"
         );
+        assert_eq!(normalize("").as_deref(), Ok("/"));
+        assert_eq!(normalize("/?q").as_deref(), Ok("/"));
+        assert_eq!(normalize("/v1/orders%2F42").as_deref(), Ok("/v1/orders/42"));
     }
 
     #[test]
     fn invalid_paths_are_errors() {
         for bad in ["/../etc", "/%zz", "/%", "/%00", "/%ff%fe"] {
-            assert!(normalize(bad, false).is_err(), "{bad}");
+            assert!(normalize(bad).is_err(), "{bad}");
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Binding the Unix socket: create its directory, refuse a directory someone else could swap the
 //! socket in (owned by another user, or writable by others without the sticky bit, anywhere on
 //! the path), replace a stale socket file left by a crash (but never a live one or a non-socket
-//! file), and set the file's permissions.
+//! file), and set the file's group and permissions.
 
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
@@ -9,10 +9,17 @@ use std::path::Path;
 
 use tokio::net::UnixListener;
 
-/// Binds `path` with permission bits `mode`. Unless `trust_dir`, every directory from the root
-/// to the socket's must belong to this user or root and be writable by no one else (or be
-/// sticky, like `/tmp`): another writer could unlink the socket and answer in sluice's place.
-pub fn bind(path: &Path, mode: u32, trust_dir: bool) -> io::Result<UnixListener> {
+/// Binds `path` with permission bits `mode`, given to group `group` when set (so a proxy's
+/// workers in that group can connect to a `0660` socket). Unless `trust_dir`, every directory
+/// from the root to the socket's must belong to this user or root and be writable by no one
+/// else (or be sticky, like `/tmp`): another writer could unlink the socket and answer in
+/// sluice's place.
+pub fn bind(
+    path: &Path,
+    mode: u32,
+    group: Option<u32>,
+    trust_dir: bool,
+) -> io::Result<UnixListener> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -42,6 +49,18 @@ pub fn bind(path: &Path, mode: u32, trust_dir: bool) -> io::Result<UnixListener>
         Err(e) => return Err(e),
     }
     let listener = UnixListener::bind(path)?;
+    if let Some(gid) = group {
+        std::os::unix::fs::chown(path, None, Some(gid)).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot give {} to group {gid} (listen.socket_group): {e}; sluice's user \
+                     must be a member of that group",
+                    path.display()
+                ),
+            )
+        })?;
+    }
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
     Ok(listener)
 }
@@ -104,22 +123,36 @@ mod tests {
     async fn stale_socket_is_replaced_live_one_and_plain_files_are_not() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("nested").join("s.sock");
-        let live = bind(&path, 0o660, false).expect("first bind");
+        let live = bind(&path, 0o660, None, false).expect("first bind");
         let mode = std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777;
         assert_eq!(mode, 0o660);
         assert_eq!(
-            bind(&path, 0o660, false).unwrap_err().kind(),
+            bind(&path, 0o660, None, false).unwrap_err().kind(),
             io::ErrorKind::AddrInUse
         );
         drop(live);
-        bind(&path, 0o600, false).expect("stale socket replaced");
+        bind(&path, 0o600, None, false).expect("stale socket replaced");
         let plain = dir.path().join("plain");
         std::fs::write(&plain, b"keep me").expect("write");
         assert_eq!(
-            bind(&plain, 0o660, false).unwrap_err().kind(),
+            bind(&plain, 0o660, None, false).unwrap_err().kind(),
             io::ErrorKind::AlreadyExists
         );
         assert_eq!(std::fs::read(&plain).expect("still there"), b"keep me");
+    }
+
+    #[tokio::test]
+    async fn the_socket_is_given_its_group() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.sock");
+        // A group this process may always give: its own file's.
+        let own = std::fs::metadata(dir.path()).expect("meta").gid();
+        let _listener = bind(&path, 0o660, Some(own), false).expect("bind");
+        let meta = std::fs::metadata(&path).expect("meta");
+        assert_eq!(
+            (meta.gid(), meta.permissions().mode() & 0o777),
+            (own, 0o660)
+        );
     }
 
     #[tokio::test]
@@ -128,7 +161,7 @@ mod tests {
         let open = dir.path().join("open");
         std::fs::create_dir(&open).expect("mkdir");
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");
-        let err = bind(&open.join("s.sock"), 0o660, false).unwrap_err();
+        let err = bind(&open.join("s.sock"), 0o660, None, false).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::PermissionDenied);
         assert!(err.to_string().contains("writable by others"), "{err}");
         assert!(
@@ -136,17 +169,17 @@ mod tests {
             "one space between words: {err}"
         );
         assert!(!open.join("s.sock").exists(), "nothing bound");
-        bind(&open.join("s.sock"), 0o660, true).expect("trusted on request");
+        bind(&open.join("s.sock"), 0o660, None, true).expect("trusted on request");
         // Sticky, like /tmp: others cannot remove what is ours.
         let sticky = dir.path().join("sticky");
         std::fs::create_dir(&sticky).expect("mkdir");
         std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
-        bind(&sticky.join("s.sock"), 0o660, false).expect("sticky is safe");
+        bind(&sticky.join("s.sock"), 0o660, None, false).expect("sticky is safe");
         // A safe directory reached through a symlink that lives in an open one.
         let safe = dir.path().join("safe");
         std::fs::create_dir(&safe).expect("mkdir");
         std::os::unix::fs::symlink(&safe, open.join("link")).expect("symlink");
-        let err = bind(&open.join("link").join("s.sock"), 0o660, false).unwrap_err();
+        let err = bind(&open.join("link").join("s.sock"), 0o660, None, false).unwrap_err();
         assert!(err.to_string().contains("writable by others"), "{err}");
         assert!(unsafe_dir(1234, 0o755, Some(1000))
             .expect("refused")

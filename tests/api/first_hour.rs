@@ -123,7 +123,7 @@ async fn unmatched_traffic_is_counted() {
         )
     };
     assert_eq!(unmatched(&app.metrics().await), 0.0);
-    let body = serde_json::json!({"descriptors": {"path": "/LOGIN", "ip": "192.0.2.79"}});
+    let body = serde_json::json!({"descriptors": {"path": "/logout", "ip": "192.0.2.79"}});
     let reply = app.check_tcp(&body).await;
     assert_eq!(reply.status, 200);
     assert_eq!(

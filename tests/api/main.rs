@@ -29,6 +29,7 @@ mod k8s;
 mod kustomize;
 mod local_limit;
 mod log_safety;
+mod matching;
 mod nginx;
 mod observability;
 mod poisoned_key;

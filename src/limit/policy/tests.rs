@@ -12,6 +12,7 @@ pub(crate) fn parts(name: &str) -> PolicyParts {
         name: name.into(),
         description: String::new(),
         conditions: vec![("path".into(), Pattern::parse("/login").expect("valid"))],
+        path_case: PathCase::Insensitive,
         group: None,
         key: vec!["ip".into()],
         quota: window(10).into(),
