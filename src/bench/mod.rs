@@ -12,6 +12,7 @@ mod naive_sidecar;
 mod overload;
 mod procs;
 mod report;
+mod targets;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -33,7 +34,7 @@ pub struct BenchArgs {
     /// A small run in seconds (a smoke test: one key mix, one client count, short runs).
     #[arg(long)]
     quick: bool,
-    /// Concurrent clients of the closed-loop runs (default 1, 64, 256; quick: 16).
+    /// Concurrent clients of the closed-loop runs (default 1, 4, 64, 256; quick: 16).
     #[arg(long, value_delimiter = ',')]
     clients: Option<Vec<usize>>,
     /// Seconds measured per run, after a warm-up (default 3; quick: 1).
@@ -136,7 +137,7 @@ async fn bench(args: BenchArgs) -> Result<()> {
         clients: args.clients.clone().unwrap_or(if args.quick {
             vec![16]
         } else {
-            vec![1, 64, 256]
+            vec![1, 4, 64, 256]
         }),
         warmup: Duration::from_millis(if args.quick { 300 } else { 1_000 }),
         duration: Duration::from_secs_f64(args.seconds.unwrap_or(if args.quick {
@@ -239,13 +240,24 @@ async fn bench(args: BenchArgs) -> Result<()> {
                 }
             }
             if plan.open_loop {
-                // Open loop at half the best closed-loop rate of each transport.
-                for (system, factory) in systems.iter().filter(|(s, _)| s.starts_with("sluice")) {
-                    let best = report.best_rate(system, policy, &mix.name());
-                    let clients = plan.clients.iter().copied().max().unwrap_or(64);
+                // Open loop at half the 64-caller closed-loop rate of each transport (and of the
+                // naive sidecar, for comparison), with 64 callers.
+                let open_loop = |s: &str| s.starts_with("sluice") || s == "naive sidecar";
+                for (system, factory) in systems.iter().filter(|(s, _)| open_loop(s)) {
+                    let clients = if plan.clients.contains(&64) {
+                        64
+                    } else {
+                        plan.clients.iter().copied().max().unwrap_or(64)
+                    };
+                    let best = report.closed_rate(system, policy, &mix.name(), clients);
+                    let process = if system == "naive sidecar" {
+                        naive.pid()
+                    } else {
+                        daemon.pid()
+                    };
                     let row = measure(
                         &redis,
-                        Some(daemon.pid()),
+                        Some(process),
                         system,
                         policy,
                         mix,
@@ -277,6 +289,7 @@ async fn bench(args: BenchArgs) -> Result<()> {
     }
     drop(redis);
     report.memory = memory::measure(plan.keys)?;
+    report.targets = targets::compute(&report.rows);
     report.print();
     report.write_json(&args.json)?;
     println!("\nJSON report: {}", args.json.display());

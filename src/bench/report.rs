@@ -138,6 +138,8 @@ pub struct Report {
     pub memory: Vec<Footprint>,
     /// The overload runs (one hot key past saturation), without and with a local limit.
     pub overload: Vec<Overload>,
+    /// The targets, computed from the rows.
+    pub targets: Vec<super::targets::Target>,
 }
 
 impl Report {
@@ -148,6 +150,7 @@ impl Report {
             rows: Vec::new(),
             memory: Vec::new(),
             overload: Vec::new(),
+            targets: Vec::new(),
         }
     }
 
@@ -168,14 +171,15 @@ impl Report {
         self.rows.push(row);
     }
 
-    /// The best closed-loop rate of `system` on this algorithm and key mix.
-    pub fn best_rate(&self, system: &str, algorithm: &str, keys: &str) -> f64 {
+    /// The closed-loop rate of `system` on this algorithm and key mix with `clients` callers.
+    pub fn closed_rate(&self, system: &str, algorithm: &str, keys: &str, clients: usize) -> f64 {
         self.rows
             .iter()
             .filter(|r| {
                 r.system == system
                     && r.algorithm == algorithm
                     && r.keys == keys
+                    && r.clients == clients
                     && r.offered_rate.is_none()
             })
             .map(|r| r.rate)
@@ -247,6 +251,7 @@ impl Report {
                 o.policy, o.clients, o.seconds, o.rate, o.enforced, o.fail_open, o.admitted, o.bound, o.errors, o.redis_errors, o.local_layer_hits, o.local_limit_denied, o.reached_redis, o.redis_calls, o.calls_per_check
             );
         }
+        super::targets::print(&self.targets);
         let errors: u64 = self.rows.iter().map(|r| r.errors).sum();
         println!("\n{errors} failed or wrong answers in all runs");
     }

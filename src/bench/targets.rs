@@ -1,0 +1,259 @@
+//! The targets sluice is held to, computed from one run's rows: each a ratio to a baseline
+//! measured in the same run on the same machine (or, for the open-loop tail, an absolute bound),
+//! printed with whether it was met. Low load (1 and 4 callers) is where a per-pod sidecar lives,
+//! so those rows come first.
+
+use serde::Serialize;
+
+use super::report::Row;
+
+/// One target's figure in one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Target {
+    /// What is compared, e.g. `1 caller, uds: p50 vs naive sidecar`.
+    pub what: String,
+    /// `tb`, `sl`, `fw`.
+    pub algorithm: String,
+    /// `hot key` or `zipf N`.
+    pub keys: String,
+    /// The ratio (or microseconds, for `bound_us` targets).
+    pub value: f64,
+    /// Met when `value <= at_most` (or `>= at_least`).
+    pub at_most: Option<f64>,
+    /// See `at_most`.
+    pub at_least: Option<f64>,
+    /// Whether it was met.
+    pub met: bool,
+}
+
+type Figure = fn(&Row) -> Option<f64>;
+
+/// A ratio of `system`'s figure to `baseline`'s, both closed loop at `clients`.
+struct Ratio {
+    what: &'static str,
+    clients: usize,
+    system: &'static str,
+    baseline: &'static str,
+    figure: Figure,
+    at_most: Option<f64>,
+    at_least: Option<f64>,
+}
+
+fn p50(row: &Row) -> Option<f64> {
+    Some(row.p50_us as f64)
+}
+
+fn redis_cpu(row: &Row) -> Option<f64> {
+    Some(row.redis_cpu_us)
+}
+
+fn daemon_cpu(row: &Row) -> Option<f64> {
+    row.daemon_cpu_us
+}
+
+fn rate(row: &Row) -> Option<f64> {
+    Some(row.rate)
+}
+
+const RATIOS: &[Ratio] = &[
+    Ratio {
+        what: "1 caller, uds: p50 vs naive sidecar",
+        clients: 1,
+        system: "sluice uds",
+        baseline: "naive sidecar",
+        figure: p50,
+        at_most: Some(1.0),
+        at_least: None,
+    },
+    Ratio {
+        what: "1 caller, uds: Redis CPU per check vs naive sidecar",
+        clients: 1,
+        system: "sluice uds",
+        baseline: "naive sidecar",
+        figure: redis_cpu,
+        at_most: Some(1.0),
+        at_least: None,
+    },
+    Ratio {
+        what: "4 callers, uds: Redis CPU per check vs naive sidecar",
+        clients: 4,
+        system: "sluice uds",
+        baseline: "naive sidecar",
+        figure: redis_cpu,
+        at_most: Some(0.8),
+        at_least: None,
+    },
+    Ratio {
+        what: "64 callers, uds: Redis CPU per check vs raw EVALSHA",
+        clients: 64,
+        system: "sluice uds",
+        baseline: "raw EVALSHA",
+        figure: redis_cpu,
+        at_most: Some(0.4),
+        at_least: None,
+    },
+    Ratio {
+        what: "64 callers, tcp: daemon CPU per check vs naive sidecar",
+        clients: 64,
+        system: "sluice tcp",
+        baseline: "naive sidecar",
+        figure: daemon_cpu,
+        at_most: Some(1.0),
+        at_least: None,
+    },
+    Ratio {
+        what: "64 callers, tcp: checks/s vs naive sidecar",
+        clients: 64,
+        system: "sluice tcp",
+        baseline: "naive sidecar",
+        figure: rate,
+        at_most: None,
+        at_least: Some(1.2),
+    },
+    Ratio {
+        what: "64 callers: gRPC daemon CPU per check vs HTTP (tcp)",
+        clients: 64,
+        system: "sluice grpc",
+        baseline: "sluice tcp",
+        figure: daemon_cpu,
+        at_most: Some(1.15),
+        at_least: None,
+    },
+];
+
+/// Open-loop p99 (at half the closed-loop maximum) must stay under this, every transport.
+const OPEN_LOOP_P99_US: f64 = 1_000.0;
+
+/// Every target the rows allow computing.
+pub fn compute(rows: &[Row]) -> Vec<Target> {
+    let mut targets = Vec::new();
+    let mut mixes: Vec<(&str, &str)> = Vec::new();
+    for row in rows {
+        let mix = (row.algorithm.as_str(), row.keys.as_str());
+        if !mixes.contains(&mix) {
+            mixes.push(mix);
+        }
+    }
+    for (algorithm, keys) in mixes {
+        let closed = |system: &str, clients: usize| {
+            rows.iter().find(|r| {
+                r.system == system
+                    && r.algorithm == algorithm
+                    && r.keys == keys
+                    && r.clients == clients
+                    && r.offered_rate.is_none()
+            })
+        };
+        let target = |what: String, value: f64, at_most: Option<f64>, at_least: Option<f64>| {
+            let met = at_most.is_none_or(|m| value <= m) && at_least.is_none_or(|l| value >= l);
+            Target {
+                what,
+                algorithm: algorithm.into(),
+                keys: keys.into(),
+                value,
+                at_most,
+                at_least,
+                met,
+            }
+        };
+        for ratio in RATIOS {
+            let (Some(row), Some(base)) = (
+                closed(ratio.system, ratio.clients),
+                closed(ratio.baseline, ratio.clients),
+            ) else {
+                continue;
+            };
+            if let (Some(a), Some(b)) = ((ratio.figure)(row), (ratio.figure)(base)) {
+                let value = a / b.max(1e-9);
+                targets.push(target(
+                    ratio.what.into(),
+                    value,
+                    ratio.at_most,
+                    ratio.at_least,
+                ));
+            }
+        }
+        for row in rows
+            .iter()
+            .filter(|r| r.algorithm == algorithm && r.keys == keys && r.offered_rate.is_some())
+        {
+            targets.push(target(
+                format!("open loop, {}: p99 us", row.system),
+                row.p99_us as f64,
+                Some(OPEN_LOOP_P99_US),
+                None,
+            ));
+        }
+    }
+    targets
+}
+
+/// Prints the targets as a table.
+pub fn print(targets: &[Target]) {
+    if targets.is_empty() {
+        return;
+    }
+    println!("\n| target | alg | keys | figure | goal | met |");
+    println!("|---|---|---|---|---|---|");
+    for t in targets {
+        let goal = match (t.at_most, t.at_least) {
+            (Some(m), _) => format!("<= {m}"),
+            (_, Some(l)) => format!(">= {l}"),
+            _ => "-".into(),
+        };
+        let figure = if t.what.ends_with(" us") {
+            format!("{:.0}", t.value)
+        } else {
+            format!("{:.2}x", t.value)
+        };
+        let met = if t.met { "yes" } else { "NO" };
+        println!(
+            "| {} | {} | {} | {figure} | {goal} | {met} |",
+            t.what, t.algorithm, t.keys
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(system: &str, clients: usize, open: bool, p50: u64, redis: f64) -> Row {
+        Row {
+            system: system.into(),
+            algorithm: "tb".into(),
+            keys: "hot key".into(),
+            clients,
+            offered_rate: open.then_some(1000.0),
+            rate: 100.0,
+            p50_us: p50,
+            p99_us: 2 * p50,
+            p999_us: 3 * p50,
+            max_us: 4 * p50,
+            errors: 0,
+            daemon_cpu_us: Some(10.0),
+            redis_cpu_us: redis,
+            redis_usec_per_call: 1.0,
+            checks_per_call: 1.0,
+        }
+    }
+
+    #[test]
+    fn ratios_come_from_rows_of_the_same_run_and_say_whether_they_are_met() {
+        let rows = [
+            row("sluice uds", 1, false, 120, 12.0),
+            row("naive sidecar", 1, false, 150, 10.0),
+            row("sluice uds", 64, true, 600, 1.0),
+        ];
+        let targets = compute(&rows);
+        let p50 = &targets[0];
+        assert_eq!(p50.what, "1 caller, uds: p50 vs naive sidecar");
+        assert!((p50.value - 0.8).abs() < 1e-9 && p50.met);
+        let redis = &targets[1];
+        assert!((redis.value - 1.2).abs() < 1e-9 && !redis.met);
+        let open = &targets[2];
+        assert_eq!(open.what, "open loop, sluice uds: p99 us");
+        assert!(!open.met, "p99 1200 us is over 1 ms: {open:?}");
+        assert_eq!(targets.len(), 3, "no row, no target");
+    }
+}
