@@ -8,6 +8,7 @@ pub mod envoy;
 mod envoy_settings;
 mod log_level;
 mod policies;
+pub mod policy_dir;
 mod policy_quota;
 mod redact;
 mod redis_settings;

@@ -86,9 +86,14 @@ pub const DEFAULT_MEMORY_REQUEST: &str = "32Mi";
 /// Default `limits.memory` of the sidecar.
 pub const DEFAULT_MEMORY_LIMIT: &str = "128Mi";
 
-/// `sluice:<version of this binary>`, the tag the Dockerfile's README instructions build.
+/// Where the release workflow (`.github/workflows/release.yml`) pushes the image: the one place
+/// that names it. The manifests and README carry `<this>:<version>` (tests/api/image_name.rs
+/// keeps them equal).
+pub const IMAGE_REPOSITORY: &str = "ghcr.io/sluice-rs/sluice";
+
+/// `<IMAGE_REPOSITORY>:<version of this binary>`: the image a tag `v<version>` publishes.
 pub fn default_image() -> String {
-    format!("sluice:{}", env!("CARGO_PKG_VERSION"))
+    format!("{IMAGE_REPOSITORY}:{}", env!("CARGO_PKG_VERSION"))
 }
 
 /// A YAML scalar for `text`: JSON strings are valid YAML double-quoted scalars.

@@ -30,6 +30,7 @@ mod local_limit;
 mod nginx;
 mod observability;
 mod policies;
+mod policy_dir;
 mod policy_layer;
 mod redis_acl;
 mod redis_batch;
