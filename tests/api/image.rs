@@ -1,11 +1,12 @@
 //! The runtime image, built and run offline with podman. No registry is reachable, so the image
 //! is assembled from local files with the Dockerfile's final stage as the recipe: its `COPY`
-//! lines (the release binary for `--from=build`, context files as they are), then what the
-//! distroless base provides (the shared libraries `ldd` names, the CA bundle at `SSL_CERT_FILE`,
-//! `/etc/passwd` with user 65532, `/tmp`), on `FROM scratch` with the stage's own `ENV`, `USER`,
-//! `ENTRYPOINT`, `CMD` and `EXPOSE` lines verbatim. The container then runs as a pod would: read
-//! only, as 65532, host network, the socket directory a volume shared with a second container
-//! (the application's side: the same image running `sluice check`), and stopped by SIGTERM.
+//! lines (the release binary, stripped, for `--from=build`; context files as they are), then
+//! what the distroless base provides (the shared libraries `ldd` names, the CA bundle at
+//! `SSL_CERT_FILE`, `/etc/passwd` with user 65532, `/tmp`), on `FROM scratch` with the stage's
+//! own `ENV`, `USER`, `ENTRYPOINT`, `CMD` and `EXPOSE` lines verbatim. The container then runs as
+//! a pod would: read only, as 65532, host network, the socket directory a volume shared with a
+//! second container (the application's side: the same image running `sluice check`), and
+//! stopped by SIGTERM.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -122,7 +123,13 @@ fn assemble(stage: &Stage, binary: &Path, root: &Path) {
             panic!("one source per final-stage COPY: {copy:?}");
         };
         match copy.from.as_deref() {
-            Some("build") => copy_file(binary, &inside(&copy.dest)),
+            Some("build") => {
+                // The Dockerfile builds with symbols stripped and no debug info; CI's release
+                // build keeps debug info for profiling, so strip the copy.
+                copy_file(binary, &inside(&copy.dest));
+                let stripped = Command::new("strip").arg(inside(&copy.dest)).status();
+                assert!(stripped.is_ok_and(|s| s.success()), "strip {}", copy.dest);
+            }
             Some(other) => panic!("COPY --from={other}: only the build stage is known"),
             None => copy_file(&context_path(source), &inside(&copy.dest)),
         }
@@ -188,7 +195,8 @@ async fn wait_200(admin: u16, path: &str, podman: &Podman, name: &str) -> String
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_image_serves_read_only_as_non_root_over_a_shared_socket_and_drains_on_sigterm() {
-    if !tools::required("podman") || !tools::required("runc") || !tools::required("ldd") {
+    let tools = ["podman", "runc", "ldd", "strip"];
+    if !tools.iter().all(|tool| tools::required(tool)) {
         return;
     }
     let binary = release_binary();
@@ -311,8 +319,9 @@ async fn the_image_serves_read_only_as_non_root_over_a_shared_socket_and_drains_
         text.contains("draining") && text.contains("sluice stopped"),
         "{text}"
     );
+    let size = podman.ok(&["image", "inspect", "--format", "{{.Size}}", &podman.image]);
     println!(
-        "image {}: binary {} bytes; SIGTERM to exit {stopped_in:?}",
+        "image {}: {size} bytes (binary {} bytes unstripped); SIGTERM to exit {stopped_in:?}",
         podman.image,
         std::fs::metadata(&binary)
             .map(|m| m.len())
