@@ -1,14 +1,20 @@
 # syntax=docker/dockerfile:1
-# The sluice daemon image: built with the Rust toolchain, run from distroless (glibc, no shell,
-# no package manager) as the non-root user 65532. Build and try:
-#   docker build -t sluice:0.1.0 .
-#   docker run --rm -e SLUICE_LISTEN__HTTP=0.0.0.0:7070 -p 7070:7070 sluice:0.1.0
+# The sluice daemon image: built with the Rust toolchain, run from distroless (glibc, CA bundle,
+# no shell, no package manager) as the non-root user 65532, on a read-only root file system.
+# Build, try and push (README: Deployment):
+#   docker build -t ghcr.io/sluice-rs/sluice:0.1.0 .
+#   docker run --rm --read-only --tmpfs /tmp -e SLUICE_LISTEN__HTTP=0.0.0.0:7070 -p 7070:7070 \
+#     ghcr.io/sluice-rs/sluice:0.1.0
 # Both stages are Debian 12 (bookworm), so the binary links against the glibc it runs with.
+# tests/api/image.rs builds the build stage's inputs (every COPY below, in an empty directory)
+# and runs this file's final stage offline (podman), so keep both stages' lines simple:
+# `COPY <src>... <dest>`, `ENV KEY=value`, `USER`, `ENTRYPOINT` and `CMD` in JSON form.
 
 ARG RUST_VERSION=1.95
 FROM rust:${RUST_VERSION}-bookworm AS build
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
+COPY proto ./proto
 COPY src ./src
 COPY lua ./lua
 COPY config ./config
@@ -22,12 +28,15 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /sluice /usr/local/bin/sluice
-# The example policies; in Kubernetes a ConfigMap replaces them (SLUICE_POLICIES).
+# The example policies; in Kubernetes a ConfigMap replaces them (SLUICE_POLICIES: a file, or a
+# directory of *.yaml files such as a mounted ConfigMap).
 COPY config/policies.yaml /etc/sluice/policies.yaml
 ENV SLUICE_POLICIES=/etc/sluice/policies.yaml
 # The admin listener (probes, metrics) must bind beyond loopback for the kubelet and Prometheus;
 # the check API stays on 127.0.0.1 (the pod) and the Unix socket unless overridden.
 ENV SLUICE_LISTEN__ADMIN=0.0.0.0:7071
+# Trust for Redis TLS: the system bundle (distroless ships Debian's ca-certificates).
+ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
 EXPOSE 7070 7071
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/sluice"]

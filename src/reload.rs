@@ -1,7 +1,9 @@
-//! Policy hot reload: the policy file is checked every `policies_poll` and on SIGHUP. Reading
-//! follows symlinks, so a Kubernetes ConfigMap update (kubelet swaps the `..data` symlink) is seen
-//! like any edit. A changed file is validated whole and swapped in atomically; an invalid one is
-//! logged (once per distinct content) and counted, and the old set keeps serving.
+//! Policy hot reload: the policy source (a file, or a directory of files: see
+//! [`crate::config::policy_dir`]) is checked every `policies_poll` and on SIGHUP. Reading follows
+//! symlinks, so a Kubernetes ConfigMap update (kubelet swaps the `..data` symlink) is seen like any
+//! edit, and so is a file added to or removed from a directory. A changed source is validated
+//! whole and swapped in atomically; an invalid one is logged (once per distinct content) and
+//! counted, and the old set keeps serving.
 //!
 //! The file is a run-time input like a request: its metadata is looked at first (an unchanged
 //! file is not read again; a device, FIFO or oversized file is refused unread), it is read within
@@ -14,19 +16,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::check::CheckService;
-use crate::config::bounded_read::{self, FileStamp};
-use crate::config::{parse_policies, policy_file_version, FileLimits};
+use crate::config::policy_dir::{self, SourceStamp};
+use crate::config::FileLimits;
 use crate::telemetry::Metrics;
 
-/// Watches one policy file for one service.
+/// Watches one policy source (file or directory) for one service.
 pub struct Reloader {
     path: PathBuf,
     service: Arc<CheckService>,
     metrics: Metrics,
     /// Version of the content last seen (loaded or rejected), so each change is handled once.
     seen: Option<u32>,
-    /// The file's metadata when last read: while it matches, the file is not read again.
-    stamp: Option<FileStamp>,
+    /// The files' metadata when last read: while it matches, nothing is read again.
+    stamp: Option<SourceStamp>,
     limits: FileLimits,
     allow_empty: bool,
     /// Why the file could not be read last time, so each distinct failure is logged once.
@@ -90,12 +92,12 @@ impl Reloader {
     /// Reloads if the content changed (or always, when `forced`).
     pub async fn reload(&mut self, forced: bool) {
         if !forced && self.stamp.is_some() {
-            let now = bounded_read::stamp_async(self.path.clone(), self.limits).await;
+            let now = policy_dir::stamp_async(self.path.clone(), self.limits).await;
             if now.as_ref().ok() == self.stamp.as_ref() {
                 return;
             }
         }
-        let read = bounded_read::read_async(self.path.clone(), self.limits).await;
+        let read = policy_dir::read_async(self.path.clone(), self.limits).await;
         let text = match read {
             Ok((text, stamp)) => {
                 self.stamp = Some(stamp);
@@ -117,7 +119,7 @@ impl Reloader {
                 return;
             }
         };
-        let version = policy_file_version(&text);
+        let version = text.version();
         if self.seen == Some(version) {
             if forced {
                 self.metrics
@@ -128,8 +130,7 @@ impl Reloader {
             return;
         }
         self.seen = Some(version);
-        let path = self.path.clone();
-        let parsed = tokio::task::spawn_blocking(move || parse_policies(&path, &text)).await;
+        let parsed = tokio::task::spawn_blocking(move || text.parse()).await;
         let Ok(parsed) = parsed else {
             tracing::warn!("policy file parser failed; the policies in force keep serving");
             return;

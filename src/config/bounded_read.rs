@@ -135,7 +135,8 @@ pub async fn stamp_async(path: PathBuf, limits: FileLimits) -> Result<FileStamp,
     off_thread(path, move |path| stamp(path, &limits)).await
 }
 
-async fn off_thread<T: Send + 'static>(
+/// Runs blocking file `work` off the worker threads; a panic in it is a read error.
+pub(crate) async fn off_thread<T: Send + 'static>(
     path: PathBuf,
     work: impl FnOnce(&Path) -> Result<T, ReadError> + Send + 'static,
 ) -> Result<T, ReadError> {

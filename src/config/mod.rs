@@ -9,6 +9,7 @@ mod envoy_settings;
 mod log_level;
 mod policies;
 mod policy_fields;
+pub mod policy_dir;
 mod policy_quota;
 mod redact;
 mod redis_settings;

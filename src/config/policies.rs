@@ -76,12 +76,15 @@ pub fn policy_file_version(text: &str) -> u32 {
     u32::from_be_bytes([digest[16], digest[17], digest[18], digest[19]])
 }
 
-/// Reads (within `limits`) and validates the policy file at `path`; also returns its
-/// [`policy_file_version`].
+/// Reads (within `limits`) and validates the policy file at `path`, or every policy file of the
+/// directory at `path` (see [`super::policy_dir`]); also returns its version.
 pub fn load_policies(
     path: &Path,
     limits: &super::FileLimits,
 ) -> Result<(PolicySet, u32), PolicyFileError> {
+    if path.is_dir() {
+        return super::policy_dir::load(path, limits);
+    }
     let (text, _) = super::bounded_read::read(path, limits).map_err(|e| PolicyFileError {
         file: path.to_owned(),
         problems: vec![Problem::at(None, format!("cannot read: {}", e.reason))],

@@ -30,6 +30,10 @@ pub struct SidecarArgs {
     /// overrides it; default: the workload's `spec.replicas`, else 1).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub replicas: Option<u64>,
+    /// Serve Envoy's gRPC rate limit service too, on 127.0.0.1:8081 and
+    /// /var/run/sluice/rls.sock (a pod's `sluice.io/grpc: enabled|disabled` overrides it).
+    #[arg(long)]
+    pub grpc: bool,
 }
 
 impl SidecarArgs {
@@ -40,6 +44,7 @@ impl SidecarArgs {
             policies_configmap: self.policies_configmap.clone(),
             redis_secret: self.redis_secret.clone(),
             replicas: self.replicas,
+            grpc: self.grpc,
             ..Options::default()
         }
     }

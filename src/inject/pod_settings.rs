@@ -17,6 +17,9 @@ pub const INJECT: &str = "sluice.io/inject";
 pub const REPLICAS: &str = "sluice.io/replicas";
 /// The ConfigMap holding `policies.yaml` for this pod.
 pub const POLICIES_CONFIGMAP: &str = "sluice.io/policies-configmap";
+/// `enabled`: the sidecar also serves Envoy's gRPC rate limit service (`--grpc`); `disabled`:
+/// it does not, whatever the option says.
+pub const GRPC: &str = "sluice.io/grpc";
 /// The sidecar's CPU request.
 pub const CPU_REQUEST: &str = "sluice.io/cpu-request";
 /// The sidecar's memory request.
@@ -25,8 +28,9 @@ pub const MEMORY_REQUEST: &str = "sluice.io/memory-request";
 pub const MEMORY_LIMIT: &str = "sluice.io/memory-limit";
 
 /// Every annotation read here; any other `sluice.io/*` annotation is warned about.
-pub const ANNOTATIONS: [&str; 6] = [
+pub const ANNOTATIONS: [&str; 7] = [
     INJECT,
+    GRPC,
     REPLICAS,
     POLICIES_CONFIGMAP,
     CPU_REQUEST,
@@ -63,6 +67,7 @@ pub struct PodSettings {
     pub opt: Option<Opt>,
     /// `sluice.io/replicas`.
     pub replicas: Option<u64>,
+    grpc: Option<bool>,
     policies_configmap: Option<String>,
     cpu_request: Option<Quantity>,
     memory_request: Option<Quantity>,
@@ -91,6 +96,16 @@ pub fn read(metadata: &Value) -> Result<PodSettings, String> {
                 })?,
         );
     }
+    settings.grpc = match annotation(GRPC) {
+        None => None,
+        Some("enabled") => Some(true),
+        Some("disabled") => Some(false),
+        Some(other) => {
+            return Err(format!(
+                "{GRPC} is {other:?}, neither \"enabled\" nor \"disabled\""
+            ))
+        }
+    };
     if let Some(name) = annotation(POLICIES_CONFIGMAP) {
         if !is_dns_subdomain(name) {
             return Err(format!(
@@ -142,6 +157,7 @@ impl PodSettings {
     /// the memory limit (the API server would refuse the pod).
     pub fn apply(&self, defaults: &Options) -> Result<Options, String> {
         let mut options = defaults.clone();
+        options.grpc = self.grpc.unwrap_or(options.grpc);
         if let Some(name) = &self.policies_configmap {
             options.policies_configmap = name.clone();
         }
@@ -261,6 +277,21 @@ mod tests {
         assert_eq!(options.policies_configmap, "team-a");
         assert_eq!(options.resources.cpu_request.as_str(), "100m");
         assert_eq!(options.resources.memory_limit.as_str(), "256Mi");
+        assert!(!options.grpc);
+        let grpc = |value: &str, default: bool| {
+            let annotations = format!("annotations: {{sluice.io/grpc: {value}}}");
+            let defaults = Options {
+                grpc: default,
+                ..Options::default()
+            };
+            read(&metadata(&annotations))
+                .expect("valid")
+                .apply(&defaults)
+                .expect("applies")
+                .grpc
+        };
+        assert!(grpc("enabled", false));
+        assert!(!grpc("disabled", true));
         for bad in [
             "sluice.io/replicas: \"0\"",
             "sluice.io/replicas: \"many\"",
@@ -269,6 +300,7 @@ mod tests {
             "sluice.io/cpu-request: 1e3",
             "sluice.io/cpu-request: 100",
             "sluice.io/memory-request: \"128\"",
+            "sluice.io/grpc: \"true\"",
         ] {
             assert!(
                 read(&metadata(&format!("annotations: {{{bad}}}"))).is_err(),

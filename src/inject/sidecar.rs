@@ -17,6 +17,12 @@ pub const SOCKET_DIR: &str = "/var/run/sluice";
 pub const SOCKET_PATH: &str = "/var/run/sluice/sluice.sock";
 /// The TCP check API, loopback only (`SLUICE_URL`).
 pub const CHECK_URL: &str = "http://127.0.0.1:7070";
+/// The gRPC rate limit service (`envoy.service.ratelimit.v3`) on TCP, loopback only, with
+/// `--grpc` or `sluice.io/grpc: enabled`: where Envoy, Istio's sidecar or Envoy Gateway point
+/// their rate limit filter.
+pub const GRPC_ADDR: &str = "127.0.0.1:8081";
+/// The same service on the shared socket volume, for an Envoy container of the pod.
+pub const GRPC_SOCKET_PATH: &str = "/var/run/sluice/rls.sock";
 /// The admin port: probes and Prometheus reach it on the pod IP.
 pub const ADMIN_PORT: u16 = 7071;
 /// Pod label that marks injected pods (the PodMonitor selects it).
@@ -36,6 +42,8 @@ pub struct Options {
     pub replicas: Option<u64>,
     /// The sidecar's requests and memory limit (a pod's annotations may override them).
     pub resources: Resources,
+    /// Serve the gRPC rate limit service too ([`GRPC_ADDR`], [`GRPC_SOCKET_PATH`]).
+    pub grpc: bool,
     /// Replace a `sluice` container, volume, mount or variable whose settings differ.
     pub overwrite: bool,
     /// Copy documents of unknown kinds unchanged instead of refusing them.
@@ -50,6 +58,7 @@ impl Default for Options {
             redis_secret: "sluice-redis".into(),
             replicas: None,
             resources: Resources::default(),
+            grpc: false,
             overwrite: false,
             skip_unknown: false,
         }
@@ -86,9 +95,14 @@ pub const DEFAULT_MEMORY_REQUEST: &str = "32Mi";
 /// Default `limits.memory` of the sidecar.
 pub const DEFAULT_MEMORY_LIMIT: &str = "128Mi";
 
-/// `sluice:<version of this binary>`, the tag the Dockerfile's README instructions build.
+/// Where the release workflow (`.github/workflows/release.yml`) pushes the image: the one place
+/// that names it. The manifests and README carry `<this>:<version>` (tests/api/image_name.rs
+/// keeps them equal).
+pub const IMAGE_REPOSITORY: &str = "ghcr.io/sluice-rs/sluice";
+
+/// `<IMAGE_REPOSITORY>:<version of this binary>`: the image a tag `v<version>` publishes.
 pub fn default_image() -> String {
-    format!("sluice:{}", env!("CARGO_PKG_VERSION"))
+    format!("{IMAGE_REPOSITORY}:{}", env!("CARGO_PKG_VERSION"))
 }
 
 /// A YAML scalar for `text`: JSON strings are valid YAML double-quoted scalars.
@@ -116,10 +130,10 @@ env:
   - {{name: SLUICE_LISTEN__SOCKET_MODE, value: "0666"}}
   - {{name: SLUICE_LISTEN__TRUST_SOCKET_DIR, value: "true"}}
   - {{name: SLUICE_LISTEN__ADMIN, value: "0.0.0.0:{ADMIN_PORT}"}}
-  - {{name: SLUICE_POLICIES, value: /etc/sluice/policies/policies.yaml}}
+  - {{name: SLUICE_POLICIES, value: /etc/sluice/policies}}
   - {{name: SLUICE_LOCAL__REPLICAS, value: "{replicas}"}}
   - {{name: SLUICE_LOG__FORMAT, value: json}}
-envFrom:
+{grpc}envFrom:
   - secretRef: {{name: {secret}, optional: true}}
 ports:
   - {{name: sluice-admin, containerPort: {ADMIN_PORT}, protocol: TCP}}
@@ -153,6 +167,14 @@ volumeMounts:
   - {{name: {POLICIES_VOLUME}, mountPath: /etc/sluice/policies, readOnly: true}}
 "#,
         image = quoted(&options.image),
+        grpc = if options.grpc {
+            format!(
+                "  - {{name: SLUICE_LISTEN__GRPC, value: \"{GRPC_ADDR}\"}}\n  \
+                 - {{name: SLUICE_LISTEN__GRPC_SOCKET, value: \"{GRPC_SOCKET_PATH}\"}}\n"
+            )
+        } else {
+            String::new()
+        },
         secret = quoted(&options.redis_secret),
         cpu = quoted(options.resources.cpu_request.as_str()),
         memory = quoted(options.resources.memory_request.as_str()),
@@ -209,6 +231,25 @@ mod tests {
             .expect("replicas variable");
         assert_eq!(replicas["value"].as_str(), Some("3"));
         assert_eq!(volumes(&options).len(), 2);
+        let grpc = container(
+            &Options {
+                grpc: true,
+                ..options.clone()
+            },
+            1,
+        );
+        let names: Vec<&str> = grpc["env"]
+            .as_sequence()
+            .expect("env")
+            .iter()
+            .filter_map(|e| e["name"].as_str())
+            .collect();
+        assert!(names.contains(&"SLUICE_LISTEN__GRPC_SOCKET"), "{names:?}");
+        assert!(!c["env"]
+            .as_sequence()
+            .expect("env")
+            .iter()
+            .any(|e| e["name"] == "SLUICE_LISTEN__GRPC"));
         assert_eq!(app_env()[1]["value"].as_str(), Some(CHECK_URL));
         assert_eq!(app_mount()["mountPath"].as_str(), Some(SOCKET_DIR));
     }

@@ -9,7 +9,7 @@ use std::process::Command;
 use serde_yaml::Value;
 use sluice::inject::{inject_str, Options};
 
-use crate::helpers::{repo_root, run, sluice_command};
+use crate::helpers::{repo_root, run, sluice_command, Outcome};
 use crate::kustomize::{documents, render};
 use crate::tools;
 
@@ -18,33 +18,34 @@ use crate::tools;
 const SCHEMA_VERSIONS: [&str; 2] = ["1.29.0", "1.37.0"];
 
 /// Every kustomization of deploy/k8s (`injector` includes `injector/core`).
-const KUSTOMIZATIONS: [&str; 5] = [
+const KUSTOMIZATIONS: [&str; 6] = [
     "base",
     "overlays/redis",
     "overlays/sentinel",
     "monitoring",
     "injector",
+    "ratelimit",
 ];
 
-fn k8s_dir() -> PathBuf {
+pub fn k8s_dir() -> PathBuf {
     repo_root().join("deploy/k8s")
 }
 
-fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+pub fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
     objects
         .iter()
         .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
         .unwrap_or_else(|| panic!("no {kind} {name}"))
 }
 
-fn sidecar(deployment: &Value) -> &Value {
+pub fn sidecar(deployment: &Value) -> &Value {
     deployment["spec"]["template"]["spec"]["initContainers"]
         .as_sequence()
         .and_then(|s| s.iter().find(|c| c["name"] == "sluice"))
         .expect("a sluice init container")
 }
 
-fn env_value<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
+pub fn env_value<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
     container["env"]
         .as_sequence()?
         .iter()
@@ -98,50 +99,62 @@ fn overlays_keep_local_replicas_equal_to_replicas() {
     }
 }
 
+/// `sluice config check` of an empty settings file with `container`'s literal environment,
+/// `SLUICE_POLICIES` replaced by `policies` (a path on this machine), plus `extra`.
+pub fn config_check_env(container: &Value, policies: &str, extra: &[(String, String)]) -> Outcome {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let settings = dir.path().join("empty.toml");
+    std::fs::write(&settings, "").expect("write");
+    let mut command = sluice_command(
+        &repo_root(),
+        &["config", "check", settings.to_str().expect("utf-8")],
+    );
+    for var in container["env"].as_sequence().expect("env") {
+        let name = var["name"].as_str().expect("name");
+        let value = var["value"].as_str().expect("literal value");
+        command.env(
+            name,
+            if name == "SLUICE_POLICIES" {
+                policies
+            } else {
+                value
+            },
+        );
+    }
+    command.envs(extra.iter().map(|(k, v)| (k, v)));
+    run(command)
+}
+
 /// The sidecar's environment plus the overlay's `sluice-redis` Secret, with paths moved into
 /// this machine's repository: `sluice config check` must accept them (exit 0).
 #[test]
 fn daemon_accepts_the_rendered_sidecar_settings() {
+    let shipped = repo_root()
+        .join("config/policies.yaml")
+        .display()
+        .to_string();
     for overlay in ["base", "overlays/redis", "overlays/sentinel"] {
         let objects = render(&k8s_dir().join(overlay));
         let container = sidecar(find(&objects, "Deployment", "example-app"));
-        let dir = tempfile::tempdir().expect("tempdir");
-        let settings = dir.path().join("empty.toml");
-        std::fs::write(&settings, "").expect("write");
-        let mut command = sluice_command(
-            &repo_root(),
-            &["config", "check", settings.to_str().expect("utf-8")],
-        );
-        for var in container["env"].as_sequence().expect("env") {
-            let name = var["name"].as_str().expect("name");
-            let value = match name {
-                "SLUICE_POLICIES" => repo_root()
-                    .join("config/policies.yaml")
-                    .display()
-                    .to_string(),
-                _ => var["value"].as_str().expect("literal value").to_owned(),
-            };
-            command.env(name, value);
-        }
         let secret = container["envFrom"][0]["secretRef"]["name"]
             .as_str()
             .expect("secret");
-        let mut from_secret = 0;
+        let mut from_secret = Vec::new();
         if let Some(found) = objects
             .iter()
             .find(|o| o["kind"] == "Secret" && o["metadata"]["name"] == secret)
         {
             for (name, value) in found["stringData"].as_mapping().expect("stringData") {
-                command.env(name.as_str().expect("key"), value.as_str().expect("string"));
-                from_secret += 1;
+                let name = name.as_str().expect("key").to_owned();
+                from_secret.push((name, value.as_str().expect("string").to_owned()));
             }
         }
         assert_eq!(
-            from_secret > 0,
+            !from_secret.is_empty(),
             overlay != "base",
             "{overlay}: Redis settings from the Secret"
         );
-        let outcome = run(command);
+        let outcome = config_check_env(container, &shipped, &from_secret);
         assert_eq!(outcome.code, Some(0), "{overlay}: {outcome:?}");
     }
 }
@@ -245,6 +258,36 @@ fn write_text(dir: &Path, name: &str, text: &str, files: &mut Vec<PathBuf>) {
     }
 }
 
+/// `kubernetes-validate --strict` of `files` against every [`SCHEMA_VERSIONS`] schema (skipped
+/// with a reason outside CI when it is not installed).
+pub fn validate(files: &[PathBuf]) {
+    if !tools::required_python_module("kubernetes_validate") {
+        return;
+    }
+    for version in SCHEMA_VERSIONS {
+        let mut command = Command::new("python3");
+        command
+            .args([
+                "-m",
+                "kubernetes_validate",
+                "--strict",
+                "--quiet",
+                "-k",
+                version,
+            ])
+            .args(files);
+        let outcome = run(command);
+        assert_eq!(
+            outcome.code,
+            Some(0),
+            "kubernetes-validate --strict -k {version}:\n{}{}",
+            outcome.stdout,
+            outcome.stderr
+        );
+        assert!(!outcome.stdout.contains("WARN"), "{}", outcome.stdout);
+    }
+}
+
 #[test]
 fn manifests_validate_against_kubernetes_schemas() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -285,31 +328,7 @@ fn manifests_validate_against_kubernetes_schemas() {
         );
     }
     assert!(files.len() >= 20, "{} manifests", files.len());
-    if !tools::required_python_module("kubernetes_validate") {
-        return;
-    }
-    for version in SCHEMA_VERSIONS {
-        let mut command = Command::new("python3");
-        command
-            .args([
-                "-m",
-                "kubernetes_validate",
-                "--strict",
-                "--quiet",
-                "-k",
-                version,
-            ])
-            .args(&files);
-        let outcome = run(command);
-        assert_eq!(
-            outcome.code,
-            Some(0),
-            "kubernetes-validate --strict -k {version}:\n{}{}",
-            outcome.stdout,
-            outcome.stderr
-        );
-        assert!(!outcome.stdout.contains("WARN"), "{}", outcome.stdout);
-    }
+    validate(&files);
 }
 
 const PROMETHEUS_RULE_HEADER: &str = "\

@@ -2,6 +2,7 @@
 //! loopback ports in a temporary directory, killed on drop. Never touches a Redis on 6379.
 
 use std::net::TcpListener;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -38,9 +39,17 @@ pub fn spawn_sentinel(conf: &std::path::Path) -> Child {
         .expect("redis-server runs in Sentinel mode")
 }
 
+/// The `redis-server` on PATH (the machine's version).
+pub const DEFAULT_BINARY: &str = "redis-server";
+
 /// Starts `redis-server` in `dir`.
 pub fn spawn_server(dir: &TempDir, port: u16, extra: &[&str]) -> Child {
-    Command::new("redis-server")
+    spawn_server_from(Path::new(DEFAULT_BINARY), dir, port, extra)
+}
+
+/// Starts the `redis-server` at `binary` (another version than PATH's) in `dir`.
+pub fn spawn_server_from(binary: &Path, dir: &TempDir, port: u16, extra: &[&str]) -> Child {
+    Command::new(binary)
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no"])
         .arg("--dir")
@@ -49,7 +58,7 @@ pub fn spawn_server(dir: &TempDir, port: u16, extra: &[&str]) -> Child {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .expect("redis-server runs (install redis-server)")
+        .unwrap_or_else(|e| panic!("{} runs (install redis-server): {e}", binary.display()))
 }
 
 pub fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
@@ -82,12 +91,21 @@ pub struct RedisServer {
     pub port: u16,
     dir: TempDir,
     extra: Vec<String>,
+    binary: PathBuf,
 }
 
 impl RedisServer {
     /// Starts a server and waits until it answers PING.
     pub fn start() -> Self {
         Self::start_with(&[])
+    }
+
+    /// Starts the `redis-server` at `binary` (another Redis version) and waits for PING.
+    pub fn start_from(binary: &Path) -> Self {
+        let mut server = Self::stopped(free_port(), &[]);
+        server.binary = binary.to_owned();
+        server.restart();
+        server
     }
 
     /// Starts a server with extra `redis-server` arguments.
@@ -105,6 +123,7 @@ impl RedisServer {
             port,
             dir: tempfile::tempdir().expect("tempdir"),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            binary: PathBuf::from(DEFAULT_BINARY),
         }
     }
 
@@ -117,7 +136,12 @@ impl RedisServer {
     pub fn restart(&mut self) {
         self.kill();
         let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
-        self.child = Some(spawn_server(&self.dir, self.port, &extra));
+        self.child = Some(spawn_server_from(
+            &self.binary,
+            &self.dir,
+            self.port,
+            &extra,
+        ));
         let port = self.port;
         let password = self.password();
         wait_until("redis-server", || ping_auth(port, password.as_deref()));
@@ -203,6 +227,11 @@ pub struct RedisCluster {
 impl RedisCluster {
     /// Starts three cluster-enabled servers, creates the cluster, waits for `cluster_state:ok`.
     pub fn start() -> Self {
+        Self::start_from(Path::new(DEFAULT_BINARY))
+    }
+
+    /// [`RedisCluster::start`] with the `redis-server` at `binary` (another Redis version).
+    pub fn start_from(binary: &Path) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut ports: Vec<u16> = Vec::new();
         while ports.len() < 3 {
@@ -215,7 +244,8 @@ impl RedisCluster {
             .iter()
             .map(|port| {
                 let conf = format!("nodes-{port}.conf");
-                spawn_server(
+                spawn_server_from(
+                    binary,
                     &dir,
                     *port,
                     &["--cluster-enabled", "yes", "--cluster-config-file", &conf],
