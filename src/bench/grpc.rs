@@ -1,7 +1,10 @@
-//! The gRPC transport's bench clients: Envoy's `ShouldRateLimit` over one HTTP/2 connection per
-//! client (as an Envoy worker keeps one to its rate limit cluster), one descriptor per request.
+//! The gRPC transport's bench clients: Envoy's `ShouldRateLimit`, one descriptor per request,
+//! over at most [`CONNECTIONS`] HTTP/2 connections shared by all clients, as an Envoy with that
+//! many workers keeps one connection per worker to its rate limit cluster (64 callers: 16
+//! streams on each connection).
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tonic::transport::{Channel, Endpoint};
@@ -21,6 +24,9 @@ pub const POLICIES: &str = "
   - {name: grpc_sl, key: [gsl], algorithm: sliding_log, limit: 10000, period: 100ms, failure_mode: closed}
   - {name: grpc_fw, key: [gfw], algorithm: fixed_window, limit: 1000000000, period: 1s, failure_mode: closed}
 ";
+
+/// Connections the clients share (Envoy's worker count on a 4-core node).
+const CONNECTIONS: usize = 4;
 
 struct Grpc {
     client: RateLimitServiceClient<Channel>,
@@ -57,14 +63,23 @@ pub fn sluice(addr: SocketAddr, policy: &str, keys: usize) -> Factory {
             })
             .collect(),
     );
+    // Client n uses connection n % CONNECTIONS, opened by the first client that needs it.
+    let channels: Arc<tokio::sync::Mutex<Vec<Channel>>> = Arc::default();
+    let next = Arc::new(AtomicUsize::new(0));
     Arc::new(move || {
         let requests = Arc::clone(&requests);
+        let channels = Arc::clone(&channels);
+        let n = next.fetch_add(1, Ordering::Relaxed) % CONNECTIONS;
         Box::pin(async move {
-            let channel = Endpoint::from_shared(format!("http://{addr}"))?
-                .tcp_nodelay(true)
-                .connect()
-                .await?;
-            let client = RateLimitServiceClient::new(channel);
+            let mut open = channels.lock().await;
+            while open.len() <= n {
+                let channel = Endpoint::from_shared(format!("http://{addr}"))?
+                    .tcp_nodelay(true)
+                    .connect()
+                    .await?;
+                open.push(channel);
+            }
+            let client = RateLimitServiceClient::new(open[n].clone());
             Ok(Box::new(Grpc { client, requests }) as Box<dyn Client>)
         })
     })
