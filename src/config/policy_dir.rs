@@ -5,7 +5,7 @@
 //! file, read in name order; the kubelet's own entries (`..data`, `..2026_...`) are skipped while
 //! the keys it links through them (`key -> ..data/key`) are followed. Each file is bounded like a
 //! single policy file (`files.max_bytes`, `files.read_timeout`, regular files only), at most
-//! [`MAX_FILES`] of them. A name defined in two files is refused naming both places, and one bad
+//! [`MAX_FILES`] of them and `files.max_bytes` together. A name defined in two files is refused naming both places, and one bad
 //! file refuses the whole source: the set in force keeps serving (see `reload`).
 
 use std::ffi::OsString;
@@ -146,8 +146,20 @@ pub fn read(path: &Path, limits: &FileLimits) -> Result<(SourceText, SourceStamp
     for _ in 0..READ_ATTEMPTS {
         let mut files = Vec::new();
         let mut stamps = Vec::new();
+        let mut total = 0u64;
         for file in self::files(path)? {
             let (text, stamp) = bounded_read::read(&file, limits)?;
+            // The whole source, not only each file, stays within files.max_bytes.
+            total += text.len() as u64;
+            if total > limits.max_bytes {
+                return Err(ReadError {
+                    path: path.to_owned(),
+                    reason: format!(
+                        "its files together are over files.max_bytes ({})",
+                        limits.max_bytes
+                    ),
+                });
+            }
             stamps.push((file.file_name().unwrap_or_default().to_owned(), stamp));
             files.push((file, text));
         }
@@ -223,6 +235,20 @@ mod tests {
         let second = format!("{}:3:", dir.path().join("2.yaml").display());
         assert!(text.starts_with(&second), "{text}");
         assert!(text.contains(&first), "{text}");
+    }
+
+    #[test]
+    fn the_files_together_stay_within_the_byte_bound() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("a.yaml"), A).expect("write");
+        std::fs::write(dir.path().join("b.yaml"), A.replace("name: a", "name: b")).expect("write");
+        let limits = FileLimits {
+            max_bytes: A.len() as u64 + 10,
+            ..FileLimits::default()
+        };
+        let error = read(dir.path(), &limits).expect_err("two files over the bound");
+        assert!(error.reason.contains("together"), "{}", error.reason);
+        assert!(read(dir.path(), &FileLimits::default()).is_ok());
     }
 
     #[test]
