@@ -229,15 +229,17 @@ async fn edits_reload_and_an_invalid_file_keeps_the_old_policies() {
     let app = spawn_watching(dir, &file).await;
     let version = json_of(&app.admin_get("/v1/policies").await)["version"].clone();
 
-    std::fs::write(&file, TWO).expect("write");
+    // Replaced by a rename: an in-place write can be read half-done (empty, then written), and
+    // that empty content would be a refused reload of its own (seen on a loaded machine).
+    let next = file.with_extension("next");
+    std::fs::write(&next, TWO).expect("write");
+    std::fs::rename(&next, &file).expect("rename");
     wait_for_policy(&app, "two").await;
     assert_eq!(reloads(&app, "ok").await, 1.0);
     let dump = json_of(&app.admin_get("/v1/policies").await);
     assert_ne!(dump["version"], version, "the version follows the content");
 
-    // Replaced by a rename: an in-place write can be read half-done (truncated, then written),
-    // which is a second distinct content and would be rejected a second time.
-    let next = file.with_extension("next");
+    // Replaced by a rename too, for the same reason (it would be rejected a second time).
     std::fs::write(
         &next,
         "policies:\n  - {name: broken, key: [], algorithm: nope}\n",
