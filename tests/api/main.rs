@@ -9,6 +9,7 @@ mod batch;
 mod check;
 mod cli;
 mod counters;
+mod envoy_upstream;
 mod envoy_upstream_figures;
 mod examples;
 mod first_hour;
