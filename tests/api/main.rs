@@ -11,6 +11,7 @@ mod cli;
 mod counters;
 mod envoy_upstream;
 mod envoy_upstream_figures;
+mod envoy_upstream_flows;
 mod examples;
 mod first_hour;
 mod grpc;
