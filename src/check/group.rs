@@ -6,15 +6,17 @@
 //! The figures are what is really left: the passing items of a denied group report their
 //! remaining before the cost (nothing was spent), and when the local layer answered with the
 //! denials only, the other items' figures are read from the store without spending. A probe
-//! (Envoy's `hits_addend: 0`) reports what is left, spends nothing and never denies.
+//! (Envoy's `hits_addend: 0`) reports what is left, spends nothing and never denies. A converted
+//! `requests_per_unit: 0` ([`StandIn::Blocked`]) denies its group without the store spending.
 
 use std::sync::Arc;
 
 use super::plan::Planned;
 use super::request::{CheckError, CheckRequest};
-use super::verdict::{self, Outcome, PolicyDecision, Verdict};
+use super::verdict::{self, Mode, Outcome, PolicyDecision, Verdict};
 use super::CheckService;
-use crate::limit::{Algorithm, Key};
+use crate::config::envoy::StandIn;
+use crate::limit::{Algorithm, Decision, Key, NEVER};
 
 /// One question of a group.
 #[derive(Debug, Clone)]
@@ -108,8 +110,32 @@ impl CheckService {
             Vec::new()
         };
         let costs: Vec<u64> = planned.iter().map(|p| p.check.cost).collect();
-        let overall = self.run(false, planned).await;
         let mut placed: Vec<Option<PolicyDecision>> = vec![None; owners.len()];
+        if planned.iter().any(blocked) {
+            // A converted `requests_per_unit: 0` selected: denied without spending; the figures
+            // of the others are read.
+            let mut read = self.ask_store(true, planned).await;
+            for part in &mut read.evaluated {
+                if StandIn::of(part.policy.name()) == Some(StandIn::Blocked) {
+                    part.mode = Mode::Enforced;
+                    part.decision = Decision {
+                        allowed: false,
+                        limit: 0,
+                        remaining: 0,
+                        reset_after_us: 0,
+                        retry_after_us: NEVER,
+                    };
+                }
+            }
+            let overall = verdict::decide(read.evaluated);
+            self.record(&overall);
+            for (at, part) in overall.evaluated.iter().enumerate() {
+                placed[at] = Some(part.clone());
+            }
+            place(placed, &owners, &costs, true, per_item);
+            return overall;
+        }
+        let overall = self.run(false, planned).await;
         if overall.evaluated.len() == owners.len() {
             for (at, part) in overall.evaluated.iter().enumerate() {
                 placed[at] = Some(part.clone());
@@ -137,17 +163,33 @@ impl CheckService {
                 }
             }
         }
-        // A denied group spent nothing: an allowed decision's remaining is after its cost.
         let unspent = overall.outcome == Outcome::Denied;
-        for ((part, owner), cost) in placed.into_iter().zip(owners).zip(costs) {
-            let Some(mut part) = part else { continue };
-            if unspent && part.decision.allowed {
-                let left = part.decision.remaining.saturating_add(cost);
-                part.decision.remaining = left.min(part.decision.limit);
-            }
-            per_item[owner].push(part);
-        }
+        place(placed, &owners, &costs, unspent, per_item);
         overall
+    }
+}
+
+/// Whether a planned check is a converted `requests_per_unit: 0`.
+fn blocked(part: &Planned) -> bool {
+    StandIn::of(part.policy.name()) == Some(StandIn::Blocked)
+}
+
+/// Gives each decision to its item. A denied group spent nothing (`unspent`): an allowed
+/// decision's remaining is after its cost, so the cost is given back.
+fn place(
+    placed: Vec<Option<PolicyDecision>>,
+    owners: &[usize],
+    costs: &[u64],
+    unspent: bool,
+    per_item: &mut [Vec<PolicyDecision>],
+) {
+    for ((part, owner), cost) in placed.into_iter().zip(owners).zip(costs) {
+        let Some(mut part) = part else { continue };
+        if unspent && part.decision.allowed {
+            let left = part.decision.remaining.saturating_add(*cost);
+            part.decision.remaining = left.min(part.decision.limit);
+        }
+        per_item[*owner].push(part);
     }
 }
 
@@ -157,7 +199,7 @@ fn as_probe(part: &mut PolicyDecision) {
     if part.decision.allowed {
         let left = part.decision.remaining.saturating_add(1);
         part.decision.remaining = left.min(part.decision.limit);
-    } else if part.mode != verdict::Mode::FailClosed {
+    } else if part.mode != Mode::FailClosed {
         part.decision.allowed = true;
         part.decision.remaining = 0;
         part.decision.retry_after_us = 0;

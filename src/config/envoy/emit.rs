@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::schema::Rule;
 use super::walk::{shown, Leaf};
-use super::{entry_name, NoLimit, ENTRIES_DESCRIPTOR};
+use super::{entry_name, StandIn, ENTRIES_DESCRIPTOR};
 
 /// A converted policy, in the policy file's own syntax.
 #[derive(Serialize)]
@@ -47,12 +47,14 @@ pub(super) fn to_policies(leaves: &[Leaf]) -> Vec<OutPolicy> {
         let (limit, period, shadow, kind) = match leaf.rule {
             Rule::Limit(limit, period) => (limit, period, leaf.shadow, None),
             // Upstream answers `unlimited` with its own figures: always a no-op.
-            Rule::Unlimited => (super::NO_LIMIT, "1s", true, Some(NoLimit::Unlimited)),
+            Rule::Unlimited => (super::NO_LIMIT, "1s", true, Some(StandIn::Unlimited)),
             // An exemption matters only where a limited entry of its group covers it.
             Rule::Exempt if covered(leaf, leaves) => {
-                (super::NO_LIMIT, "1s", true, Some(NoLimit::Exempt))
+                (super::NO_LIMIT, "1s", true, Some(StandIn::Exempt))
             }
             Rule::Exempt => continue,
+            // Denied by the check's group (a shadow policy never denies in the store).
+            Rule::Blocked(period) => (super::NO_LIMIT, period, true, Some(StandIn::Blocked)),
         };
         let mut conditions: BTreeMap<String, String> = names
             .iter()
@@ -76,7 +78,7 @@ pub(super) fn to_policies(leaves: &[Leaf]) -> Vec<OutPolicy> {
             name,
             description: format!(
                 "envoyproxy/ratelimit {}: {}",
-                kind.map_or("limit", NoLimit::as_str),
+                kind.map_or("limit", StandIn::as_str),
                 shown(&leaf.domain, &leaf.path)
             ),
             domain: leaf.domain.clone(),
@@ -120,7 +122,7 @@ pub(super) fn overlaps(a: Option<&str>, b: Option<&str>) -> bool {
 /// A no-op's name starts with its kind's prefix, which is how the gRPC answer recognises it.
 pub(super) fn unique_name(
     leaf: &Leaf,
-    kind: Option<NoLimit>,
+    kind: Option<StandIn>,
     taken: &mut BTreeSet<String>,
 ) -> String {
     let valid = |n: &str| {
@@ -129,11 +131,11 @@ pub(super) fn unique_name(
             && n.bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
     };
-    let prefix = kind.map_or("", NoLimit::prefix);
+    let prefix = kind.map_or("", StandIn::prefix);
     if let Some(name) = leaf
         .name
         .as_deref()
-        .filter(|n| kind.is_none() && valid(n) && !taken.contains(*n) && NoLimit::of(n).is_none())
+        .filter(|n| kind.is_none() && valid(n) && !taken.contains(*n) && StandIn::of(n).is_none())
     {
         taken.insert(name.to_owned());
         return name.to_owned();
@@ -160,7 +162,7 @@ pub(super) fn unique_name(
         let room = 48 - prefix.len();
         name = format!("{prefix}{}_{}", &slug[..slug.len().min(room)], &digest[..8]);
     }
-    if kind.is_none() && NoLimit::of(&name).is_some() {
+    if kind.is_none() && StandIn::of(&name).is_some() {
         // A limit never looks like a no-op.
         name.insert(0, 'x');
     }
@@ -216,9 +218,9 @@ mod tests {
         let long = unique_name(&leaf(None, &"v".repeat(100)), None, &mut taken);
         assert!(long.len() <= crate::limit::MAX_POLICY_NAME, "{long}");
         // A no-op is named by its kind; a limit never looks like one, whatever its name.
-        let exempt = unique_name(&leaf(Some("mine"), "b"), Some(NoLimit::Exempt), &mut taken);
-        assert_eq!(NoLimit::of(&exempt), Some(NoLimit::Exempt), "{exempt}");
+        let exempt = unique_name(&leaf(Some("mine"), "b"), Some(StandIn::Exempt), &mut taken);
+        assert_eq!(StandIn::of(&exempt), Some(StandIn::Exempt), "{exempt}");
         let posing = unique_name(&leaf(Some("rls-unlimited-x"), "c"), None, &mut taken);
-        assert_eq!(NoLimit::of(&posing), None, "{posing}");
+        assert_eq!(StandIn::of(&posing), None, "{posing}");
     }
 }

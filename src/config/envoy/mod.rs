@@ -16,14 +16,17 @@
 //!   sums over the path);
 //! - their windows are fixed and aligned to the epoch: a `fixed_window` of one unit;
 //! - `share_threshold` leaves its entry out of the counter's key (one counter per wildcard);
-//! - `shadow_mode` is `shadow`; `unlimited` becomes a no-op policy ([`NoLimit`]: it wins its group
-//!   and blocks nothing), and so does a node without `rate_limit` (upstream's way to exempt a
+//! - `shadow_mode` is `shadow`; `unlimited` becomes a no-op policy ([`StandIn`]: it wins its
+//!   group and blocks nothing), and so does a node without `rate_limit` (upstream's way to exempt a
 //!   value) where a limited sibling would otherwise apply to its values;
 //! - `detailed_metric`, `value_to_metric` and `metadata` are accepted and have no effect (sluice's
 //!   metrics are labelled by policy only, a bounded set).
 //!
+//! - `requests_per_unit: 0` becomes a [`StandIn::Blocked`] policy: the check's group denies every
+//!   request it selects.
+//!
 //! What sluice cannot express is refused with a reason naming the field: `replaces`,
-//! `requests_per_unit: 0`, `quota_mode`, keys outside `[A-Za-z0-9_.-]`.
+//! `quota_mode`, `requests_per_unit: 0` with `shadow_mode`, keys outside `[A-Za-z0-9_.-]`.
 
 mod emit;
 mod schema;
@@ -64,25 +67,29 @@ pub fn entry_name(key: &str, occurrence: usize) -> Cow<'_, str> {
     }
 }
 
-/// A converted policy that stands for "no limit" (it wins its group and blocks nothing); the
-/// gRPC answer reports it as upstream does.
+/// A converted policy that stands for a rule sluice's limits cannot say: a shadow policy that
+/// wins its group and never limits by itself; the check's group and the gRPC answer give it
+/// upstream's meaning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NoLimit {
+pub enum StandIn {
     /// `unlimited: true`: OK, no `current_limit`, the largest `limit_remaining`.
     Unlimited,
     /// A node without `rate_limit`: OK, no `current_limit`, `limit_remaining` 0.
     Exempt,
+    /// `requests_per_unit: 0`: every request is over the limit (`current_limit` 0 per unit).
+    Blocked,
 }
 
-impl NoLimit {
+impl StandIn {
     /// Every kind.
-    pub const ALL: [Self; 2] = [Self::Unlimited, Self::Exempt];
+    pub const ALL: [Self; 3] = [Self::Unlimited, Self::Exempt, Self::Blocked];
 
     /// The kind's name.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Unlimited => "unlimited",
             Self::Exempt => "exempt",
+            Self::Blocked => "blocked",
         }
     }
 
@@ -91,7 +98,13 @@ impl NoLimit {
         match self {
             Self::Unlimited => "rls-unlimited-",
             Self::Exempt => "rls-exempt-",
+            Self::Blocked => "rls-blocked-",
         }
+    }
+
+    /// Whether it stands for no limit (`Unlimited`, `Exempt`).
+    pub fn is_no_limit(self) -> bool {
+        self != Self::Blocked
     }
 
     /// The kind of a policy, by its name.

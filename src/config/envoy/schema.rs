@@ -72,6 +72,8 @@ pub(super) enum Rule {
     Limit(u64, &'static str),
     /// `unlimited: true`: OK, with the largest remaining.
     Unlimited,
+    /// `requests_per_unit: 0` over this period: every request is over the limit.
+    Blocked(&'static str),
     /// No `rate_limit` (upstream's way to exempt a value, or a node with children only): no
     /// limit at this depth, even where a less specific sibling has one.
     Exempt,
@@ -121,11 +123,7 @@ impl RawRateLimit {
         };
         match self.requests_per_unit {
             None => Err("`requests_per_unit` is required".into()),
-            Some(0) => Err(
-                "`requests_per_unit: 0` (deny every request) is not supported by sluice yet: \
-                 deny those requests in Envoy (RBAC) instead"
-                    .into(),
-            ),
+            Some(0) => Ok(Rule::Blocked(period)),
             Some(n) if n > crate::config::policies::MAX_LIMIT => Err(format!(
                 "`requests_per_unit` must be at most {}, got {n}",
                 crate::config::policies::MAX_LIMIT

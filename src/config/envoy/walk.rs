@@ -57,6 +57,13 @@ pub(super) fn walk(
                 Some(rate) => rate.rule(),
                 None => Ok(Rule::Exempt),
             };
+            let rule = rule.and_then(|rule| match rule {
+                Rule::Blocked(_) if node.shadow_mode => Err(
+                    "`requests_per_unit: 0` with `shadow_mode` is not supported by sluice yet"
+                        .to_owned(),
+                ),
+                rule => Ok(rule),
+            });
             match rule {
                 Ok(rule) => leaves.push(Leaf {
                     domain: domain.to_owned(),

@@ -3,7 +3,7 @@
 //! exempt entry is answered as upstream answers it (OK, no `current_limit`).
 
 use crate::check::{GroupVerdict, Mode, Outcome, PolicyDecision, Verdict};
-use crate::config::envoy::NoLimit;
+use crate::config::envoy::StandIn;
 use crate::limit::Micros;
 use crate::transport::wire;
 
@@ -29,7 +29,8 @@ pub(super) fn response(verdict: &GroupVerdict, with_headers: bool) -> RateLimitR
     let no_limit = verdict
         .overall
         .deciding()
-        .is_some_and(|part| NoLimit::of(part.policy.name()).is_some());
+        .and_then(|part| StandIn::of(part.policy.name()))
+        .is_some_and(StandIn::is_no_limit);
     let response_headers_to_add = if with_headers && !no_limit {
         headers(&verdict.overall)
     } else {
@@ -61,11 +62,11 @@ fn status(item: &Verdict) -> DescriptorStatus {
     let no_limit = item
         .evaluated
         .iter()
-        .find_map(|part| NoLimit::of(part.policy.name()));
-    if let (Some(kind), Outcome::Allowed) = (no_limit, item.outcome) {
+        .find_map(|part| StandIn::of(part.policy.name()));
+    if let (Some(kind), Outcome::Allowed) = (no_limit.filter(|k| k.is_no_limit()), item.outcome) {
         status.limit_remaining = match kind {
-            NoLimit::Unlimited => u32::MAX,
-            NoLimit::Exempt => 0,
+            StandIn::Unlimited => u32::MAX,
+            StandIn::Exempt | StandIn::Blocked => 0,
         };
         return status;
     }
