@@ -2,19 +2,27 @@
 //! `ShouldRateLimit` sends one descriptor per limit and wants a status for each, and sluice spends
 //! from every one of them or from none (envoyproxy/ratelimit spends the others even when one is
 //! over its limit).
+//!
+//! The figures are what is really left: the passing items of a denied group report their
+//! remaining before the cost (nothing was spent), and when the local layer answered with the
+//! denials only, the other items' figures are read from the store without spending. A probe
+//! (Envoy's `hits_addend: 0`) reports what is left, spends nothing and never denies. A converted
+//! `requests_per_unit: 0` ([`StandIn::Blocked`]) denies its group without the store spending.
 
 use std::sync::Arc;
 
 use super::plan::Planned;
 use super::request::{CheckError, CheckRequest};
-use super::verdict::{self, PolicyDecision, Verdict};
+use super::verdict::{self, Mode, Outcome, PolicyDecision, Verdict};
 use super::CheckService;
-use crate::limit::{Algorithm, Key};
+use crate::config::envoy::StandIn;
+use crate::limit::{Algorithm, Decision, Key, NEVER};
 
 /// One question of a group.
 #[derive(Debug, Clone)]
 pub struct GroupItem {
-    /// The question (its `dry_run` must be the same for every item of a group).
+    /// The question. With `dry_run` it is a probe: checked with its cost, nothing spent, and it
+    /// reports what is left (as if its cost were 0) without ever denying the group.
     pub request: CheckRequest,
     /// A quota to use instead of the selected policies' own (Envoy's descriptor `limit`); it
     /// counts in its own partition, so that changing it does not inherit another quota's state.
@@ -24,29 +32,33 @@ pub struct GroupItem {
 /// The answer to a group: the overall verdict and one per item, in order.
 #[derive(Debug, Clone)]
 pub struct GroupVerdict {
-    /// Over every policy of every item: denied if any enforced one denied.
+    /// Over every policy of every spending item: denied if any enforced one denied.
     pub overall: Verdict,
     /// Each item's own policies. An item may be allowed while the group is denied (then nothing
-    /// was spent from it). When the local layer answered, only the denying items have figures;
-    /// the others were not asked and look unlimited.
+    /// was spent from it, and its remaining is what is left).
     pub items: Vec<Verdict>,
+}
+
+/// Planned checks and the item each belongs to.
+#[derive(Default)]
+struct Parts {
+    planned: Vec<Planned>,
+    owners: Vec<usize>,
 }
 
 impl CheckService {
     /// Checks every item as one store group: every item is validated and planned first (a bad
-    /// one fails the whole group, nothing spent), then the allowed policies are spent only if
-    /// no enforced policy of any item denies.
+    /// one fails the whole group, nothing spent), then the allowed policies of the spending
+    /// items are spent only if no enforced policy of any of them denies; probes are read after.
     pub async fn check_group(&self, items: &[GroupItem]) -> Result<GroupVerdict, CheckError> {
-        let dry_run = items.first().is_some_and(|item| item.request.dry_run);
-        if items.iter().any(|item| item.request.dry_run != dry_run) {
-            return Err(CheckError::Invalid(
-                "every item of a group must spend, or none: a group is recorded whole".into(),
-            ));
-        }
         let policies = self.policies();
-        let mut planned = Vec::new();
-        let mut owners = Vec::new();
+        let (mut spend, mut probe) = (Parts::default(), Parts::default());
         for (index, item) in items.iter().enumerate() {
+            let parts = if item.request.dry_run {
+                &mut probe
+            } else {
+                &mut spend
+            };
             for mut part in self.plan(&policies, &item.request).await? {
                 if let Some(quota) = item.quota_override {
                     // The override replaces the whole quota: one window, no local limit.
@@ -55,38 +67,24 @@ impl CheckService {
                     }
                     override_quota(&mut part, quota)?;
                 }
-                planned.push(part);
-                owners.push(index);
+                parts.planned.push(part);
+                parts.owners.push(index);
             }
         }
-        // Only an answer of a local layer or local limit (denials only) needs placing by identity.
-        let local_answers = self.hot.is_some() || planned.iter().any(|p| p.local.is_some());
-        let identities: Vec<(Arc<crate::limit::Policy>, Key)> = if local_answers {
-            planned
-                .iter()
-                .map(|p| (Arc::clone(&p.policy), p.check.key.clone()))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let overall = self.run(dry_run, planned).await;
         let mut per_item: Vec<Vec<PolicyDecision>> = vec![Vec::new(); items.len()];
-        if overall.evaluated.len() == owners.len() {
-            for (part, owner) in overall.evaluated.iter().zip(&owners) {
-                per_item[*owner].push(part.clone());
-            }
+        let overall = if spend.planned.is_empty() {
+            None
         } else {
-            // A local layer answered with the denials only: place each by its policy and
-            // partition (a local limit's key has no window).
-            for part in &overall.evaluated {
-                let found = identities.iter().position(|(policy, key)| {
-                    Arc::ptr_eq(policy, &part.policy) && key.partition() == part.key.partition()
-                });
-                if let Some(at) = found {
-                    per_item[owners[at]].push(part.clone());
-                }
+            Some(self.spend(spend, &mut per_item).await)
+        };
+        if !probe.planned.is_empty() {
+            let read = self.ask_store(true, probe.planned).await;
+            for (mut part, owner) in read.evaluated.into_iter().zip(&probe.owners) {
+                as_probe(&mut part);
+                per_item[*owner].push(part);
             }
         }
+        let overall = overall.unwrap_or_else(|| verdict::decide(per_item.concat()));
         let items = per_item
             .into_iter()
             .map(|parts| {
@@ -98,6 +96,113 @@ impl CheckService {
             })
             .collect();
         Ok(GroupVerdict { overall, items })
+    }
+
+    /// Spends the group (or nothing), placing each decision with its item; returns the verdict.
+    async fn spend(&self, parts: Parts, per_item: &mut [Vec<PolicyDecision>]) -> Verdict {
+        let Parts { planned, owners } = parts;
+        // Only an answer of a local layer or local limit (denials only) needs the plan again,
+        // to place each decision by identity and to read the figures of the others.
+        let local_answers = self.hot.is_some() || planned.iter().any(|p| p.local.is_some());
+        let kept = if local_answers {
+            planned.clone()
+        } else {
+            Vec::new()
+        };
+        let costs: Vec<u64> = planned.iter().map(|p| p.check.cost).collect();
+        let mut placed: Vec<Option<PolicyDecision>> = vec![None; owners.len()];
+        if planned.iter().any(blocked) {
+            // A converted `requests_per_unit: 0` selected: denied without spending; the figures
+            // of the others are read.
+            let mut read = self.ask_store(true, planned).await;
+            for part in &mut read.evaluated {
+                if StandIn::of(part.policy.name()) == Some(StandIn::Blocked) {
+                    part.mode = Mode::Enforced;
+                    part.decision = Decision {
+                        allowed: false,
+                        limit: 0,
+                        remaining: 0,
+                        reset_after_us: 0,
+                        retry_after_us: NEVER,
+                    };
+                }
+            }
+            let overall = verdict::decide(read.evaluated);
+            self.record(&overall);
+            for (at, part) in overall.evaluated.iter().enumerate() {
+                placed[at] = Some(part.clone());
+            }
+            place(placed, &owners, &costs, true, per_item);
+            return overall;
+        }
+        let overall = self.run(false, planned).await;
+        if overall.evaluated.len() == owners.len() {
+            for (at, part) in overall.evaluated.iter().enumerate() {
+                placed[at] = Some(part.clone());
+            }
+        } else {
+            // A local layer answered with the denials only: place each by its policy and
+            // partition (a local limit's key has no window), then read the others' figures.
+            for part in &overall.evaluated {
+                let found = kept.iter().position(|p| {
+                    Arc::ptr_eq(&p.policy, &part.policy)
+                        && p.check.key.partition() == part.key.partition()
+                });
+                if let Some(at) = found {
+                    placed[at] = Some(part.clone());
+                }
+            }
+            let missing: Vec<usize> = (0..placed.len())
+                .filter(|at| placed[*at].is_none())
+                .collect();
+            if !missing.is_empty() {
+                let unasked: Vec<Planned> = missing.iter().map(|at| kept[*at].clone()).collect();
+                let read = self.ask_store(true, unasked).await;
+                for (at, part) in missing.into_iter().zip(read.evaluated) {
+                    placed[at] = Some(part);
+                }
+            }
+        }
+        let unspent = overall.outcome == Outcome::Denied;
+        place(placed, &owners, &costs, unspent, per_item);
+        overall
+    }
+}
+
+/// Whether a planned check is a converted `requests_per_unit: 0`.
+fn blocked(part: &Planned) -> bool {
+    StandIn::of(part.policy.name()) == Some(StandIn::Blocked)
+}
+
+/// Gives each decision to its item. A denied group spent nothing (`unspent`): an allowed
+/// decision's remaining is after its cost, so the cost is given back.
+fn place(
+    placed: Vec<Option<PolicyDecision>>,
+    owners: &[usize],
+    costs: &[u64],
+    unspent: bool,
+    per_item: &mut [Vec<PolicyDecision>],
+) {
+    for ((part, owner), cost) in placed.into_iter().zip(owners).zip(costs) {
+        let Some(mut part) = part else { continue };
+        if unspent && part.decision.allowed {
+            let left = part.decision.remaining.saturating_add(*cost);
+            part.decision.remaining = left.min(part.decision.limit);
+        }
+        per_item[*owner].push(part);
+    }
+}
+
+/// A probe's figures: it was checked with a cost of 1 and spent nothing, so what is left is one
+/// more than an allowed decision reports, and 0 when denied; it never denies.
+fn as_probe(part: &mut PolicyDecision) {
+    if part.decision.allowed {
+        let left = part.decision.remaining.saturating_add(1);
+        part.decision.remaining = left.min(part.decision.limit);
+    } else if part.mode != Mode::FailClosed {
+        part.decision.allowed = true;
+        part.decision.remaining = 0;
+        part.decision.retry_after_us = 0;
     }
 }
 

@@ -141,22 +141,73 @@ async fn readme_examples_behave_as_documented() {
     );
 }
 
+/// Their README's example 3: `requests_per_unit: 0` blocks a value (OVER_LIMIT, a limit of 0),
+/// the key's default limits the others; a blocked descriptor denies its request whole.
+#[tokio::test]
+async fn readme_example_3_blocks_a_listed_value() {
+    let file = "domain: edge_proxy_per_ip\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: second\n      requests_per_unit: 10\n  - key: remote_address\n    value: 50.0.0.5\n    rate_limit:\n      unit: second\n      requests_per_unit: 0\n";
+    let daemon = spawn_grpc(file).await;
+    let mut c = daemon.tcp().await;
+    let d = "edge_proxy_per_ip";
+    for _ in 0..3 {
+        let answer = ask(
+            &mut c,
+            request(d, vec![descriptor(&[("remote_address", "50.0.0.5")])]),
+        )
+        .await;
+        let status = &answer.statuses[0];
+        let limit = status.current_limit.as_ref().expect("a limit");
+        assert_eq!(
+            (
+                answer.overall_code,
+                status.code,
+                limit.requests_per_unit,
+                limit.unit,
+                status.limit_remaining
+            ),
+            (OVER_LIMIT, OVER_LIMIT, 0, 1, 0)
+        );
+    }
+    assert_eq!(
+        admitted(&mut c, d, &[("remote_address", "10.1.1.1")], 20).await,
+        10
+    );
+    // Next to a blocked one, a passing descriptor is not spent and reports what is left.
+    let both = request(
+        d,
+        vec![
+            descriptor(&[("remote_address", "10.2.2.2")]),
+            descriptor(&[("remote_address", "50.0.0.5")]),
+        ],
+    );
+    let answer = ask(&mut c, both).await;
+    let figures: Vec<(i32, u32)> = answer
+        .statuses
+        .iter()
+        .map(|s| (s.code, s.limit_remaining))
+        .collect();
+    assert_eq!(
+        (answer.overall_code, figures),
+        (OVER_LIMIT, vec![(OK, 10), (OVER_LIMIT, 0)])
+    );
+}
+
 #[test]
 fn what_sluice_cannot_express_is_refused_with_a_reason() {
     let cases = [
         (
-            "domain: example3\ndescriptors:\n  - key: remote_address\n    value: 50.0.0.5\n    rate_limit: {unit: second, requests_per_unit: 0}\n",
-            "a block list",
+            "domain: example3\ndescriptors:\n  - key: remote_address\n    value: 50.0.0.5\n    shadow_mode: true\n    rate_limit: {unit: second, requests_per_unit: 0}\n",
+            "`requests_per_unit: 0` with `shadow_mode`",
         ),
         (
             "domain: example7\ndescriptors:\n  - key: key_2\n    value: value_2\n    descriptors:\n      - key: user\n        rate_limit:\n          replaces: [{name: specific_limit}]\n          requests_per_unit: 10\n          unit: second\n",
-            "`replaces` has no sluice equivalent",
+            "`replaces`",
         ),
-        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n", "unit must be"),
-        ("domain: d\ndescriptors:\n  - key: k\n    descriptors:\n      - key: k\n        rate_limit: {unit: second, requests_per_unit: 1}\n", "repeats along the path"),
+        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n", "invalid rate limit unit \"fortnight\""),
+        ("domain: d\ndescriptors:\n  - key: k\n    quota_mode: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n", "`quota_mode`"),
         ("domain: d\ndescriptors:\n  - key: \"bad key\"\n    rate_limit: {unit: second, requests_per_unit: 1}\n", "key must be"),
         ("domain: d\ndescriptors:\n  - key: k\n    rate_limt: {unit: second}\n", "unknown field"),
-        ("domain: d\ndescriptors: []\n---\ndomain: d\ndescriptors: []\n", "appear once"),
+        ("domain: d\ndescriptors: []\n---\ndomain: d\ndescriptors: []\n", "duplicate domain 'd'"),
     ];
     for (yaml, reason) in cases {
         let error = parse_policies(Path::new("rl.yaml"), yaml).expect_err(reason);
@@ -192,7 +243,7 @@ fn config_convert_prints_the_policies_that_are_loaded() {
     ));
     assert_eq!(checked.code, Some(0), "{}", checked.stderr);
     assert!(
-        checked.stdout.contains("ok, 13 policies"),
+        checked.stdout.contains("ok, 14 policies"),
         "{}",
         checked.stdout
     );

@@ -1,7 +1,9 @@
 //! A group verdict as a `RateLimitResponse`: the overall code, one status per descriptor in
-//! order, and the rate-limit headers Envoy forwards to the client.
+//! order, and the rate-limit headers Envoy forwards to the client. A converted `unlimited` or
+//! exempt entry is answered as upstream answers it (OK, no `current_limit`).
 
 use crate::check::{GroupVerdict, Mode, Outcome, PolicyDecision, Verdict};
+use crate::config::envoy::StandIn;
 use crate::limit::Micros;
 use crate::transport::wire;
 
@@ -24,7 +26,12 @@ const UNITS: [(Unit, Micros); 6] = [
 
 /// The response for a group verdict; headers only when `with_headers`.
 pub(super) fn response(verdict: &GroupVerdict, with_headers: bool) -> RateLimitResponse {
-    let response_headers_to_add = if with_headers {
+    let no_limit = verdict
+        .overall
+        .deciding()
+        .and_then(|part| StandIn::of(part.policy.name()))
+        .is_some_and(StandIn::is_no_limit);
+    let response_headers_to_add = if with_headers && !no_limit {
         headers(&verdict.overall)
     } else {
         Vec::new()
@@ -51,6 +58,18 @@ fn status(item: &Verdict) -> DescriptorStatus {
         code: code(item.outcome) as i32,
         ..DescriptorStatus::default()
     };
+    // A converted `unlimited` or exempt entry won its group: answered as upstream answers it.
+    let no_limit = item
+        .evaluated
+        .iter()
+        .find_map(|part| StandIn::of(part.policy.name()));
+    if let (Some(kind), Outcome::Allowed) = (no_limit.filter(|k| k.is_no_limit()), item.outcome) {
+        status.limit_remaining = match kind {
+            StandIn::Unlimited => u32::MAX,
+            StandIn::Exempt | StandIn::Blocked => 0,
+        };
+        return status;
+    }
     if let Some(part) = item.deciding() {
         status.current_limit = Some(current_limit(part));
         status.limit_remaining = u32::try_from(part.decision.remaining).unwrap_or(u32::MAX);

@@ -1,9 +1,10 @@
 //! A `RateLimitRequest` turned into the check service's question: one group item per
 //! descriptor, its entries as descriptors plus the pseudo-descriptors that select converted
-//! envoyproxy/ratelimit limits and domain policies. Malformed requests are refused with a reason.
+//! envoyproxy/ratelimit limits and domain policies (a repeated key named by its occurrence, an
+//! empty value as [`EMPTY_VALUE`]). Malformed requests are refused with a reason.
 
 use crate::check::{CheckRequest, GroupItem};
-use crate::config::envoy::{DOMAIN_DESCRIPTOR, ENTRIES_DESCRIPTOR};
+use crate::config::envoy::{entry_name, DOMAIN_DESCRIPTOR, EMPTY_VALUE, ENTRIES_DESCRIPTOR};
 use crate::config::RequestLimits;
 use crate::limit::{Algorithm, Descriptors, FixedWindow};
 
@@ -47,22 +48,37 @@ pub(super) fn items(
         .iter()
         .enumerate()
         .map(|(index, descriptor)| {
-            let at = |reason: String| format!("descriptors[{index}]: {reason}");
+            let here = |reason: String| format!("descriptors[{index}]: {reason}");
             if descriptor.entries.is_empty() {
-                return Err(at("at least one entry is required".into()));
+                return Err(here("at least one entry is required".into()));
+            }
+            // Bounded before the entries are read (the occurrence count is quadratic).
+            if descriptor.entries.len() > limits.max_descriptors {
+                return Err(here(format!(
+                    "at most {} entries, got {}",
+                    limits.max_descriptors,
+                    descriptor.entries.len()
+                )));
             }
             let mut descriptors = Descriptors::new();
             let mut keys = String::new();
-            for entry in &descriptor.entries {
+            for (at, entry) in descriptor.entries.iter().enumerate() {
                 if entry.key.starts_with("rls.") {
-                    return Err(at(format!("entry key `{}` is reserved", entry.key)));
+                    return Err(here(format!("entry key `{}` is reserved", entry.key)));
                 }
-                if descriptors
-                    .insert(entry.key.clone(), entry.value.clone())
-                    .is_some()
-                {
-                    return Err(at(format!("entry key `{}` appears twice", entry.key)));
-                }
+                // A key repeated in one descriptor is named by its occurrence, as the
+                // converted envoyproxy/ratelimit limits name it.
+                let occurrence = descriptor.entries[..=at]
+                    .iter()
+                    .filter(|e| e.key == entry.key)
+                    .count();
+                // An empty value matches the value-less key only, as upstream's does.
+                let value = if entry.value.is_empty() {
+                    EMPTY_VALUE.to_owned()
+                } else {
+                    entry.value.clone()
+                };
+                descriptors.insert(entry_name(&entry.key, occurrence).into_owned(), value);
                 if !keys.is_empty() {
                     keys.push(',');
                 }
@@ -76,7 +92,7 @@ pub(super) fn items(
                 .as_ref()
                 .map(quota)
                 .transpose()
-                .map_err(at)?;
+                .map_err(here)?;
             Ok(GroupItem {
                 request: CheckRequest {
                     policy: None,

@@ -1,0 +1,226 @@
+//! Leaves turned into sluice policies: one group per domain and key path, so that the most
+//! specific match applies; unlimited leaves become no-op policies (shadow, never limiting), and
+//! exempt ones too where a limited sibling would otherwise apply to their values.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use super::schema::Rule;
+use super::walk::{shown, Leaf};
+use super::{entry_name, StandIn, ENTRIES_DESCRIPTOR};
+
+/// A converted policy, in the policy file's own syntax.
+#[derive(Serialize)]
+pub(super) struct OutPolicy {
+    name: String,
+    description: String,
+    domain: String,
+    #[serde(rename = "match")]
+    conditions: BTreeMap<String, String>,
+    group: String,
+    key: Vec<String>,
+    algorithm: &'static str,
+    limit: u64,
+    period: &'static str,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    shadow: bool,
+}
+
+/// The policies for `leaves`, in their order.
+pub(super) fn to_policies(leaves: &[Leaf]) -> Vec<OutPolicy> {
+    let mut taken = BTreeSet::new();
+    let mut policies = Vec::new();
+    for leaf in leaves {
+        // Each entry's descriptor name: a key repeated along the path gets its occurrence.
+        let mut names: Vec<String> = Vec::with_capacity(leaf.path.len());
+        for (at, step) in leaf.path.iter().enumerate() {
+            let occurrence = leaf.path[..=at]
+                .iter()
+                .filter(|s| s.key == step.key)
+                .count();
+            names.push(entry_name(&step.key, occurrence).into_owned());
+        }
+        let keys: Vec<&str> = leaf.path.iter().map(|s| s.key.as_str()).collect();
+        let entries = keys.join(",");
+        let group = format!("rls:{}:{entries}", leaf.domain);
+        let (limit, period, shadow, kind) = match leaf.rule {
+            Rule::Limit(limit, period) => (limit, period, leaf.shadow, None),
+            // Upstream answers `unlimited` with its own figures: always a no-op.
+            Rule::Unlimited => (super::NO_LIMIT, "1s", true, Some(StandIn::Unlimited)),
+            // An exemption matters only where a limited entry of its group covers it.
+            Rule::Exempt if covered(leaf, leaves) => {
+                (super::NO_LIMIT, "1s", true, Some(StandIn::Exempt))
+            }
+            Rule::Exempt => continue,
+            // Denied by the check's group (a shadow policy never denies in the store).
+            Rule::Blocked(period) => (super::NO_LIMIT, period, true, Some(StandIn::Blocked)),
+        };
+        let mut conditions: BTreeMap<String, String> = names
+            .iter()
+            .zip(&leaf.path)
+            .map(|(name, s)| (name.clone(), s.value.clone().unwrap_or_else(|| "*".into())))
+            .collect();
+        conditions.insert(ENTRIES_DESCRIPTOR.into(), entries.clone());
+        // A shared entry is left out of the counter's key: one counter for all its values. A
+        // no-op keeps one counter for its whole group.
+        let mut key: Vec<String> = names
+            .iter()
+            .zip(&leaf.path)
+            .filter(|(_, s)| !s.shared && kind.is_none())
+            .map(|(name, _)| name.clone())
+            .collect();
+        if key.is_empty() {
+            key.push(ENTRIES_DESCRIPTOR.into());
+        }
+        let name = unique_name(leaf, kind, &mut taken);
+        policies.push(OutPolicy {
+            name,
+            description: format!(
+                "envoyproxy/ratelimit {}: {}",
+                kind.map_or("limit", StandIn::as_str),
+                shown(&leaf.domain, &leaf.path)
+            ),
+            domain: leaf.domain.clone(),
+            conditions,
+            group,
+            key,
+            algorithm: "fixed_window",
+            limit,
+            period,
+            shadow,
+        });
+    }
+    policies
+}
+
+/// Whether a limited entry of the same domain and key path could match the values `leaf` matches.
+fn covered(leaf: &Leaf, leaves: &[Leaf]) -> bool {
+    leaves.iter().any(|other| {
+        matches!(other.rule, Rule::Limit(..))
+            && other.domain == leaf.domain
+            && other.path.len() == leaf.path.len()
+            && other
+                .path
+                .iter()
+                .zip(&leaf.path)
+                .all(|(a, b)| a.key == b.key && overlaps(a.value.as_deref(), b.value.as_deref()))
+    })
+}
+
+/// Whether some value fits both patterns (`None` is any value), by the same globs the matcher
+/// uses.
+pub(super) fn overlaps(a: Option<&str>, b: Option<&str>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => crate::limit::globs_overlap(a, b),
+        _ => true,
+    }
+}
+
+/// The `rate_limit.name` when it is a valid policy name not yet taken (and not a no-op's
+/// prefix), else one made from the domain and path (shortened with a hash when long or taken).
+/// A no-op's name starts with its kind's prefix, which is how the gRPC answer recognises it.
+pub(super) fn unique_name(
+    leaf: &Leaf,
+    kind: Option<StandIn>,
+    taken: &mut BTreeSet<String>,
+) -> String {
+    let valid = |n: &str| {
+        !n.is_empty()
+            && n.len() <= crate::limit::MAX_POLICY_NAME
+            && n.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+    };
+    let prefix = kind.map_or("", StandIn::prefix);
+    if let Some(name) = leaf
+        .name
+        .as_deref()
+        .filter(|n| kind.is_none() && valid(n) && !taken.contains(*n) && StandIn::of(n).is_none())
+    {
+        taken.insert(name.to_owned());
+        return name.to_owned();
+    }
+    let mut raw = leaf.domain.clone();
+    for step in &leaf.path {
+        raw.push('_');
+        raw.push_str(&step.key);
+        if let Some(v) = &step.value {
+            raw.push('_');
+            raw.push_str(v);
+        }
+    }
+    let slug: String = raw
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9' | '-') => c,
+            _ => '_',
+        })
+        .collect();
+    let mut name = format!("{prefix}{slug}");
+    if name.len() > 48 || taken.contains(&name) || !valid(&name) {
+        let digest = sha1_smol::Sha1::from(raw.as_bytes()).digest().to_string();
+        let room = 48 - prefix.len();
+        name = format!("{prefix}{}_{}", &slug[..slug.len().min(room)], &digest[..8]);
+    }
+    if kind.is_none() && StandIn::of(&name).is_some() {
+        // A limit never looks like a no-op.
+        name.insert(0, 'x');
+    }
+    taken.insert(name.clone());
+    name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::envoy::walk::Step;
+
+    #[test]
+    fn value_patterns_overlap_as_their_matches_do() {
+        assert!(overlaps(None, Some("x")));
+        assert!(overlaps(Some("ab*"), Some("abc")));
+        assert!(overlaps(Some("ab*"), Some("a*")));
+        assert!(!overlaps(Some("ab*"), Some("b")));
+        assert!(!overlaps(Some("x"), Some("y")));
+        assert!(overlaps(Some("x"), Some("x")));
+        assert!(overlaps(Some("*.example.com"), Some("api.*")));
+        assert!(!overlaps(Some("/v1/*/items"), Some("/v1/*/notes")));
+    }
+
+    #[test]
+    fn names_are_valid_unique_and_prefer_the_configured_one() {
+        let leaf = |name: Option<&str>, value: &str| Leaf {
+            domain: "Edge.Proxy".into(),
+            path: vec![Step {
+                key: "remote_address".into(),
+                value: Some(value.into()),
+                shared: false,
+            }],
+            rule: Rule::Limit(1, "1s"),
+            name: name.map(str::to_owned),
+            shadow: false,
+        };
+        let mut taken = BTreeSet::new();
+        assert_eq!(
+            unique_name(&leaf(Some("mine"), "a"), None, &mut taken),
+            "mine"
+        );
+        // Taken or invalid configured names fall back to one made from the path.
+        assert_eq!(
+            unique_name(&leaf(Some("mine"), "10.0.0.1"), None, &mut taken),
+            "edge_proxy_remote_address_10_0_0_1"
+        );
+        let again = unique_name(&leaf(Some("Not Valid"), "10.0.0.1"), None, &mut taken);
+        assert!(
+            again.starts_with("edge_proxy_remote_address_10_0_0_1_"),
+            "{again}"
+        );
+        let long = unique_name(&leaf(None, &"v".repeat(100)), None, &mut taken);
+        assert!(long.len() <= crate::limit::MAX_POLICY_NAME, "{long}");
+        // A no-op is named by its kind; a limit never looks like one, whatever its name.
+        let exempt = unique_name(&leaf(Some("mine"), "b"), Some(StandIn::Exempt), &mut taken);
+        assert_eq!(StandIn::of(&exempt), Some(StandIn::Exempt), "{exempt}");
+        let posing = unique_name(&leaf(Some("rls-unlimited-x"), "c"), None, &mut taken);
+        assert_eq!(StandIn::of(&posing), None, "{posing}");
+    }
+}
