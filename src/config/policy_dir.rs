@@ -8,6 +8,7 @@
 //! [`MAX_FILES`] of them and `files.max_bytes` together. A name defined in two files is refused naming both places, and one bad
 //! file refuses the whole source: the set in force keeps serving (see `reload`).
 
+use std::borrow::Cow;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
@@ -53,15 +54,60 @@ impl SourceText {
         }
     }
 
+    /// What is parsed: each sluice policy file as it is, and the envoyproxy/ratelimit files of a
+    /// directory converted together, at the place of the first of them, so that one domain may
+    /// be split over several files (upstream's `MERGE_DOMAIN_CONFIG`; a key and value given twice
+    /// at one level is still refused). Each unit says whether its text is a file's own (its lines
+    /// are the file's).
+    fn units(&self) -> Result<Vec<(&Path, Cow<'_, str>, bool)>, PolicyFileError> {
+        let is_envoy = |text: &str| super::envoy::is_envoy_config(text);
+        let envoy: Vec<(&Path, &str)> = self
+            .files
+            .iter()
+            .filter(|(_, text)| is_envoy(text))
+            .map(|(path, text)| (path.as_path(), text.as_str()))
+            .collect();
+        if envoy.len() < 2 {
+            return Ok(self
+                .files
+                .iter()
+                .map(|(path, text)| (path.as_path(), Cow::Borrowed(text.as_str()), true))
+                .collect());
+        }
+        let first = envoy[0].0;
+        let fail = |file: &Path, problems: Vec<Problem>| PolicyFileError {
+            file: file.to_owned(),
+            problems,
+        };
+        for (path, text) in &envoy {
+            super::check_expansion(text)
+                .map_err(|e| fail(path, vec![Problem::from(e.to_string())]))?;
+        }
+        let merged = super::envoy::convert_sources(&envoy, super::envoy::DomainMerge::Merge)
+            .map_err(|problems| fail(first, problems.into_iter().map(Problem::from).collect()))?;
+        let mut units = Vec::with_capacity(self.files.len());
+        let mut merged = Some(merged);
+        for (path, text) in &self.files {
+            if !is_envoy(text) {
+                units.push((path.as_path(), Cow::Borrowed(text.as_str()), true));
+            } else if let Some(converted) = merged.take() {
+                units.push((first, Cow::Owned(converted), false));
+            }
+        }
+        Ok(units)
+    }
+
     /// Validates every file and merges their policies, in file then policy order.
     pub fn parse(&self) -> Result<PolicySet, PolicyFileError> {
         let mut policies = Vec::new();
         // Where each name was defined: (file, line).
         let mut defined: Vec<(String, &Path, Option<usize>)> = Vec::new();
-        for (path, text) in &self.files {
+        let units = self.units()?;
+        for (path, text, own_lines) in &units {
+            let (path, text) = (*path, text.as_ref());
             let set = parse_policies(path, text)?;
-            let lines =
-                (!super::envoy::is_envoy_config(text)).then(|| PolicyLines::new(text, set.len()));
+            let lines = (*own_lines && !super::envoy::is_envoy_config(text))
+                .then(|| PolicyLines::new(text, set.len()));
             for (index, policy) in set.iter().enumerate() {
                 let line = lines.as_ref().and_then(|l| l.policy(index));
                 if let Some((_, first, first_line)) =
@@ -72,7 +118,7 @@ impl SourceText {
                         None => first.display().to_string(),
                     };
                     return Err(PolicyFileError {
-                        file: path.clone(),
+                        file: path.to_owned(),
                         problems: vec![Problem {
                             line,
                             message: format!(
@@ -249,6 +295,23 @@ mod tests {
         let error = read(dir.path(), &limits).expect_err("two files over the bound");
         assert!(error.reason.contains("together"), "{}", error.reason);
         assert!(read(dir.path(), &FileLimits::default()).is_ok());
+    }
+
+    #[test]
+    fn envoy_files_of_one_domain_are_merged_and_a_repeated_entry_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let limit = |key: &str, n: u32| {
+            format!("domain: rl\ndescriptors:\n  - key: {key}\n    rate_limit: {{unit: minute, requests_per_unit: {n}}}\n")
+        };
+        std::fs::write(dir.path().join("a.yaml"), limit("k1", 5)).expect("write");
+        std::fs::write(dir.path().join("b.yaml"), limit("k2", 7)).expect("write");
+        std::fs::write(dir.path().join("c.yaml"), A).expect("write");
+        let (set, _) = load(dir.path(), &FileLimits::default()).expect("one domain over two files");
+        assert!(set.iter().any(|p| p.name() == "a"), "the sluice file too");
+        assert!(set.len() >= 3, "{} policies", set.len());
+        std::fs::write(dir.path().join("b.yaml"), limit("k1", 7)).expect("write");
+        let error = load(dir.path(), &FileLimits::default()).expect_err("k1 twice");
+        assert!(error.to_string().contains("a.yaml"), "{error}");
     }
 
     #[test]
