@@ -24,6 +24,10 @@ pub const MAX_FILES: usize = 256;
 /// `..data` half-way) before the read is given up until the next poll.
 const READ_ATTEMPTS: usize = 3;
 
+/// One text to parse: its file, the text (a file's own, or several Envoy files converted
+/// together), and whether its lines are the file's.
+type Unit<'a> = (&'a Path, Cow<'a, str>, bool);
+
 /// What identifies one version of a source without reading it: every file's name and stamp.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SourceStamp(Vec<(OsString, FileStamp)>);
@@ -59,7 +63,7 @@ impl SourceText {
     /// be split over several files (upstream's `MERGE_DOMAIN_CONFIG`; a key and value given twice
     /// at one level is still refused). Each unit says whether its text is a file's own (its lines
     /// are the file's).
-    fn units(&self) -> Result<Vec<(&Path, Cow<'_, str>, bool)>, PolicyFileError> {
+    fn units(&self) -> Result<Vec<Unit<'_>>, PolicyFileError> {
         let is_envoy = |text: &str| super::envoy::is_envoy_config(text);
         let envoy: Vec<(&Path, &str)> = self
             .files
