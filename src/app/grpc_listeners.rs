@@ -1,11 +1,13 @@
 //! The gRPC listeners of Envoy's rate limit service (TCP and Unix socket), bound at build time
-//! like the others and served by `App::run`.
+//! like the others and served by `App::run` under the same bounds as the check listeners
+//! (`limits.*`) plus the HTTP/2 ones of `[envoy]` ([`grpc::connection::ConnectionBounds`]).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -14,6 +16,7 @@ use super::StartError;
 use crate::check::CheckService;
 use crate::config::Settings;
 use crate::telemetry::Metrics;
+use crate::transport::grpc::connection::{self, ConnectionBounds};
 use crate::transport::{grpc, uds};
 
 /// The bound gRPC listeners (each optional) and how answers are made.
@@ -21,6 +24,10 @@ pub(super) struct GrpcListeners {
     tcp: Option<(TcpListener, SocketAddr)>,
     socket: Option<(UnixListener, PathBuf)>,
     with_headers: bool,
+    /// `limits.max_body_bytes`: the largest request message.
+    max_message_bytes: usize,
+    /// Every bound but the grace period, which `spawn` is given.
+    settings: Settings,
 }
 
 impl GrpcListeners {
@@ -57,6 +64,8 @@ impl GrpcListeners {
             tcp,
             socket,
             with_headers: settings.envoy.response_headers,
+            max_message_bytes: settings.limits.max_body_bytes,
+            settings: settings.clone(),
         })
     }
 
@@ -77,19 +86,24 @@ impl GrpcListeners {
         drain: watch::Receiver<bool>,
         grace: Duration,
     ) {
+        let bounds = ConnectionBounds::new(&self.settings, grace);
         let routes = |service: &Arc<CheckService>| {
             let rls = grpc::Rls::new(service.clone(), metrics.clone(), self.with_headers);
-            grpc::routes(rls, drain.clone())
+            grpc::routes(rls, self.max_message_bytes, drain.clone())
         };
         if let Some((listener, addr)) = self.tcp {
             tracing::info!(%addr, "Envoy rate limit service (gRPC) listening on TCP");
             let routes = routes(&service).await;
-            tasks.spawn(grpc::serve_tcp(listener, routes, drain.clone(), grace));
+            // Answers are small single writes: never hold one back for Nagle.
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
+            tasks.spawn(connection::serve(listener, routes, drain.clone(), bounds));
         }
         if let Some((listener, path)) = self.socket {
             tracing::info!(path = %path.display(), "Envoy rate limit service (gRPC) listening on Unix socket");
             let routes = routes(&service).await;
-            tasks.spawn(grpc::serve_uds(listener, routes, drain.clone(), grace));
+            tasks.spawn(connection::serve(listener, routes, drain.clone(), bounds));
         }
     }
 }
