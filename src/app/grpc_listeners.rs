@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::serve::ListenerExt;
-use tokio::net::{TcpListener, UnixListener};
+use tokio::net::{TcpListener, TcpSocket, UnixListener};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -18,6 +18,23 @@ use crate::config::Settings;
 use crate::telemetry::Metrics;
 use crate::transport::grpc::connection::{self, ConnectionBounds};
 use crate::transport::{grpc, uds};
+
+/// Connections the kernel completes and queues for the gRPC TCP listener while
+/// `limits.max_connections` are open (std's default is 128): Envoy opens one per worker at once,
+/// and a queued client past the cap waits its turn instead of being dropped.
+const TCP_BACKLOG: u32 = 1_024;
+
+/// Binds `addr` with [`TCP_BACKLOG`] (and `SO_REUSEADDR`, as std does).
+fn bind_tcp(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(TCP_BACKLOG)
+}
 
 /// The bound gRPC listeners (each optional) and how answers are made.
 pub(super) struct GrpcListeners {
@@ -41,9 +58,7 @@ impl GrpcListeners {
             None => None,
             Some(addr) => {
                 super::warn_if_exposed("listen.grpc", addr);
-                let listener = TcpListener::bind(addr)
-                    .await
-                    .map_err(|e| bind_err("listen.grpc", &addr, e))?;
+                let listener = bind_tcp(addr).map_err(|e| bind_err("listen.grpc", &addr, e))?;
                 let local = listener
                     .local_addr()
                     .map_err(|e| bind_err("listen.grpc", &addr, e))?;
