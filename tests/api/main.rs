@@ -18,6 +18,7 @@ mod grpc_envoy_example;
 mod grpc_hardening;
 mod grpc_redis;
 mod grpc_stock_client;
+mod grpc_uds_authority;
 mod hardening;
 mod helpers;
 mod hostile_client;
