@@ -2,17 +2,16 @@
 //! client: floods of idle connections (past `limits.max_connections` none is held, and each is
 //! dropped after the handshake timeout), stalled streams (answered `DEADLINE_EXCEEDED` and reset
 //! after `limits.body_read_timeout`), malformed messages (`INVALID_ARGUMENT`), idle and old
-//! connections (GOAWAY), a peer that stops answering PINGs (closed), and the real binary at
-//! its file-descriptor limit (accepting pauses, then recovers).
+//! connections (GOAWAY) and a peer that stops answering PINGs (closed). The file-descriptor
+//! limit is in `grpc_fd_limit.rs`.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use axum::http::{HeaderMap, Method, Request};
+use axum::http::{HeaderMap, Request};
 use bytes::Bytes;
 use prost::Message;
-use sluice::client::{self, Target};
 use sluice::config::HumanDuration;
 use sluice::transport::grpc::SERVICE_NAME;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -20,8 +19,7 @@ use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 
 use crate::grpc_client::{descriptor, grpc_settings, request, spawn_grpc_in, GrpcApp};
-use crate::helpers::{repo_root, sluice_bin, ChildGuard, SHIPPED_POLICIES};
-use crate::redis_server::free_port;
+use crate::helpers::SHIPPED_POLICIES;
 
 /// Longest any single wait here may take (bounds every loop; far above every timeout set).
 const WAIT: Duration = Duration::from_secs(20);
@@ -77,7 +75,9 @@ fn valid_message() -> Vec<u8> {
 }
 
 /// The grpc-status and grpc-message of an answer (trailers-only or in trailers).
-async fn status_of(response: h2::client::ResponseFuture) -> (String, String) {
+async fn status_of(
+    response: impl std::future::Future<Output = Result<axum::http::Response<h2::RecvStream>, h2::Error>>,
+) -> (String, String) {
     let response = tokio::time::timeout(WAIT, response)
         .await
         .expect("answered in time")
@@ -106,8 +106,12 @@ async fn status_of(response: h2::client::ResponseFuture) -> (String, String) {
     read(&trailers).expect("grpc-status in trailers")
 }
 
-/// Sends `body` (whole) on a new stream and returns its status.
-async fn ask_raw(send: &mut h2::client::SendRequest<Bytes>, body: Bytes) -> (String, String) {
+/// A new `ShouldRateLimit` stream that has sent `body` (and its end, if `end`).
+async fn open_stream(
+    send: &h2::client::SendRequest<Bytes>,
+    body: Bytes,
+    end: bool,
+) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
     let mut ready = tokio::time::timeout(WAIT, send.clone().ready())
         .await
         .expect("a stream slot in time")
@@ -115,8 +119,13 @@ async fn ask_raw(send: &mut h2::client::SendRequest<Bytes>, body: Bytes) -> (Str
     let (response, mut stream) = ready
         .send_request(should_rate_limit(), false)
         .expect("send");
-    stream.send_data(body, true).expect("send body");
-    status_of(response).await
+    stream.send_data(body, end).expect("send body");
+    (response, stream)
+}
+
+/// Sends `body` (whole) on a new stream and returns its status.
+async fn ask_raw(send: &mut h2::client::SendRequest<Bytes>, body: Bytes) -> (String, String) {
+    status_of(open_stream(send, body, true).await.0).await
 }
 
 /// Sockets of this process accepted by the listener on `port` (its server side).
@@ -214,22 +223,30 @@ async fn stalled_streams_are_reset_after_the_body_read_timeout() {
         for _ in 0..2 * STREAMS {
             let send = send.clone();
             stalled.spawn(async move {
-                let mut ready = tokio::time::timeout(WAIT, send.ready())
-                    .await
-                    .expect("a slot in time")
-                    .expect("usable");
-                let (response, mut stream) = ready
-                    .send_request(should_rate_limit(), false)
-                    .expect("send");
-                stream
-                    .send_data(Bytes::from_static(&[0, 0, 0, 0, 40, 10]), false)
-                    .expect("part of a message");
-                let status = status_of(response).await;
-                let reset =
-                    tokio::time::timeout(WAIT, std::future::poll_fn(|cx| stream.poll_reset(cx)))
+                // A stream opened as a reset one is released may be refused (REFUSED_STREAM:
+                // not processed, clients retry it); bounded retries.
+                for _ in 0..20 {
+                    let part = Bytes::from_static(&[0, 0, 0, 0, 40, 10]);
+                    let (response, mut stream) = open_stream(&send, part, false).await;
+                    let response = tokio::time::timeout(WAIT, response)
                         .await
-                        .expect("the stream is reset in time");
-                (status, reset.is_ok())
+                        .expect("answered in time");
+                    if response
+                        .as_ref()
+                        .is_err_and(|e| e.reason() == Some(h2::Reason::REFUSED_STREAM))
+                    {
+                        continue;
+                    }
+                    let status = status_of(async { response }).await;
+                    let reset = tokio::time::timeout(
+                        WAIT,
+                        std::future::poll_fn(|cx| stream.poll_reset(cx)),
+                    )
+                    .await
+                    .expect("the stream is reset in time");
+                    return (status, reset.is_ok());
+                }
+                panic!("refused 20 times");
             });
         }
         connections.push((send, conn));
@@ -343,89 +360,4 @@ async fn a_peer_that_stops_answering_pings_is_closed() {
         sent.windows(4).any(|w| w[0..3] == [0, 0, 8] && w[3] == 6),
         "a PING was sent"
     );
-}
-
-/// CPU time (user + system, in clock ticks of 10 ms) of process `pid` so far.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
-    let after_name = &stat[stat.rfind(')').expect("comm") + 2..];
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
-    // utime and stime are fields 14 and 15, counted from 1 with pid and comm.
-    fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
-}
-
-/// The real binary with 64 file descriptors and stuck gRPC clients past them: accepting pauses
-/// instead of spinning a core, and once the stuck connections are dropped (handshake timeout)
-/// the HTTP check listener answers again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn at_the_descriptor_limit_accepting_pauses_and_recovers() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (grpc, http) = (free_port(), free_port());
-    let settings = format!(
-        "policies = {:?}\nworker_threads = 1\n[listen]\nhttp = \"127.0.0.1:{http}\"\n\
-         admin = \"127.0.0.1:0\"\nsocket = {:?}\ngrpc = \"127.0.0.1:{grpc}\"\n\
-         [envoy]\nhandshake_timeout = \"2s\"\n",
-        repo_root().join("config/policies.yaml"),
-        dir.path().join("s.sock"),
-    );
-    let file = dir.path().join("s.toml");
-    std::fs::write(&file, settings).expect("settings");
-    let mut command = std::process::Command::new("sh");
-    command
-        .args(["-c", "ulimit -n 64 && exec \"$0\" serve --config \"$1\""])
-        .arg(sluice_bin())
-        .arg(&file)
-        .current_dir(dir.path())
-        .env_clear()
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    let daemon = ChildGuard(Some(command.spawn().expect("spawn")));
-    let check = Target::Tcp(SocketAddr::from(([127, 0, 0, 1], http)));
-    let probe = br#"{"policy": "login", "descriptors": {"ip": "198.51.100.9"}, "dry_run": true}"#;
-    let answered = |wait: Duration| {
-        let check = check.clone();
-        async move {
-            let asked = client::request(&check, Method::POST, "/v1/check", Some(probe.to_vec()));
-            matches!(tokio::time::timeout(wait, asked).await, Ok(Ok(reply)) if reply.status == 200)
-        }
-    };
-    let mut up = false;
-    for _ in 0..100 {
-        up = answered(Duration::from_millis(500)).await;
-        if up {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(up, "the daemon starts");
-    let mut stuck = Vec::new();
-    for _ in 0..100 {
-        let mut tcp = TcpStream::connect(("127.0.0.1", grpc))
-            .await
-            .expect("queued");
-        tcp.write_all(b"PRI * HTTP/2.0\r\n").await.expect("write");
-        stuck.push(tcp);
-    }
-    // Past the descriptors: the next accepts fail with EMFILE for as long as these are held.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let before = cpu_ticks(daemon.id());
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let spent = cpu_ticks(daemon.id()) - before;
-    eprintln!("at the descriptor limit: {spent} ticks (10 ms) of CPU in 1 s");
-    assert!(
-        spent < 50,
-        "{spent} ticks of CPU in 1 s at the descriptor limit"
-    );
-    let mut recovered = false;
-    for _ in 0..20 {
-        recovered = answered(Duration::from_secs(1)).await;
-        if recovered {
-            break;
-        }
-    }
-    assert!(
-        recovered,
-        "checks are answered once the stuck connections are dropped"
-    );
-    drop(stuck);
 }

@@ -15,6 +15,7 @@ mod grpc;
 mod grpc_client;
 mod grpc_envoy_config;
 mod grpc_envoy_example;
+mod grpc_fd_limit;
 mod grpc_hardening;
 mod grpc_redis;
 mod grpc_stock_client;
