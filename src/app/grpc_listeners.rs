@@ -113,12 +113,24 @@ impl GrpcListeners {
             let listener = listener.tap_io(|tcp| {
                 let _ = tcp.set_nodelay(true);
             });
-            tasks.spawn(connection::serve(listener, routes, drain.clone(), bounds));
+            tasks.spawn(connection::serve(
+                listener,
+                routes,
+                metrics.clone(),
+                drain.clone(),
+                bounds,
+            ));
         }
         if let Some((listener, path)) = self.socket {
             tracing::info!(path = %path.display(), "Envoy rate limit service (gRPC) listening on Unix socket");
             let routes = routes(&service).await;
-            tasks.spawn(connection::serve(listener, routes, drain.clone(), bounds));
+            tasks.spawn(connection::serve(
+                listener,
+                routes,
+                metrics.clone(),
+                drain.clone(),
+                bounds,
+            ));
         }
     }
 }

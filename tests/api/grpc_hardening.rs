@@ -19,7 +19,7 @@ use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 
 use crate::grpc_client::{descriptor, grpc_settings, request, spawn_grpc_in, GrpcApp};
-use crate::helpers::SHIPPED_POLICIES;
+use crate::helpers::{metric_value, SHIPPED_POLICIES};
 
 /// Longest any single wait here may take (bounds every loop; far above every timeout set).
 const WAIT: Duration = Duration::from_secs(20);
@@ -300,6 +300,14 @@ async fn malformed_messages_are_invalid_arguments() {
         assert!(!message.is_empty(), "{name}: a reason");
     }
     assert_eq!(ask_raw(&mut send, valid).await.0, "0", "still answers");
+    // The five framing refusals are counted before tonic (the three that do not decode are
+    // tonic's codec's and are not).
+    let metrics = daemon.app.metrics().await;
+    let labels = [("transport", "grpc"), ("code", "invalid_argument")];
+    assert_eq!(
+        metric_value(&metrics, "sluice_http_responses_total", &labels),
+        5.0
+    );
 }
 
 /// A connection with no stream open for `envoy.idle_timeout` gets GOAWAY and is closed; one

@@ -21,6 +21,7 @@ use tokio::time::Instant;
 
 use super::stream::{StreamLimits, Streams};
 use crate::config::Settings;
+use crate::telemetry::Metrics;
 use crate::transport::request_caps::MAX_HEADER_BYTES;
 use crate::transport::serve::{accept_loop, drained, Bounds};
 
@@ -79,15 +80,19 @@ impl ConnectionBounds {
     }
 }
 
-/// Serves `routes` on `listener` until `drain`, every connection under `bounds`.
+/// Serves `routes` on `listener` until `drain`, every connection under `bounds`; refusals made
+/// before tonic (stalled, oversized, malformed streams) are counted in `metrics`.
 pub async fn serve<L: Listener>(
     listener: L,
     routes: tonic::service::Routes,
+    metrics: Metrics,
     drain: watch::Receiver<bool>,
     bounds: ConnectionBounds,
 ) {
     accept_loop(listener, drain, bounds.accept, move |io, _, drain| {
-        connection(io, routes.clone(), bounds, drain)
+        let (routes, metrics) = (routes.clone(), metrics.clone());
+        let service = move |activity| Streams::new(routes, activity, bounds.stream, metrics);
+        connection(io, service, bounds, drain)
     })
     .await;
 }
@@ -112,7 +117,7 @@ impl Close {
 
 async fn connection<IO>(
     io: IO,
-    routes: tonic::service::Routes,
+    service: impl FnOnce(Arc<Activity>) -> Streams + Send + 'static,
     bounds: ConnectionBounds,
     mut drain: watch::Receiver<bool>,
 ) where
@@ -124,7 +129,7 @@ async fn connection<IO>(
         inner: io,
         activity: activity.clone(),
     };
-    let service = Streams::new(routes, activity.clone(), bounds.stream);
+    let service = service(activity.clone());
     let conn = http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
         .max_concurrent_streams(bounds.max_concurrent_streams)

@@ -19,6 +19,8 @@ use tonic::codegen::Service as _;
 use tonic::Status;
 
 use super::connection::Activity;
+use crate::telemetry::Metrics;
+use crate::transport::Transport;
 
 /// The gRPC message prefix: a compressed flag and a big-endian length.
 const PREFIX_BYTES: usize = 5;
@@ -38,6 +40,7 @@ pub(super) struct Streams {
     routes: tonic::service::Routes,
     activity: Arc<Activity>,
     limits: StreamLimits,
+    metrics: Metrics,
 }
 
 impl Streams {
@@ -45,11 +48,13 @@ impl Streams {
         routes: tonic::service::Routes,
         activity: Arc<Activity>,
         limits: StreamLimits,
+        metrics: Metrics,
     ) -> Self {
         Self {
             routes,
             activity,
             limits,
+            metrics,
         }
     }
 }
@@ -65,12 +70,19 @@ impl hyper::service::Service<Request<Incoming>> for Streams {
         let open = self.activity.stream_opened();
         let mut routes = self.routes.clone();
         let limits = self.limits;
+        let metrics = self.metrics.clone();
         Box::pin(async move {
             let _open = open;
             let (parts, body) = request.into_parts();
             let message = match read(body, limits).await {
                 Ok(message) => message,
-                Err(status) => return Ok(status.into_http()),
+                Err(status) => {
+                    metrics
+                        .responses
+                        .with_label_values(&[Transport::Grpc.as_str(), code_label(status.code())])
+                        .inc();
+                    return Ok(status.into_http());
+                }
             };
             std::future::poll_fn(|cx| {
                 <tonic::service::Routes as tonic::codegen::Service<Request<Full<Bytes>>>>::poll_ready(
@@ -113,6 +125,16 @@ async fn read(body: Incoming, limits: StreamLimits) -> Result<Bytes, Status> {
     let message = collected.to_bytes();
     check_framing(&message)?;
     Ok(message)
+}
+
+/// The metric label of a refusal made here (a bounded set).
+fn code_label(code: tonic::Code) -> &'static str {
+    match code {
+        tonic::Code::DeadlineExceeded => "deadline_exceeded",
+        tonic::Code::ResourceExhausted => "resource_exhausted",
+        tonic::Code::Cancelled => "cancelled",
+        _ => "invalid_argument",
+    }
 }
 
 /// Exactly one complete, uncompressed message, or why not.
