@@ -106,6 +106,12 @@ impl GrpcListeners {
             let rls = grpc::Rls::new(service.clone(), metrics.clone(), self.with_headers);
             grpc::routes(rls, self.max_message_bytes, drain.clone())
         };
+        let served = |routes| connection::Served {
+            routes,
+            metrics: metrics.clone(),
+            drain: drain.clone(),
+            bounds,
+        };
         if let Some((listener, addr)) = self.tcp {
             tracing::info!(%addr, "Envoy rate limit service (gRPC) listening on TCP");
             let routes = routes(&service).await;
@@ -113,24 +119,12 @@ impl GrpcListeners {
             let listener = listener.tap_io(|tcp| {
                 let _ = tcp.set_nodelay(true);
             });
-            tasks.spawn(connection::serve(
-                listener,
-                routes,
-                metrics.clone(),
-                drain.clone(),
-                bounds,
-            ));
+            tasks.spawn(connection::serve(listener, served(routes)));
         }
         if let Some((listener, path)) = self.socket {
             tracing::info!(path = %path.display(), "Envoy rate limit service (gRPC) listening on Unix socket");
             let routes = routes(&service).await;
-            tasks.spawn(connection::serve(
-                listener,
-                routes,
-                metrics.clone(),
-                drain.clone(),
-                bounds,
-            ));
+            tasks.spawn(connection::serve(listener, served(routes)));
         }
     }
 }

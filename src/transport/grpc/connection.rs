@@ -80,15 +80,26 @@ impl ConnectionBounds {
     }
 }
 
-/// Serves `routes` on `listener` until `drain`, every connection under `bounds`; refusals made
-/// before tonic (stalled, oversized, malformed streams) are counted in `metrics`.
-pub async fn serve<L: Listener>(
-    listener: L,
-    routes: tonic::service::Routes,
-    metrics: Metrics,
-    drain: watch::Receiver<bool>,
-    bounds: ConnectionBounds,
-) {
+/// What a gRPC listener serves, and how.
+pub struct Served {
+    /// tonic's routes (the rate limit and health services).
+    pub routes: tonic::service::Routes,
+    /// Where refusals made before tonic (stalled, oversized, malformed streams) are counted.
+    pub metrics: Metrics,
+    /// Turns true when the listener is to drain.
+    pub drain: watch::Receiver<bool>,
+    /// Every bound.
+    pub bounds: ConnectionBounds,
+}
+
+/// Serves on `listener` until the drain, every connection under the bounds.
+pub async fn serve<L: Listener>(listener: L, served: Served) {
+    let Served {
+        routes,
+        metrics,
+        drain,
+        bounds,
+    } = served;
     accept_loop(listener, drain, bounds.accept, move |io, _, drain| {
         let (routes, metrics) = (routes.clone(), metrics.clone());
         let service = move |activity| Streams::new(routes, activity, bounds.stream, metrics);
