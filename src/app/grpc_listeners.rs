@@ -43,8 +43,8 @@ pub(super) struct GrpcListeners {
     with_headers: bool,
     /// `limits.max_body_bytes`: the largest request message.
     max_message_bytes: usize,
-    /// Every bound but the grace period, which `spawn` is given.
-    settings: Settings,
+    /// Every bound (the grace period is set again by `spawn`).
+    bounds: ConnectionBounds,
 }
 
 impl GrpcListeners {
@@ -80,7 +80,7 @@ impl GrpcListeners {
             socket,
             with_headers: settings.envoy.response_headers,
             max_message_bytes: settings.limits.max_body_bytes,
-            settings: settings.clone(),
+            bounds: ConnectionBounds::new(settings, settings.shutdown_grace.as_std()),
         })
     }
 
@@ -101,7 +101,8 @@ impl GrpcListeners {
         drain: watch::Receiver<bool>,
         grace: Duration,
     ) {
-        let bounds = ConnectionBounds::new(&self.settings, grace);
+        let mut bounds = self.bounds;
+        bounds.accept.grace = grace;
         let routes = |service: &Arc<CheckService>| {
             let rls = grpc::Rls::new(service.clone(), metrics.clone(), self.with_headers);
             grpc::routes(rls, self.max_message_bytes, drain.clone())
