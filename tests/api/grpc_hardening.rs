@@ -319,6 +319,18 @@ async fn idle_and_old_connections_are_asked_to_go() {
     assert_eq!(ask_raw(&mut send, framed(&valid_message())).await.0, "0");
     let ended = tokio::time::timeout(WAIT, conn).await;
     assert!(ended.is_ok(), "the idle connection is closed");
+    // The Unix socket listener is bounded the same way.
+    let unix = tokio::net::UnixStream::connect(&idle.socket)
+        .await
+        .expect("connect");
+    let (send, conn) = h2::client::handshake(unix).await.expect("h2 handshake");
+    let conn = tokio::spawn(conn);
+    assert_eq!(
+        ask_raw(&mut send.clone(), framed(&valid_message())).await.0,
+        "0"
+    );
+    let ended = tokio::time::timeout(WAIT, conn).await;
+    assert!(ended.is_ok(), "the idle connection on the socket is closed");
 
     let old = daemon(|s| s.envoy.max_connection_age = ms(500)).await;
     let (send, conn) = h2_connect(old.addr).await;
