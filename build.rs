@@ -7,6 +7,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
+        // Malformed requests are INVALID_ARGUMENT, not tonic's INTERNAL.
+        .codec_path("crate::transport::grpc::decode::Codec")
         .compile_fds(files)?;
     Ok(())
 }

@@ -1,12 +1,14 @@
 //! The gRPC listeners of Envoy's rate limit service (TCP and Unix socket), bound at build time
-//! like the others and served by `App::run`.
+//! like the others and served by `App::run` under the same bounds as the check listeners
+//! (`limits.*`) plus the HTTP/2 ones of `[envoy]` ([`grpc::connection::ConnectionBounds`]).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::{TcpListener, UnixListener};
+use axum::serve::ListenerExt;
+use tokio::net::{TcpListener, TcpSocket, UnixListener};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -14,13 +16,35 @@ use super::StartError;
 use crate::check::CheckService;
 use crate::config::Settings;
 use crate::telemetry::Metrics;
+use crate::transport::grpc::connection::{self, ConnectionBounds};
 use crate::transport::{grpc, uds};
+
+/// Connections the kernel completes and queues for the gRPC TCP listener while
+/// `limits.max_connections` are open (std's default is 128): Envoy opens one per worker at once,
+/// and a queued client past the cap waits its turn instead of being dropped.
+const TCP_BACKLOG: u32 = 1_024;
+
+/// Binds `addr` with [`TCP_BACKLOG`] (and `SO_REUSEADDR`, as std does).
+fn bind_tcp(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(TCP_BACKLOG)
+}
 
 /// The bound gRPC listeners (each optional) and how answers are made.
 pub(super) struct GrpcListeners {
     tcp: Option<(TcpListener, SocketAddr)>,
     socket: Option<(UnixListener, PathBuf)>,
     with_headers: bool,
+    /// `limits.max_body_bytes`: the largest request message.
+    max_message_bytes: usize,
+    /// Every bound (the grace period is set again by `spawn`).
+    bounds: ConnectionBounds,
 }
 
 impl GrpcListeners {
@@ -34,9 +58,7 @@ impl GrpcListeners {
             None => None,
             Some(addr) => {
                 super::warn_if_exposed("listen.grpc", addr);
-                let listener = TcpListener::bind(addr)
-                    .await
-                    .map_err(|e| bind_err("listen.grpc", &addr, e))?;
+                let listener = bind_tcp(addr).map_err(|e| bind_err("listen.grpc", &addr, e))?;
                 let local = listener
                     .local_addr()
                     .map_err(|e| bind_err("listen.grpc", &addr, e))?;
@@ -57,6 +79,8 @@ impl GrpcListeners {
             tcp,
             socket,
             with_headers: settings.envoy.response_headers,
+            max_message_bytes: settings.limits.max_body_bytes,
+            bounds: ConnectionBounds::new(settings, settings.shutdown_grace.as_std()),
         })
     }
 
@@ -77,19 +101,31 @@ impl GrpcListeners {
         drain: watch::Receiver<bool>,
         grace: Duration,
     ) {
+        let mut bounds = self.bounds;
+        bounds.accept.grace = grace;
         let routes = |service: &Arc<CheckService>| {
             let rls = grpc::Rls::new(service.clone(), metrics.clone(), self.with_headers);
-            grpc::routes(rls, drain.clone())
+            grpc::routes(rls, self.max_message_bytes, drain.clone())
+        };
+        let served = |routes| connection::Served {
+            routes,
+            metrics: metrics.clone(),
+            drain: drain.clone(),
+            bounds,
         };
         if let Some((listener, addr)) = self.tcp {
             tracing::info!(%addr, "Envoy rate limit service (gRPC) listening on TCP");
             let routes = routes(&service).await;
-            tasks.spawn(grpc::serve_tcp(listener, routes, drain.clone(), grace));
+            // Answers are small single writes: never hold one back for Nagle.
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
+            tasks.spawn(connection::serve(listener, served(routes)));
         }
         if let Some((listener, path)) = self.socket {
             tracing::info!(path = %path.display(), "Envoy rate limit service (gRPC) listening on Unix socket");
             let routes = routes(&service).await;
-            tasks.spawn(grpc::serve_uds(listener, routes, drain.clone(), grace));
+            tasks.spawn(connection::serve(listener, served(routes)));
         }
     }
 }

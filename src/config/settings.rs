@@ -445,6 +445,7 @@ impl Settings {
             ));
         }
         self.authz.validate()?;
+        self.envoy.validate()?;
         super::log_level::validate(&self.log.level)
             .map_err(|reason| SettingsError(format!("log.level: {reason}")))?;
         Ok(())

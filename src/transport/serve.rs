@@ -3,9 +3,13 @@
 //! the grace period are closed (axum's own `serve` cannot close them once spawned). At most
 //! `max_connections` are open at once: past it, accepting waits for one to close (the kernel's
 //! backlog holds the newcomers), so a flood of idle or stalled clients costs bounded memory.
+//! The accept loop itself ([`accept_loop`]) is shared with the gRPC listeners; accept errors
+//! (`EMFILE`/`ENFILE` at the file-descriptor limit) back off for a second instead of spinning
+//! (axum's `Listener` does that for both TCP and Unix listeners).
 //! A listener that logs who asked (the admin listener: counter resets) hands each request its
 //! peer's address (axum's `ConnectInfo`).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,17 +40,68 @@ pub enum Peers {
 /// Serves `router` on `listener` until `drain` turns true, with at most `max_connections` open;
 /// then waits up to `grace` for open connections to finish and closes the rest.
 pub async fn serve<L: Listener>(
-    mut listener: L,
+    listener: L,
     router: Router,
-    mut drain: watch::Receiver<bool>,
+    drain: watch::Receiver<bool>,
     grace: Duration,
     max_connections: usize,
     peers: Peers,
 ) where
     L::Addr: Clone + Send + Sync + 'static,
 {
+    let bounds = Bounds {
+        grace,
+        max_connections,
+    };
+    accept_loop(listener, drain, bounds, move |io, peer, mut drain| {
+        let service = Capped(WithPeer {
+            inner: TowerToHyperService::new(router.clone()),
+            peer: (peers == Peers::Record).then_some(peer),
+        });
+        async move {
+            let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .max_buf_size(HYPER_MAX_BUF)
+                .serve_connection(TokioIo::new(io), service);
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = drained(&mut drain) => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+        }
+    })
+    .await;
+}
+
+/// What every accept loop is bounded by.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    /// How long open connections get to finish once the drain starts.
+    pub grace: Duration,
+    /// Most connections open at once (`limits.max_connections`).
+    pub max_connections: usize,
+}
+
+/// Accepts on `listener` until `drain`, with at most `bounds.max_connections` open at once (past
+/// it, accepting waits for one to close); each connection is served by the future `connection`
+/// makes of it (given the drain, to finish gracefully). After the drain, open connections get
+/// `bounds.grace` and are then closed.
+pub async fn accept_loop<L, F, Fut>(
+    mut listener: L,
+    mut drain: watch::Receiver<bool>,
+    bounds: Bounds,
+    mut connection: F,
+) where
+    L: Listener,
+    F: FnMut(L::Io, L::Addr, watch::Receiver<bool>) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
     let mut connections = JoinSet::new();
-    let slots = Arc::new(Semaphore::new(max_connections));
+    let slots = Arc::new(Semaphore::new(bounds.max_connections));
     loop {
         let slot = tokio::select! {
             _ = drained(&mut drain) => break,
@@ -58,26 +113,10 @@ pub async fn serve<L: Listener>(
         tokio::select! {
             _ = drained(&mut drain) => break,
             (io, peer) = listener.accept() => {
-                let service = Capped(WithPeer {
-                    inner: TowerToHyperService::new(router.clone()),
-                    peer: (peers == Peers::Record).then_some(peer),
-                });
-                let mut drain = drain.clone();
+                let served = connection(io, peer, drain.clone());
                 connections.spawn(async move {
                     let _slot = slot;
-                    let conn = http1::Builder::new()
-                        .timer(TokioTimer::new())
-                        .header_read_timeout(HEADER_READ_TIMEOUT)
-                        .max_buf_size(HYPER_MAX_BUF)
-                        .serve_connection(TokioIo::new(io), service);
-                    tokio::pin!(conn);
-                    tokio::select! {
-                        _ = conn.as_mut() => {}
-                        _ = drained(&mut drain) => {
-                            conn.as_mut().graceful_shutdown();
-                            let _ = conn.await;
-                        }
-                    }
+                    served.await;
                 });
             }
             // Reap finished connections so the set does not grow with the daemon's age.
@@ -85,6 +124,7 @@ pub async fn serve<L: Listener>(
         }
     }
     drop(listener);
+    let grace = bounds.grace;
     let drained = async { while connections.join_next().await.is_some() {} };
     if tokio::time::timeout(grace, drained).await.is_err() {
         tracing::warn!(
@@ -121,6 +161,6 @@ where
 }
 
 /// Resolves once `drain` turns true (or its sender is gone).
-async fn drained(drain: &mut watch::Receiver<bool>) {
+pub async fn drained(drain: &mut watch::Receiver<bool>) {
     let _ = drain.wait_for(|stop| *stop).await;
 }

@@ -1,0 +1,304 @@
+//! The gRPC listeners' connections: the check listeners' accept loop (at most
+//! `limits.max_connections` open, back-off on accept errors, drain on shutdown) with each
+//! connection served by hyper's HTTP/2 server under bounds: concurrent streams, header list
+//! size and flow-control windows (memory per connection), keepalive PINGs (a dead peer is
+//! closed), a handshake timeout (the preface and SETTINGS must arrive in time, or the
+//! connection is dropped), an idle timeout and a maximum age (a graceful GOAWAY; Envoy
+//! reconnects), and each stream's body read timeout ([`super::stream`]).
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::serve::Listener;
+use hyper::server::conn::http2;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::stream::{StreamLimits, Streams};
+use crate::config::Settings;
+use crate::telemetry::Metrics;
+use crate::transport::request_caps::MAX_HEADER_BYTES;
+use crate::transport::serve::{accept_loop, drained, Bounds};
+
+/// The client's connection preface (24 bytes) and the SETTINGS frame's header (9 bytes): once
+/// this much has arrived, the handshake is in.
+const HANDSHAKE_BYTES: u64 = 24 + 9;
+/// Flow-control window of one stream: far above a rate limit request, bounds what a stalled
+/// stream buffers.
+const STREAM_WINDOW: u32 = 64 * 1024;
+/// Flow-control window of a connection: what all its streams buffer together.
+const CONNECTION_WINDOW: u32 = 1024 * 1024;
+/// A deadline far enough to be never (durations beyond `Instant`'s range).
+const NEVER: Duration = Duration::from_secs(30 * 365 * 86_400);
+
+/// Every bound of a gRPC listener and its connections, read once from settings.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionBounds {
+    /// The accept loop's: open connections, grace on drain.
+    pub accept: Bounds,
+    /// Most concurrent streams per connection.
+    pub max_concurrent_streams: u32,
+    /// Time for the HTTP/2 preface and SETTINGS.
+    pub handshake_timeout: Duration,
+    /// Time with no stream open before GOAWAY.
+    pub idle_timeout: Duration,
+    /// Interval of keepalive PINGs.
+    pub keepalive_interval: Duration,
+    /// Time for a PING's ACK.
+    pub keepalive_timeout: Duration,
+    /// Age at which a connection gets GOAWAY.
+    pub max_connection_age: Duration,
+    /// Each stream's request bounds.
+    pub stream: StreamLimits,
+}
+
+impl ConnectionBounds {
+    /// The bounds `settings` give (`limits.*` and `envoy.*`), with `grace` on drain.
+    pub fn new(settings: &Settings, grace: Duration) -> Self {
+        let envoy = &settings.envoy;
+        Self {
+            accept: Bounds {
+                grace,
+                max_connections: settings.limits.max_connections,
+            },
+            max_concurrent_streams: envoy.max_concurrent_streams,
+            handshake_timeout: envoy.handshake_timeout.as_std(),
+            idle_timeout: envoy.idle_timeout.as_std(),
+            keepalive_interval: envoy.keepalive_interval.as_std(),
+            keepalive_timeout: envoy.keepalive_timeout.as_std(),
+            max_connection_age: envoy.max_connection_age.as_std(),
+            stream: StreamLimits {
+                body_read_timeout: settings.limits.body_read_timeout.as_std(),
+                max_message_bytes: settings.limits.max_body_bytes,
+            },
+        }
+    }
+}
+
+/// What a gRPC listener serves, and how.
+pub struct Served {
+    /// tonic's routes (the rate limit and health services).
+    pub routes: tonic::service::Routes,
+    /// Where refusals made before tonic (stalled, oversized, malformed streams) are counted.
+    pub metrics: Metrics,
+    /// Turns true when the listener is to drain.
+    pub drain: watch::Receiver<bool>,
+    /// Every bound.
+    pub bounds: ConnectionBounds,
+}
+
+/// Serves on `listener` until the drain, every connection under the bounds.
+pub async fn serve<L: Listener>(listener: L, served: Served) {
+    let Served {
+        routes,
+        metrics,
+        drain,
+        bounds,
+    } = served;
+    accept_loop(listener, drain, bounds.accept, move |io, _, drain| {
+        let (routes, metrics) = (routes.clone(), metrics.clone());
+        let service = move |activity| Streams::new(routes, activity, bounds.stream, metrics);
+        connection(io, service, bounds, drain)
+    })
+    .await;
+}
+
+/// Why a connection is asked to go.
+#[derive(Debug, Clone, Copy)]
+enum Close {
+    Drain,
+    Idle,
+    Age,
+}
+
+impl Close {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Drain => "drain",
+            Self::Idle => "idle",
+            Self::Age => "max_connection_age",
+        }
+    }
+}
+
+async fn connection<IO>(
+    io: IO,
+    service: impl FnOnce(Arc<Activity>) -> Streams + Send + 'static,
+    bounds: ConnectionBounds,
+    mut drain: watch::Receiver<bool>,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let activity = Arc::new(Activity::new());
+    let started = activity.started;
+    let io = Watched {
+        inner: io,
+        activity: activity.clone(),
+    };
+    let service = service(activity.clone());
+    let conn = http2::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(bounds.max_concurrent_streams)
+        .max_header_list_size(MAX_HEADER_BYTES as u32)
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .keep_alive_interval(bounds.keepalive_interval)
+        .keep_alive_timeout(bounds.keepalive_timeout)
+        .serve_connection(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    let handshake_by = after(started, bounds.handshake_timeout);
+    let age_by = after(started, bounds.max_connection_age);
+    let close = loop {
+        let idle_by = match activity.idle_since() {
+            Some(since) => after(since, bounds.idle_timeout),
+            // Streams are open: look again later.
+            None => after(Instant::now(), bounds.idle_timeout),
+        };
+        let mut next = age_by.min(idle_by);
+        if !activity.shaken() {
+            next = next.min(handshake_by);
+        }
+        tokio::select! {
+            _ = conn.as_mut() => return,
+            _ = drained(&mut drain) => break Close::Drain,
+            () = tokio::time::sleep_until(next) => {
+                let now = Instant::now();
+                if !activity.shaken() && now >= handshake_by {
+                    tracing::debug!("gRPC connection without a handshake in time; dropped");
+                    return;
+                }
+                if now >= age_by {
+                    break Close::Age;
+                }
+                if activity.idle_since().is_some_and(|since| now >= after(since, bounds.idle_timeout)) {
+                    break Close::Idle;
+                }
+            }
+        }
+    };
+    tracing::debug!(
+        reason = close.as_str(),
+        "asking a gRPC connection to go (GOAWAY)"
+    );
+    conn.as_mut().graceful_shutdown();
+    if tokio::time::timeout(bounds.accept.grace, conn)
+        .await
+        .is_err()
+    {
+        tracing::debug!("gRPC connection still busy after the grace period; closed");
+    }
+}
+
+fn after(start: Instant, duration: Duration) -> Instant {
+    start
+        .checked_add(duration)
+        .or_else(|| start.checked_add(NEVER))
+        .unwrap_or(start)
+}
+
+/// What a connection's monitor knows of it: bytes read until the handshake is in, streams
+/// open, and when the last one ended.
+pub(super) struct Activity {
+    started: Instant,
+    read: AtomicU64,
+    open: AtomicUsize,
+    /// Milliseconds from `started` to the end of the last stream.
+    last_end_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            started: Instant::now(),
+            read: AtomicU64::new(0),
+            open: AtomicUsize::new(0),
+            last_end_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn shaken(&self) -> bool {
+        self.read.load(Ordering::Relaxed) >= HANDSHAKE_BYTES
+    }
+
+    /// Since when no stream is open, if none is.
+    fn idle_since(&self) -> Option<Instant> {
+        (self.open.load(Ordering::Acquire) == 0).then(|| {
+            let ms = self.last_end_ms.load(Ordering::Acquire);
+            after(self.started, Duration::from_millis(ms))
+        })
+    }
+
+    /// Counts a stream as open until the guard drops.
+    pub(super) fn stream_opened(self: &Arc<Self>) -> OpenStream {
+        self.open.fetch_add(1, Ordering::AcqRel);
+        OpenStream(self.clone())
+    }
+}
+
+/// A stream counted as open on its connection.
+pub(super) struct OpenStream(Arc<Activity>);
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        let ms = u64::try_from(self.0.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.0.last_end_ms.fetch_max(ms, Ordering::AcqRel);
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The connection's I/O, counting what is read until the handshake is in.
+struct Watched<IO> {
+    inner: IO,
+    activity: Arc<Activity>,
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if !self.activity.shaken() {
+            let read = (buf.filled().len() - before) as u64;
+            self.activity.read.fetch_add(read, Ordering::Relaxed);
+        }
+        polled
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
