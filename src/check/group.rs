@@ -111,12 +111,12 @@ impl CheckService {
         };
         let costs: Vec<u64> = planned.iter().map(|p| p.check.cost).collect();
         let mut placed: Vec<Option<PolicyDecision>> = vec![None; owners.len()];
-        if planned.iter().any(blocked) {
+        if planned.iter().any(|p| is_blocked(&p.policy)) {
             // A converted `requests_per_unit: 0` selected: denied without spending; the figures
             // of the others are read.
             let mut read = self.ask_store(true, planned).await;
             for part in &mut read.evaluated {
-                if StandIn::of(part.policy.name()) == Some(StandIn::Blocked) {
+                if is_blocked(&part.policy) {
                     part.mode = Mode::Enforced;
                     part.decision = Decision {
                         allowed: false,
@@ -169,9 +169,9 @@ impl CheckService {
     }
 }
 
-/// Whether a planned check is a converted `requests_per_unit: 0`.
-fn blocked(part: &Planned) -> bool {
-    StandIn::of(part.policy.name()) == Some(StandIn::Blocked)
+/// Whether a policy is a converted `requests_per_unit: 0`.
+fn is_blocked(policy: &crate::limit::Policy) -> bool {
+    StandIn::of(policy.name()) == Some(StandIn::Blocked)
 }
 
 /// Gives each decision to its item. A denied group spent nothing (`unspent`): an allowed

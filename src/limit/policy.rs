@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::borrow::Cow;
 
 use super::matcher::{Captures, Pattern};
-use super::subject::{canonical_path, lowercase, path_pattern_problem};
+use super::subject::{path_as_matched, path_pattern_problem};
 use super::{Key, Micros, PathCase, Quota, Subject, PATH_DESCRIPTOR};
 
 /// A request's attributes (tenant, api_key, ip, method, path, operation, ...), by name.
@@ -308,14 +308,7 @@ impl Policy {
                 if name != PATH_DESCRIPTOR || !descriptors.contains_key(name) {
                     return Some(Cow::Borrowed(value));
                 }
-                let path = canonical_path(value);
-                Some(match self.parts.path_case {
-                    PathCase::Exact => path,
-                    PathCase::Insensitive => match path {
-                        Cow::Borrowed(path) => lowercase(path),
-                        Cow::Owned(path) => Cow::Owned(lowercase(&path).into_owned()),
-                    },
-                })
+                Some(path_as_matched(value, self.parts.path_case))
             })
             .collect();
         Some(Key::new(

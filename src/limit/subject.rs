@@ -50,10 +50,7 @@ impl<'a> Subject<'a> {
     /// Reads `descriptors`, preparing the path's forms.
     pub fn new(descriptors: &'a Descriptors) -> Self {
         let path = descriptors.get(PATH_DESCRIPTOR).map(|p| canonical_path(p));
-        let folded = path.as_ref().map(|p| match p {
-            Cow::Borrowed(p) => lowercase(p),
-            Cow::Owned(p) => Cow::Owned(lowercase(p).into_owned()),
-        });
+        let folded = path.as_ref().map(fold);
         Self {
             descriptors,
             path,
@@ -105,6 +102,24 @@ pub fn canonical_path(path: &str) -> Cow<'_, str> {
         out.push('/');
     }
     Cow::Owned(out)
+}
+
+/// A path value as a policy with `case` compares it and keys it: [`canonical_path`], then
+/// lowercased unless `case` is exact.
+pub fn path_as_matched(path: &str, case: PathCase) -> Cow<'_, str> {
+    let path = canonical_path(path);
+    match case {
+        PathCase::Exact => path,
+        PathCase::Insensitive => fold(&path),
+    }
+}
+
+/// `text` lowercased, still borrowed when it was and has no uppercase letter.
+fn fold<'a>(text: &Cow<'a, str>) -> Cow<'a, str> {
+    match text {
+        Cow::Borrowed(text) => lowercase(text),
+        Cow::Owned(text) => Cow::Owned(lowercase(text).into_owned()),
+    }
 }
 
 /// `text` lowercased (Unicode), borrowed when it has no uppercase letter.

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::dockerfile::{context_path, final_stage, Stage};
 use crate::helpers::{repo_root, sluice_bin, ChildGuard};
+use crate::redis_server::free_port;
 use crate::tools;
 
 /// podman's settings for this machine (no ulimits to set, cgroupfs), passed by `CONTAINERS_CONF`.
@@ -163,11 +164,6 @@ fn assemble(stage: &Stage, binary: &Path, root: &Path) {
     std::fs::create_dir_all(inside("/tmp")).expect("tmp");
     std::fs::set_permissions(inside("/tmp"), std::fs::Permissions::from_mode(0o1777))
         .expect("chmod");
-}
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr").port()
 }
 
 /// GET `path` on the admin port until it answers 200 (bounded); returns the body.
