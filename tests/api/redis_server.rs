@@ -193,13 +193,16 @@ impl RedisServer {
 
     /// A synchronous connection, for inspecting state.
     pub fn connection(&self) -> redis::Connection {
+        self.try_connection().expect("connect to test redis")
+    }
+
+    /// [`Self::connection`], or why not (a server restarting or resyncing may refuse one).
+    pub fn try_connection(&self) -> redis::RedisResult<redis::Connection> {
         let url = match self.password() {
             Some(password) => format!("redis://:{password}@127.0.0.1:{}", self.port),
             None => self.url(),
         };
-        redis::Client::open(url)
-            .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
-            .expect("connect to test redis")
+        redis::Client::open(url).and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
     }
 }
 
