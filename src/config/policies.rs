@@ -169,6 +169,9 @@ pub fn parse_policies(path: &Path, text: &str) -> Result<PolicySet, PolicyFileEr
             ),
         }
     }
+    if problems.is_empty() {
+        problems = super::policy_replaces::problems(&policies, &lines);
+    }
     // In file order (each policy's checks run field by field, not line by line).
     problems.sort_by_key(|p| p.line.unwrap_or(usize::MAX));
     if problems.is_empty() {
@@ -281,6 +284,7 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
         enforce_percent: raw.enforce_percent,
         timeout_us: raw.timeout.map(|t| t.0),
         limit_override: raw.limit_override,
+        replaces: raw.replaces,
     })
     .map_err(|e| vec![(e.field, e.reason).into()])
 }

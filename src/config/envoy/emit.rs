@@ -1,6 +1,7 @@
 //! Leaves turned into sluice policies: one group per domain and key path, so that the most
 //! specific match applies; unlimited leaves become no-op policies (shadow, never limiting), and
-//! exempt ones too where a limited sibling would otherwise apply to their values.
+//! exempt ones too where a limited sibling would otherwise apply to their values; `replaces`
+//! names resolved to the policies of the limits so named in the domain.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -25,12 +26,19 @@ pub(super) struct OutPolicy {
     period: &'static str,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     shadow: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    replaces: Vec<String>,
 }
 
-/// The policies for `leaves`, in their order.
-pub(super) fn to_policies(leaves: &[Leaf]) -> Vec<OutPolicy> {
+/// The policies for `leaves`, in their order, or every `replaces` entry that names no limit of
+/// its domain.
+pub(super) fn to_policies(leaves: &[Leaf]) -> Result<Vec<OutPolicy>, Vec<String>> {
     let mut taken = BTreeSet::new();
     let mut policies = Vec::new();
+    // (domain, upstream `name`) -> the policies of the limits so named (names need not be
+    // unique upstream, nor valid sluice names).
+    let mut named: BTreeMap<(&str, &str), Vec<String>> = BTreeMap::new();
+    let mut emitted = Vec::new();
     for leaf in leaves {
         // Each entry's descriptor name: a key repeated along the path gets its occurrence.
         let mut names: Vec<String> = Vec::with_capacity(leaf.path.len());
@@ -54,7 +62,14 @@ pub(super) fn to_policies(leaves: &[Leaf]) -> Vec<OutPolicy> {
             }
             Rule::Exempt => continue,
             // Denied by the check's group (a shadow policy never denies in the store).
-            Rule::Blocked(period) => (super::NO_LIMIT, period, true, Some(StandIn::Blocked)),
+            Rule::Blocked(period) => {
+                let kind = if leaf.shadow {
+                    StandIn::ShadowBlocked
+                } else {
+                    StandIn::Blocked
+                };
+                (super::NO_LIMIT, period, true, Some(kind))
+            }
         };
         let mut conditions: BTreeMap<String, String> = names
             .iter()
@@ -74,6 +89,14 @@ pub(super) fn to_policies(leaves: &[Leaf]) -> Vec<OutPolicy> {
             key.push(ENTRIES_DESCRIPTOR.into());
         }
         let name = unique_name(leaf, kind, &mut taken);
+        // Upstream never replaces an `unlimited` limit (it is answered before replacement).
+        if let (Some(upstream), false) = (&leaf.name, leaf.rule == Rule::Unlimited) {
+            named
+                .entry((leaf.domain.as_str(), upstream.as_str()))
+                .or_default()
+                .push(name.clone());
+        }
+        emitted.push(leaf);
         policies.push(OutPolicy {
             name,
             description: format!(
@@ -89,9 +112,28 @@ pub(super) fn to_policies(leaves: &[Leaf]) -> Vec<OutPolicy> {
             limit,
             period,
             shadow,
+            replaces: Vec::new(),
         });
     }
-    policies
+    let mut problems = Vec::new();
+    for (policy, leaf) in policies.iter_mut().zip(emitted) {
+        for upstream in &leaf.replaces {
+            match named.get(&(leaf.domain.as_str(), upstream.as_str())) {
+                Some(replaced) => policy.replaces.extend(replaced.iter().cloned()),
+                None => problems.push(format!(
+                    "{}: replaces `{upstream}`, which no limit of the domain has as its `name` \
+                     (envoyproxy/ratelimit ignores such an entry; sluice refuses it, so that a \
+                     misspelt name does not silently leave the other limit in force)",
+                    shown(&leaf.domain, &leaf.path)
+                )),
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(policies)
+    } else {
+        Err(problems)
+    }
 }
 
 /// Whether a limited entry of the same domain and key path could match the values `leaf` matches.
@@ -198,6 +240,7 @@ mod tests {
             }],
             rule: Rule::Limit(1, "1s"),
             name: name.map(str::to_owned),
+            replaces: Vec::new(),
             shadow: false,
         };
         let mut taken = BTreeSet::new();

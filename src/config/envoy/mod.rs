@@ -22,11 +22,14 @@
 //! - `detailed_metric`, `value_to_metric` and `metadata` are accepted and have no effect (sluice's
 //!   metrics are labelled by policy only, a bounded set).
 //!
-//! - `requests_per_unit: 0` becomes a [`StandIn::Blocked`] policy: the check's group denies every
-//!   request it selects.
+//! - `requests_per_unit: 0` (or none, which upstream reads as 0) becomes a
+//!   [`StandIn::Blocked`] policy: the check's group denies every request it selects; with
+//!   `shadow_mode`, [`StandIn::ShadowBlocked`]: OK with a limit of 0, counted as a shadow denial;
+//! - `replaces` becomes the policy's `replaces`: the policies of the limits of its domain with
+//!   that `name` (a `name` that no limit has is refused, where upstream ignores it).
 //!
-//! What sluice cannot express is refused with a reason naming the field: `replaces`,
-//! `quota_mode`, `requests_per_unit: 0` with `shadow_mode`, keys outside `[A-Za-z0-9_.-]`.
+//! What sluice cannot express is refused with a reason naming the field: `quota_mode`, keys
+//! outside `[A-Za-z0-9_.-]`.
 
 mod emit;
 mod schema;
@@ -76,13 +79,22 @@ pub enum StandIn {
     Unlimited,
     /// A node without `rate_limit`: OK, no `current_limit`, `limit_remaining` 0.
     Exempt,
-    /// `requests_per_unit: 0`: every request is over the limit (`current_limit` 0 per unit).
+    /// `requests_per_unit: 0` (or no `requests_per_unit`, which upstream reads as 0): every
+    /// request is over the limit (`current_limit` 0 per unit).
     Blocked,
+    /// [`StandIn::Blocked`] with `shadow_mode`: OK with `current_limit` 0 per unit, a shadow
+    /// denial in the metrics and the shadow log.
+    ShadowBlocked,
 }
 
 impl StandIn {
     /// Every kind.
-    pub const ALL: [Self; 3] = [Self::Unlimited, Self::Exempt, Self::Blocked];
+    pub const ALL: [Self; 4] = [
+        Self::Unlimited,
+        Self::Exempt,
+        Self::Blocked,
+        Self::ShadowBlocked,
+    ];
 
     /// The kind's name.
     pub fn as_str(self) -> &'static str {
@@ -90,6 +102,7 @@ impl StandIn {
             Self::Unlimited => "unlimited",
             Self::Exempt => "exempt",
             Self::Blocked => "blocked",
+            Self::ShadowBlocked => "shadow_blocked",
         }
     }
 
@@ -99,12 +112,13 @@ impl StandIn {
             Self::Unlimited => "rls-unlimited-",
             Self::Exempt => "rls-exempt-",
             Self::Blocked => "rls-blocked-",
+            Self::ShadowBlocked => "rls-shadow-blocked-",
         }
     }
 
     /// Whether it stands for no limit (`Unlimited`, `Exempt`).
     pub fn is_no_limit(self) -> bool {
-        self != Self::Blocked
+        matches!(self, Self::Unlimited | Self::Exempt)
     }
 
     /// The kind of a policy, by its name.
@@ -234,6 +248,6 @@ pub fn convert_sources(
     if !problems.is_empty() {
         return Err(problems);
     }
-    let policies = emit::to_policies(&leaves);
+    let policies = emit::to_policies(&leaves)?;
     serde_yaml::to_string(&OutFile { policies }).map_err(|e| vec![e.to_string()])
 }
