@@ -20,10 +20,7 @@ pub(super) fn problems(policies: &[Policy], lines: &PolicyLines<'_>) -> Vec<Prob
             };
             problems.push(Problem {
                 line: lines.item(index, "replaces", item),
-                message: format!(
-                    "policy `{}`: field `replaces`: {reason}",
-                    policy.name()
-                ),
+                message: format!("policy `{}`: field `replaces`: {reason}", policy.name()),
             });
         }
     }

@@ -13,6 +13,7 @@ mod dockerfile;
 mod envoy_upstream;
 mod envoy_upstream_figures;
 mod envoy_upstream_flows;
+mod envoy_upstream_replaces;
 mod examples;
 mod first_hour;
 mod grpc;

@@ -90,11 +90,13 @@ pub(super) fn to_policies(leaves: &[Leaf]) -> Result<Vec<OutPolicy>, Vec<String>
         }
         let name = unique_name(leaf, kind, &mut taken);
         // Upstream never replaces an `unlimited` limit (it is answered before replacement).
-        if let (Some(upstream), false) = (&leaf.name, leaf.rule == Rule::Unlimited) {
-            named
+        if let Some(upstream) = &leaf.name {
+            let replaced = named
                 .entry((leaf.domain.as_str(), upstream.as_str()))
-                .or_default()
-                .push(name.clone());
+                .or_default();
+            if leaf.rule != Rule::Unlimited {
+                replaced.push(name.clone());
+            }
         }
         emitted.push(leaf);
         policies.push(OutPolicy {
@@ -119,7 +121,15 @@ pub(super) fn to_policies(leaves: &[Leaf]) -> Result<Vec<OutPolicy>, Vec<String>
     for (policy, leaf) in policies.iter_mut().zip(emitted) {
         for upstream in &leaf.replaces {
             match named.get(&(leaf.domain.as_str(), upstream.as_str())) {
-                Some(replaced) => policy.replaces.extend(replaced.iter().cloned()),
+                Some(replaced) if !replaced.is_empty() => {
+                    policy.replaces.extend(replaced.iter().cloned());
+                }
+                Some(_) => problems.push(format!(
+                    "{}: replaces `{upstream}`, which only `unlimited` limits have as their \
+                     `name`: upstream never replaces those (it answers them first), so the entry \
+                     would do nothing",
+                    shown(&leaf.domain, &leaf.path)
+                )),
                 None => problems.push(format!(
                     "{}: replaces `{upstream}`, which no limit of the domain has as its `name` \
                      (envoyproxy/ratelimit ignores such an entry; sluice refuses it, so that a \

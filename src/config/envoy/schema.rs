@@ -83,7 +83,10 @@ impl RawRateLimit {
     /// The names of the limits this one replaces (checked non-empty and not its own by
     /// [`RawRateLimit::rule`]).
     pub fn replaced(&self) -> Vec<String> {
-        self.replaces.iter().filter_map(|r| r.name.clone()).collect()
+        self.replaces
+            .iter()
+            .filter_map(|r| r.name.clone())
+            .collect()
     }
 
     /// The rule of this block, or why it is refused (upstream's own reasons where it has them).
