@@ -101,8 +101,10 @@ pub fn parse_policies(path: &Path, text: &str) -> Result<PolicySet, PolicyFileEr
     };
     super::check_expansion(text).map_err(|e| fail(vec![Problem::at(None, e.to_string())]))?;
     if super::envoy::is_envoy_config(text) {
-        let converted = super::envoy::convert(text)
-            .map_err(|messages| fail(messages.into_iter().map(Problem::from).collect()))?;
+        let converted = super::envoy::convert(text).map_err(|messages| {
+            let at = |m: String| Problem::at(super::envoy::problem_line(text, &m), m);
+            fail(messages.into_iter().map(at).collect())
+        })?;
         return parse_policies(path, &converted);
     }
     let raw: RawFile = serde_yaml::from_str(text).map_err(|e| {

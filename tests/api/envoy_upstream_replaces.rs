@@ -203,8 +203,9 @@ fn a_replaces_entry_that_would_do_nothing_is_refused() {
             sluice::config::parse_policies(std::path::Path::new("rl.yaml"), &file(replaced))
                 .expect_err(replaced)
                 .to_string();
+        // The line is the entry's.
         assert!(
-            error.starts_with("rl.yaml: domain `d`, descriptor r=*: "),
+            error.starts_with("rl.yaml:6: domain `d`, descriptor r=*: "),
             "{error}"
         );
         assert!(error.contains(reason), "{error}");
@@ -215,7 +216,9 @@ fn a_replaces_entry_that_would_do_nothing_is_refused() {
         .expect_err("other domain")
         .to_string();
     assert!(
-        error.contains("replaces `x`, which no limit of the domain"),
+        error.starts_with(
+            "rl.yaml:9: domain `b`, descriptor k=*: replaces `x`, which no limit of the domain"
+        ),
         "{error}"
     );
     // A sluice policy's list names policies of its own file.
@@ -252,6 +255,10 @@ async fn a_policy_replaces_another_on_the_check_api() {
         );
     }
     assert_eq!(json_of(&daemon.app.check_tcp(&vip).await)["allowed"], false);
+    // The effective policy dump shows it.
+    let dump = json_of(&daemon.app.admin_get("/v1/policies").await);
+    assert_eq!(dump["policies"][1]["replaces"], json!(["reads"]), "{dump}");
+    assert!(dump["policies"][0].get("replaces").is_none(), "{dump}");
     // Without the tier, the replaced policy applies, its counter untouched.
     let plain = json!({"descriptors": {"route": "read", "user": "u"}});
     let body = json_of(&daemon.app.check_tcp(&plain).await);

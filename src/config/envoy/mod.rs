@@ -153,6 +153,39 @@ pub fn is_envoy_config(text: &str) -> bool {
         .is_some_and(|value| value.get("domain").is_some() && value.get("policies").is_none())
 }
 
+/// The line (1-based) of the `replaces` entry a conversion problem is about, found in `text`
+/// below its domain's `domain:` line; `None` for other problems.
+pub(crate) fn problem_line(text: &str, message: &str) -> Option<usize> {
+    let quoted = |after: &str| -> Option<String> {
+        let start = message.find(after)? + after.len();
+        let len = message[start..].find('`')?;
+        Some(message[start..start + len].to_owned())
+    };
+    let (domain, replaced) = (quoted("domain `")?, quoted(": replaces `")?);
+    let lines: Vec<&str> = text.lines().collect();
+    let unquote = |v: &str| v.trim().trim_matches(|c| c == '"' || c == '\'').to_owned();
+    let start = lines.iter().position(|line| {
+        line.trim_start()
+            .strip_prefix("domain:")
+            .is_some_and(|v| unquote(v) == domain)
+    })?;
+    let mut in_replaces = false;
+    for (at, line) in lines.iter().enumerate().skip(start + 1) {
+        if line.trim_start().starts_with("domain:") {
+            break;
+        }
+        in_replaces |= line.contains("replaces");
+        let names_it = line.split("name:").skip(1).any(|rest| {
+            let value = rest.split([',', '}', ']']).next().unwrap_or("");
+            unquote(value) == replaced
+        });
+        if in_replaces && names_it {
+            return Some(at + 1);
+        }
+    }
+    None
+}
+
 /// The condition a policy's `domain` adds.
 pub(crate) fn domain_condition(
     domain: String,
