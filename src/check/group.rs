@@ -19,7 +19,7 @@ use super::request::{CheckError, CheckRequest};
 use super::verdict::{self, Mode, Outcome, PolicyDecision, Verdict};
 use super::CheckService;
 use crate::config::envoy::StandIn;
-use crate::limit::{Algorithm, Decision, Key, NEVER};
+use crate::limit::{Algorithm, Applicable, Decision, Key, NEVER};
 
 /// One question of a group.
 #[derive(Debug, Clone)]
@@ -55,11 +55,12 @@ impl CheckService {
     /// items are spent only if no enforced policy of any of them denies; probes are read after.
     pub async fn check_group(&self, items: &[GroupItem]) -> Result<GroupVerdict, CheckError> {
         let policies = self.policies();
-        let mut selected = Vec::with_capacity(items.len());
-        for item in items {
-            selected.push(plan::select(&policies, &self.limits, &item.request)?);
-        }
+        // Selected up front only when some policy replaces another (no allocation otherwise).
+        let mut selected: Vec<Vec<Applicable>> = Vec::new();
         if policies.replaces_any() {
+            for item in items {
+                selected.push(plan::select(&policies, &self.limits, &item.request)?);
+            }
             // An overridden descriptor neither replaces nor is replaced (upstream: its limit
             // has no name).
             let open: Vec<usize> = (0..items.len())
@@ -74,9 +75,14 @@ impl CheckService {
                 selected[at] = list;
             }
         }
+        let mut selected = selected.into_iter();
         let (mut spend, mut probe) = (Parts::default(), Parts::default());
         let mut fixed: Vec<(usize, PolicyDecision)> = Vec::new();
-        for (index, (item, applicable)) in items.iter().zip(selected).enumerate() {
+        for (index, item) in items.iter().enumerate() {
+            let applicable = match selected.next() {
+                Some(applicable) => applicable,
+                None => plan::select(&policies, &self.limits, &item.request)?,
+            };
             let dry_run = item.request.dry_run;
             let parts = if dry_run { &mut probe } else { &mut spend };
             let planned = plan::plan_selected(self.tiers.as_ref(), &item.request, applicable);
