@@ -240,6 +240,26 @@ mod tests {
     }
 
     #[test]
+    fn replaces_lists_every_policy_of_the_name_in_its_domain() {
+        // Upstream names need be neither unique nor valid sluice names.
+        let file = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {name: Read Limit, unit: hour, requests_per_unit: 1}\n  - key: b\n    rate_limit: {name: Read Limit, unit: hour, requests_per_unit: 0}\n  - key: c\n    rate_limit: {replaces: [{name: Read Limit}], unit: hour, requests_per_unit: 2}\n";
+        let converted = crate::config::envoy::convert(file).expect("converts");
+        let set = crate::config::parse_policies(std::path::Path::new("t.yaml"), &converted)
+            .expect("valid");
+        let replacer = set
+            .iter()
+            .find(|p| !p.replaces().is_empty())
+            .expect("a replacing policy");
+        let named: Vec<&str> = set
+            .iter()
+            .filter(|p| p.name() != replacer.name())
+            .map(|p| p.name())
+            .collect();
+        assert_eq!(replacer.replaces(), named.as_slice(), "{converted}");
+        assert_eq!(named.len(), 2);
+    }
+
+    #[test]
     fn names_are_valid_unique_and_prefer_the_configured_one() {
         let leaf = |name: Option<&str>, value: &str| Leaf {
             domain: "Edge.Proxy".into(),
