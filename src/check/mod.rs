@@ -11,8 +11,11 @@ mod group;
 mod hot_keys;
 mod local_limit;
 mod plan;
+mod report;
 mod request;
 mod shadow_log;
+mod top;
+mod top_sketch;
 mod unmatched;
 mod verdict;
 
@@ -25,6 +28,9 @@ pub use explain::{Explanation, PolicyExplanation};
 pub use group::{GroupItem, GroupVerdict};
 pub use hot_keys::HotKeys;
 pub use plan::{Planned, TENANT_DESCRIPTOR};
+pub use report::REPORT_OUTCOMES;
+pub use top::{TopDenied, TopEntry, TopList, MAX_POLICIES, TOP_CAPACITY};
+pub use top_sketch::{SpaceSaving, MAX_LABEL};
 pub use request::{CheckError, CheckRequest, MAX_DESCRIPTOR_NAME};
 pub use verdict::{Mode, Outcome, PolicyDecision, Verdict};
 
@@ -62,6 +68,10 @@ pub struct CheckService {
     metrics: Metrics,
     /// `sluice_counter_resets_total{policy}`.
     counter_resets: prometheus::IntCounterVec,
+    /// `sluice_reports_total{policy,outcome}`.
+    reports: prometheus::IntCounterVec,
+    /// The partitions denied most, per policy.
+    top: top::TopDenied,
 }
 
 impl CheckService {
@@ -84,6 +94,8 @@ impl CheckService {
             unmatched: unmatched::Unmatched::new(false),
             limits,
             counter_resets: counters::resets_metric(&metrics),
+            reports: report::reports_metric(&metrics),
+            top: top::TopDenied::new(&PolicySet::default()),
             metrics,
         };
         service.replace_policies(policies);
@@ -142,7 +154,11 @@ impl CheckService {
                 .local_layer_hits
                 .with_label_values(&[policy.name()]);
             self.counter_resets.with_label_values(&[policy.name()]);
+            for outcome in REPORT_OUTCOMES {
+                self.reports.with_label_values(&[policy.name(), outcome]);
+            }
         }
+        self.top.replace_policies(&policies);
         *self.policies.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policies);
         if let Some(hot) = &self.hot {
             hot.clear();
@@ -319,6 +335,29 @@ impl CheckService {
         (!denied.is_empty()).then(|| verdict::decide(denied))
     }
 
+    /// Counts a denial in the policy's top list (the partition, every window as one).
+    fn note_denied(&self, part: &PolicyDecision) {
+        let key = part.key.without_window();
+        let id = self.shadow_log.fingerprint_id(&key);
+        self.top.note(part.policy.name(), id, &key);
+    }
+
+    /// The `limit` partitions of `policy` denied most in this pod (`None`: no such list); the
+    /// partitions themselves only with `raw` (else fingerprints only).
+    pub fn top_denied(&self, policy: &str, limit: usize, raw: bool) -> Option<TopList> {
+        self.top.list(policy, limit, raw)
+    }
+
+    /// Policies with at least one denial listed, in name order.
+    pub fn denied_policies(&self) -> Vec<String> {
+        self.top.denied_policies()
+    }
+
+    /// Partitions tracked by every policy's top list (bounded whatever the traffic).
+    pub fn top_tracked(&self) -> usize {
+        self.top.tracked()
+    }
+
     /// Counts one outcome per policy (a policy of several windows counts once, by the window
     /// that decided for it).
     fn record(&self, verdict: &Verdict) {
@@ -327,9 +366,18 @@ impl CheckService {
                 (Mode::FailOpen, _) => "fail_open",
                 (Mode::FailClosed, _) => "fail_closed",
                 (Mode::Local, true) => "local_allowed",
-                (Mode::Local, false) => "local_denied",
-                (Mode::LocalLimit, _) => "local_limit_denied",
-                (Mode::Enforced, false) => "denied",
+                (Mode::Local, false) => {
+                    self.note_denied(part);
+                    "local_denied"
+                }
+                (Mode::LocalLimit, _) => {
+                    self.note_denied(part);
+                    "local_limit_denied"
+                }
+                (Mode::Enforced, false) => {
+                    self.note_denied(part);
+                    "denied"
+                }
                 (Mode::Shadow, false) => {
                     self.shadow_log.would_block(part);
                     "shadow_denied"

@@ -38,6 +38,27 @@ pub(crate) async fn plan(
     tiers: Option<&TenantTiers>,
     request: &CheckRequest,
 ) -> Result<Vec<Planned>, CheckError> {
+    plan_as(policies, limits, tiers, request, false).await
+}
+
+/// As [`plan`], for a report (a cost known afterwards): a cost above what a policy ever allows
+/// at once is no error there, since it was spent already (it is recorded as an overspend).
+pub(crate) async fn plan_report(
+    policies: &PolicySet,
+    limits: &RequestLimits,
+    tiers: Option<&TenantTiers>,
+    request: &CheckRequest,
+) -> Result<Vec<Planned>, CheckError> {
+    plan_as(policies, limits, tiers, request, true).await
+}
+
+async fn plan_as(
+    policies: &PolicySet,
+    limits: &RequestLimits,
+    tiers: Option<&TenantTiers>,
+    request: &CheckRequest,
+    report: bool,
+) -> Result<Vec<Planned>, CheckError> {
     validate(limits, request)?;
     let descriptors = &request.descriptors;
     let applicable = match &request.policy {
@@ -71,7 +92,7 @@ pub(crate) async fn plan(
     for Applicable { policy, captures } in applicable {
         let (tier, quota) = policy.quota_for(descriptors, tenant_tier.as_deref());
         let cost = policy.cost_for(descriptors, request.cost);
-        if cost > quota.max_cost() {
+        if !report && cost > quota.max_cost() {
             return Err(CheckError::CostExceedsLimit {
                 policy: policy.name().to_owned(),
                 cost,
