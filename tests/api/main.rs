@@ -59,6 +59,7 @@ mod redis_tls;
 mod redis_tls_topologies;
 mod reload_bounds;
 mod reload_signal;
+mod report;
 mod report_differential;
 mod shutdown;
 mod tls_pki;
