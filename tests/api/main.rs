@@ -64,5 +64,6 @@ mod report_differential;
 mod shutdown;
 mod tls_pki;
 mod tools;
+mod top;
 mod transports;
 mod windows;
