@@ -29,9 +29,9 @@ pub use group::{GroupItem, GroupVerdict};
 pub use hot_keys::HotKeys;
 pub use plan::{Planned, TENANT_DESCRIPTOR};
 pub use report::REPORT_OUTCOMES;
+pub use request::{CheckError, CheckRequest, MAX_DESCRIPTOR_NAME};
 pub use top::{TopDenied, TopEntry, TopList, MAX_POLICIES, TOP_CAPACITY};
 pub use top_sketch::{SpaceSaving, MAX_LABEL};
-pub use request::{CheckError, CheckRequest, MAX_DESCRIPTOR_NAME};
 pub use verdict::{Mode, Outcome, PolicyDecision, Verdict};
 
 use crate::config::RequestLimits;

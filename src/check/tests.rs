@@ -173,11 +173,7 @@ impl RateStore for DownStore {
         Box::pin(std::future::ready(Err(StoreError::Timeout)))
     }
 
-    fn spend<'a>(
-        &'a self,
-        _: &'a [StoreCheck],
-        _: Option<std::time::Duration>,
-    ) -> StoreFuture<'a> {
+    fn spend<'a>(&'a self, _: &'a [StoreCheck], _: Option<std::time::Duration>) -> StoreFuture<'a> {
         Box::pin(std::future::ready(Err(StoreError::Timeout)))
     }
 

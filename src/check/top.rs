@@ -73,7 +73,11 @@ impl TopDenied {
     /// Keeps the lists of policies still in `policies`, drops the others', adds empty ones.
     pub fn replace_policies(&self, policies: &PolicySet) {
         let mut lists = self.lists.write().unwrap_or_else(|p| p.into_inner());
-        let names: Vec<&str> = policies.iter().map(|p| p.name()).take(MAX_POLICIES).collect();
+        let names: Vec<&str> = policies
+            .iter()
+            .map(|p| p.name())
+            .take(MAX_POLICIES)
+            .collect();
         lists.retain(|name, _| names.contains(&&**name));
         for name in names {
             if !lists.contains_key(name) {

@@ -174,7 +174,10 @@ mod tests {
             sketch.note(id, || "x".repeat(1_000), id);
         }
         assert_eq!(sketch.len(), 8);
-        assert!(sketch.top(100).iter().all(|e| e.label.len() == MAX_LABEL && e.truncated));
+        assert!(sketch
+            .top(100)
+            .iter()
+            .all(|e| e.label.len() == MAX_LABEL && e.truncated));
     }
 
     #[test]
@@ -189,7 +192,11 @@ mod tests {
         for (t, id) in [1, 2, 2, 3, 2, 1].into_iter().enumerate() {
             sketch.note(id, || id.to_string(), 100 + t as u64);
         }
-        let top: Vec<(u64, u64, u64)> = sketch.top(2).iter().map(|e| (e.id, e.count, e.last_ms)).collect();
+        let top: Vec<(u64, u64, u64)> = sketch
+            .top(2)
+            .iter()
+            .map(|e| (e.id, e.count, e.last_ms))
+            .collect();
         assert_eq!(top, [(2, 3, 104), (1, 2, 105)]);
     }
 }

@@ -112,7 +112,10 @@ fn a_window_spent_past_its_limit_is_denied_until_it_ends_and_not_after() {
     let d = fw.spend(&mut s, 2_100, 25);
     assert_eq!((d.allowed, d.remaining, d.retry_after_us), (false, 0, 900));
     assert_eq!(s.count, 10);
-    assert!(fw.decide(&s, 3_000, 10).allowed, "no carry into the next window");
+    assert!(
+        fw.decide(&s, 3_000, 10).allowed,
+        "no carry into the next window"
+    );
 }
 
 #[test]

@@ -193,7 +193,8 @@ impl MemoryStore {
             .map(|(check, &shard)| {
                 let shard = &mut guards[guard_of(shard)];
                 let spent = self.record(shard, check, now, true);
-                spent.unwrap_or_else(|| check.algorithm.decide(&check.algorithm.new_state(), now, 0))
+                spent
+                    .unwrap_or_else(|| check.algorithm.decide(&check.algorithm.new_state(), now, 0))
             })
             .collect()
     }

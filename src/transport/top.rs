@@ -97,7 +97,9 @@ fn parse(query: &str) -> Result<TopQuery, String> {
                     .ok()
                     .filter(|n| (1..=TOP_CAPACITY).contains(n))
                     .ok_or_else(|| {
-                        format!("limit must be a whole number from 1 to {TOP_CAPACITY}, got {value:?}")
+                        format!(
+                            "limit must be a whole number from 1 to {TOP_CAPACITY}, got {value:?}"
+                        )
                     })?;
             }
             "policy" | "limit" => return Err(format!("`{name}` given twice")),
@@ -125,7 +127,13 @@ mod tests {
             })
         );
         assert_eq!(parse("").map(|q| q.limit), Ok(DEFAULT_LIMIT));
-        for bad in ["limit=0", "limit=65", "limit=x", "polcy=login", "policy=a&policy=b"] {
+        for bad in [
+            "limit=0",
+            "limit=65",
+            "limit=x",
+            "polcy=login",
+            "policy=a&policy=b",
+        ] {
             assert!(parse(bad).is_err(), "{bad}");
         }
     }

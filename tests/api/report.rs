@@ -62,13 +62,26 @@ async fn a_report_past_the_limit_denies_checks_until_the_overspend_is_paid() {
 
     // Within the limit a report answers what is left, as a check would.
     let (status, body) = report(&app, &ask("llm", "cat", 4)).await;
-    assert_eq!((status, &body["within_limit"], &body["remaining"]), (200, &json!(true), &json!(6)));
+    assert_eq!(
+        (status, &body["within_limit"], &body["remaining"]),
+        (200, &json!(true), &json!(6))
+    );
     assert_eq!(body["retry_after_ms"], 0);
-    let (_, seen) = check(&app, &json!({"descriptors": {"route": "llm", "user": "cat"}, "dry_run": true})).await;
+    let (_, seen) = check(
+        &app,
+        &json!({"descriptors": {"route": "llm", "user": "cat"}, "dry_run": true}),
+    )
+    .await;
     assert_eq!(seen["remaining"], 5, "the report was spent");
 
     let metrics = app.metrics().await;
-    let reports = |outcome| metric_value(&metrics, "sluice_reports_total", &[("policy", "llm"), ("outcome", outcome)]);
+    let reports = |outcome| {
+        metric_value(
+            &metrics,
+            "sluice_reports_total",
+            &[("policy", "llm"), ("outcome", outcome)],
+        )
+    };
     assert_eq!((reports("over"), reports("within")), (1.0, 1.0));
 }
 
@@ -77,7 +90,10 @@ async fn windows_and_logs_deny_as_long_as_their_overspend_requires() {
     let app = spawn_app_with(POLICIES).await;
     app.advance(SEC_US - 1_700_000_000_000_000 % SEC_US + 200_000); // 200 ms into a window
     let (_, window) = report(&app, &ask("window", "ann", 25)).await;
-    assert_eq!((&window["within_limit"], &window["retry_after_ms"]), (&json!(false), &json!(800)));
+    assert_eq!(
+        (&window["within_limit"], &window["retry_after_ms"]),
+        (&json!(false), &json!(800))
+    );
     app.advance(799_999);
     assert_eq!(check(&app, &ask("window", "ann", 1)).await.0, 429);
     app.advance(1);
@@ -88,7 +104,10 @@ async fn windows_and_logs_deny_as_long_as_their_overspend_requires() {
     assert_eq!(report(&app, &ask("log", "ann", 4)).await.1["remaining"], 6);
     app.advance(300_000);
     let (_, log) = report(&app, &ask("log", "ann", 20)).await;
-    assert_eq!((&log["remaining"], &log["retry_after_ms"]), (&json!(0), &json!(1_000)));
+    assert_eq!(
+        (&log["remaining"], &log["retry_after_ms"]),
+        (&json!(0), &json!(1_000))
+    );
     app.advance(999_999);
     assert_eq!(check(&app, &ask("log", "ann", 1)).await.0, 429);
     app.advance(1);
@@ -99,12 +118,36 @@ async fn windows_and_logs_deny_as_long_as_their_overspend_requires() {
 async fn bad_reports_are_refused_and_spend_nothing() {
     let app = spawn_app_with(POLICIES).await;
     let bad = [
-        (json!({"descriptors": {"route": "llm", "user": "ann"}, "cost": 5, "dry_run": true}), 400, "bad_request"),
-        (json!({"policy": "nope", "descriptors": {"user": "ann"}}), 400, "unknown_policy"),
-        (json!({"policy": "llm", "descriptors": {}}), 400, "missing_descriptor"),
-        (json!({"descriptors": {"route": "llm", "user": "ann"}, "cost": 0}), 400, "bad_request"),
-        (json!({"descriptors": {"route": "llm", "user": "ann"}, "cost": 1_000_001}), 400, "bad_request"),
-        (json!({"descriptors": {"route": "llm", "user": "ann"}, "costs": 5}), 400, "bad_request"),
+        (
+            json!({"descriptors": {"route": "llm", "user": "ann"}, "cost": 5, "dry_run": true}),
+            400,
+            "bad_request",
+        ),
+        (
+            json!({"policy": "nope", "descriptors": {"user": "ann"}}),
+            400,
+            "unknown_policy",
+        ),
+        (
+            json!({"policy": "llm", "descriptors": {}}),
+            400,
+            "missing_descriptor",
+        ),
+        (
+            json!({"descriptors": {"route": "llm", "user": "ann"}, "cost": 0}),
+            400,
+            "bad_request",
+        ),
+        (
+            json!({"descriptors": {"route": "llm", "user": "ann"}, "cost": 1_000_001}),
+            400,
+            "bad_request",
+        ),
+        (
+            json!({"descriptors": {"route": "llm", "user": "ann"}, "costs": 5}),
+            400,
+            "bad_request",
+        ),
     ];
     for (body, status, code) in bad {
         let reply = post(&app.tcp, "/v1/report", body.to_string().into_bytes()).await;
@@ -112,13 +155,28 @@ async fn bad_reports_are_refused_and_spend_nothing() {
     }
     let reply = crate::helpers::get(&app.tcp, "/v1/report").await;
     assert_error(&reply, 405, "method_not_allowed");
-    let (_, seen) = check(&app, &json!({"descriptors": {"route": "llm", "user": "ann"}, "dry_run": true})).await;
-    assert_eq!(seen["remaining"], 9, "nothing was spent (a dry run of 1 would leave 9)");
+    let (_, seen) = check(
+        &app,
+        &json!({"descriptors": {"route": "llm", "user": "ann"}, "dry_run": true}),
+    )
+    .await;
+    assert_eq!(
+        seen["remaining"], 9,
+        "nothing was spent (a dry run of 1 would leave 9)"
+    );
     // Matching no policy spends nothing and says so, like a check.
     let (status, body) = report(&app, &ask("elsewhere", "ann", 5)).await;
-    assert_eq!((status, &body["policy"], &body["within_limit"]), (200, &Value::Null, &json!(true)));
+    assert_eq!(
+        (status, &body["policy"], &body["within_limit"]),
+        (200, &Value::Null, &json!(true))
+    );
     // The Unix socket serves it too.
-    let reply = post(&app.uds, "/v1/report", ask("llm", "uds", 2).to_string().into_bytes()).await;
+    let reply = post(
+        &app.uds,
+        "/v1/report",
+        ask("llm", "uds", 2).to_string().into_bytes(),
+    )
+    .await;
     assert_eq!(json_of(&reply)["remaining"], 8);
 }
 
@@ -126,17 +184,44 @@ async fn bad_reports_are_refused_and_spend_nothing() {
 async fn sluice_report_spends_on_a_running_daemon() {
     let app = spawn_app_with(POLICIES).await;
     let cwd = app.dir.path().to_owned();
-    let Target::Tcp(addr) = app.tcp else { unreachable!("tcp") };
+    let Target::Tcp(addr) = app.tcp else {
+        unreachable!("tcp")
+    };
     let http = addr.to_string();
     let args = |cost: &'static str| {
-        sluice_command(&cwd, &["report", "-d", "route=llm", "-d", "user=ann", "--cost", cost, "--http", &http])
+        sluice_command(
+            &cwd,
+            &[
+                "report",
+                "-d",
+                "route=llm",
+                "-d",
+                "user=ann",
+                "--cost",
+                cost,
+                "--http",
+                &http,
+            ],
+        )
     };
     let out = run_async(args("4")).await;
     assert_eq!(out.code, Some(0), "{out:?}");
-    assert!(out.stdout.starts_with("spent policy=llm limit=10 remaining=6 "), "{out:?}");
+    assert!(
+        out.stdout
+            .starts_with("spent policy=llm limit=10 remaining=6 "),
+        "{out:?}"
+    );
     let out = run_async(args("40")).await;
-    assert_eq!(out.code, Some(0), "spent past the limit is still done: {out:?}");
-    assert!(out.stdout.starts_with("spent_over_limit policy=llm limit=10 remaining=0 "), "{out:?}");
+    assert_eq!(
+        out.code,
+        Some(0),
+        "spent past the limit is still done: {out:?}"
+    );
+    assert!(
+        out.stdout
+            .starts_with("spent_over_limit policy=llm limit=10 remaining=0 "),
+        "{out:?}"
+    );
     let mut json = args("1");
     json.arg("--json");
     let out = run_async(json).await;
@@ -159,11 +244,18 @@ async fn on_redis(redis: &RedisServer, prefix: &str) -> TestApp {
     let app = spawn_app_in(dir, settings, POLICIES).await;
     let started = Instant::now();
     loop {
-        let (_, body) = check(&app, &json!({"descriptors": {"route": "llm", "user": "warmup"}, "dry_run": true})).await;
+        let (_, body) = check(
+            &app,
+            &json!({"descriptors": {"route": "llm", "user": "warmup"}, "dry_run": true}),
+        )
+        .await;
         if body["mode"] == "enforced" {
             return app;
         }
-        assert!(started.elapsed() < Duration::from_secs(20), "never enforced: {body}");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "never enforced: {body}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -175,21 +267,47 @@ async fn on_redis_a_report_is_spent_and_a_dead_store_gives_the_failure_modes() {
     // A window of 10 per second: the report is spent in Redis, the next check denied (the
     // window's end is Redis' own clock, so only its bound is known).
     let (status, body) = report(&app, &ask("log", "ann", 25)).await;
-    assert_eq!((status, &body["within_limit"], &body["remaining"]), (200, &json!(false), &json!(0)), "{body}");
+    assert_eq!(
+        (status, &body["within_limit"], &body["remaining"]),
+        (200, &json!(false), &json!(0)),
+        "{body}"
+    );
     let (status, denied) = check(&app, &ask("log", "ann", 1)).await;
     assert_eq!(status, 429, "{denied}");
-    assert!(denied["retry_after_ms"].as_u64().is_some_and(|ms| (1..=1_000).contains(&ms)), "{denied}");
+    assert!(
+        denied["retry_after_ms"]
+            .as_u64()
+            .is_some_and(|ms| (1..=1_000).contains(&ms)),
+        "{denied}"
+    );
     let (_, bucket) = report(&app, &ask("llm", "ann", 30)).await;
     assert_eq!(bucket["remaining"], 0);
     let retry = bucket["retry_after_ms"].as_u64().expect("a wait");
-    assert!((2_000..=2_100).contains(&retry), "20 tokens owed, then 1: {bucket}");
+    assert!(
+        (2_000..=2_100).contains(&retry),
+        "20 tokens owed, then 1: {bucket}"
+    );
 
     redis.kill();
     let (status, body) = report(&app, &ask("log", "bob", 1)).await;
-    assert_eq!((status, &body["error"]), (503, &json!("limiter_unavailable")), "fail closed: {body}");
+    assert_eq!(
+        (status, &body["error"]),
+        (503, &json!("limiter_unavailable")),
+        "fail closed: {body}"
+    );
     let (status, body) = report(&app, &ask("llm", "bob", 1)).await;
-    assert_eq!((status, &body["mode"]), (200, &json!("fail_open")), "lost, said so: {body}");
+    assert_eq!(
+        (status, &body["mode"]),
+        (200, &json!("fail_open")),
+        "lost, said so: {body}"
+    );
     let metrics = app.metrics().await;
-    let count = |policy, outcome| metric_value(&metrics, "sluice_reports_total", &[("policy", policy), ("outcome", outcome)]);
+    let count = |policy, outcome| {
+        metric_value(
+            &metrics,
+            "sluice_reports_total",
+            &[("policy", policy), ("outcome", outcome)],
+        )
+    };
     assert_eq!((count("log", "refused"), count("llm", "lost")), (1.0, 1.0));
 }

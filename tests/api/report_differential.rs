@@ -81,7 +81,9 @@ fn algorithms(limits: &[u64], period: Micros) -> Vec<Algorithm> {
         .iter()
         .enumerate()
         .map(|(i, &limit)| match i % 3 {
-            0 => TokenBucket::new(limit, period, limit).expect("valid").into(),
+            0 => TokenBucket::new(limit, period, limit)
+                .expect("valid")
+                .into(),
             1 => SlidingLog::new(limit, period).expect("valid").into(),
             _ => FixedWindow::new(limit, period).expect("valid").into(),
         })
