@@ -337,9 +337,15 @@ impl CheckService {
 
     /// Counts a denial in the policy's top list (the partition, every window as one).
     fn note_denied(&self, part: &PolicyDecision) {
-        let key = part.key.without_window();
-        let id = self.shadow_log.fingerprint_id(&key);
-        self.top.note(part.policy.name(), id, &key);
+        // A policy of one window (most) needs no copy of its key.
+        if part.key.window().is_none() {
+            let id = self.shadow_log.fingerprint_id(&part.key);
+            self.top.note(part.policy.name(), id, &part.key);
+        } else {
+            let key = part.key.without_window();
+            let id = self.shadow_log.fingerprint_id(&key);
+            self.top.note(part.policy.name(), id, &key);
+        }
     }
 
     /// The `limit` partitions of `policy` denied most in this pod (`None`: no such list); the

@@ -144,3 +144,34 @@ impl TopDenied {
             .sum()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse_policies;
+
+    fn set(yaml: &str) -> PolicySet {
+        parse_policies(std::path::Path::new("t.yaml"), yaml).expect("valid")
+    }
+
+    const TWO: &str = "policies:\n  - {name: a, key: [ip], algorithm: fixed_window, limit: 1, period: 1h}\n  - {name: b, key: [ip], algorithm: fixed_window, limit: 1, period: 1h}\n";
+
+    #[test]
+    fn partitions_only_when_raw_and_lists_follow_reloads() {
+        let top = TopDenied::new(&set(TWO));
+        let key = Key::new(Arc::from("a"), ["203.0.113.7"]);
+        top.note("a", 7, &key);
+        top.note("b", 8, &key);
+        let hidden = top.list("a", 10, false).expect("a list");
+        assert_eq!(hidden.entries[0].partition, None);
+        assert_eq!(hidden.entries[0].fingerprint, "0000000000000007");
+        let shown = top.list("a", 10, true).expect("a list");
+        assert_eq!(shown.entries[0].partition.as_deref(), Some("203.0.113.7"));
+        // b removed, a kept with its denial, c new and empty.
+        top.replace_policies(&set(&TWO.replace("name: b", "name: c")));
+        assert!(top.list("b", 10, true).is_none());
+        assert_eq!(top.list("a", 10, true).map(|l| l.denials), Some(1));
+        assert_eq!(top.denied_policies(), ["a"]);
+        assert_eq!(top.tracked(), 1);
+    }
+}
