@@ -266,11 +266,20 @@ async fn on_redis_a_report_is_spent_and_a_dead_store_gives_the_failure_modes() {
     let app = on_redis(&redis, "report").await;
     // A window of 10 per second: the report is spent in Redis, the next check denied (the
     // window's end is Redis' own clock, so only its bound is known).
+    assert_eq!(report(&app, &ask("log", "ann", 4)).await.1["remaining"], 6);
     let (status, body) = report(&app, &ask("log", "ann", 25)).await;
     assert_eq!(
         (status, &body["within_limit"], &body["remaining"]),
         (200, &json!(false), &json!(0)),
         "{body}"
+    );
+    let members: u64 = redis::cmd("ZCARD")
+        .arg("report:{log:ann}")
+        .query(&mut redis.connection())
+        .expect("ZCARD");
+    assert_eq!(
+        members, 10,
+        "the log keeps its newest `limit` units, not 4 + 25"
     );
     let (status, denied) = check(&app, &ask("log", "ann", 1)).await;
     assert_eq!(status, 429, "{denied}");
