@@ -335,35 +335,6 @@ impl CheckService {
         (!denied.is_empty()).then(|| verdict::decide(denied))
     }
 
-    /// Counts a denial in the policy's top list (the partition, every window as one).
-    fn note_denied(&self, part: &PolicyDecision) {
-        // A policy of one window (most) needs no copy of its key.
-        if part.key.window().is_none() {
-            let id = self.shadow_log.fingerprint_id(&part.key);
-            self.top.note(part.policy.name(), id, &part.key);
-        } else {
-            let key = part.key.without_window();
-            let id = self.shadow_log.fingerprint_id(&key);
-            self.top.note(part.policy.name(), id, &key);
-        }
-    }
-
-    /// The `limit` partitions of `policy` denied most in this pod (`None`: no such list); the
-    /// partitions themselves only with `raw` (else fingerprints only).
-    pub fn top_denied(&self, policy: &str, limit: usize, raw: bool) -> Option<TopList> {
-        self.top.list(policy, limit, raw)
-    }
-
-    /// Policies with at least one denial listed, in name order.
-    pub fn denied_policies(&self) -> Vec<String> {
-        self.top.denied_policies()
-    }
-
-    /// Partitions tracked by every policy's top list (bounded whatever the traffic).
-    pub fn top_tracked(&self) -> usize {
-        self.top.tracked()
-    }
-
     /// Counts one outcome per policy (a policy of several windows counts once, by the window
     /// that decided for it).
     fn record(&self, verdict: &Verdict) {
