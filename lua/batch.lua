@@ -7,7 +7,8 @@
 -- ARGV[1]     now_us   TESTS ONLY: the current time; 0 in production (read Redis `TIME`, once)
 -- ARGV[2]     the checks, in arrival order, as one MessagePack array of integers (unpacked in C:
 --             far cheaper than tonumber on each field); each check is
---               items (>= 1), commit (1: record; 0: dry run), then per item: key (index into
+--               items (>= 1), commit (1: record; 0: dry run; 2: spend every item whatever its
+--               decision, a report), then per item: key (index into
 --               KEYS), kind (1 token bucket, 2 sliding log, 3 fixed window), enforce (1|0: shadow
 --               policies never block), cost, limit, period_us, and for a token bucket capacity
 -- returns     one entry per check, in order: either its items' {allowed (0|1), limit, remaining,
@@ -178,7 +179,7 @@ end
 
 -- Decides the item at spec[at] (kind `kind`), appending its 5 figures to `out`; for a token bucket
 -- or fixed window also returns what recording it needs. Raises only for the sliding log (caught).
-local function decide(at, kind, out, commit)
+local function decide(at, kind, out, commit, spend)
   local k, cost, limit, period = spec[at], spec[at + 3], spec[at + 4], spec[at + 5]
   local n = #out
   if kind == 2 then
@@ -186,7 +187,7 @@ local function decide(at, kind, out, commit)
       redis.call('DEL', keys[k])
       stale[k] = nil
     end
-    local reply = sliding_log(keys[k], now, min_ttl_ms, commit, limit, period, cost, stale[k])
+    local reply = sliding_log(keys[k], now, min_ttl_ms, commit, limit, period, cost, stale[k], spend)
     out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] =
       reply[1], reply[2], reply[3], reply[4], reply[5]
     return reply[1]
@@ -288,6 +289,53 @@ local function check(first, count, commit)
   return out
 end
 
+-- Spends every item of the check whatever its decision (commit 2: a report, the cost known only
+-- afterwards): one within its limit is recorded as a check's; one past it records its algorithm's
+-- overspend and reports a cost-1 read of the new state. Items are independent (nothing is
+-- refused, so nothing is all or nothing). Returns the figures or an error reply.
+local function spend(first, count)
+  local at = first
+  for i = 1, count do
+    local kind, failed = spec[at + 1], nil
+    if kind == 2 then
+      failed = load_log(spec[at])
+    else
+      failed = load(spec[at], kind)
+    end
+    if failed then
+      return {err = failed.err .. ' [item ' .. i .. ']'}
+    end
+    at = at + width(kind)
+  end
+  local out = {}
+  at = first
+  for _ = 1, count do
+    local kind = spec[at + 1]
+    local k, cost, limit, period = spec[at], spec[at + 3], spec[at + 4], spec[at + 5]
+    local ok, allowed, after1, after2 = pcall(decide, at, kind, out, true, true)
+    if not ok then
+      return allowed
+    end
+    if kind ~= 2 and allowed == 1 then
+      record(at, kind, after1, after2)
+    elseif kind ~= 2 then
+      local n, _ = #out - 5, nil
+      if kind == 1 then
+        local ahead = token_bucket_debt(a[k], b[k], now, limit, period, cost)
+        a[k], b[k], ttls[k] = token_bucket_after(now, min_ttl_ms, limit, ahead)
+        _, out[n + 2], out[n + 3], out[n + 4], out[n + 5] =
+          token_bucket_decide(a[k], b[k], now, limit, period, spec[at + 6], 1)
+      else
+        a[k], ttls[k] = fixed_window_full(a[k] or nil, now, min_ttl_ms, limit, period)
+        _, out[n + 2], out[n + 3], out[n + 4], out[n + 5] =
+          fixed_window_decide(a[k], now, min_ttl_ms, limit, period, 1)
+      end
+    end
+    at = at + width(kind)
+  end
+  return out
+end
+
 -- A node call was grouped by sluice's copy of the slot map, which a resharding can make stale:
 -- every key must be served here, and that is checked before anything is written (a script that
 -- touches another node's key fails mid-way, after its earlier writes). Every key is read (or its
@@ -318,13 +366,18 @@ local results = {}
 local at, c = 1, 0
 while at <= #spec do
   c = c + 1
-  local count, commit = spec[at], spec[at + 1] == 1
+  local count, commit = spec[at], spec[at + 1]
   local first = at + 2
   at = first
   for _ = 1, count do
     at = at + width(spec[at + 1])
   end
-  local reply = check(first, count, commit)
+  local reply
+  if commit == 2 then
+    reply = spend(first, count)
+  else
+    reply = check(first, count, commit == 1)
+  end
   if type(reply) == 'table' and reply.err then
     -- error('...') from a sliding log arrives as a string; a Redis error as {err = ...}.
     results[c] = redis.error_reply(reply.err)

@@ -32,7 +32,7 @@ use super::conn::Conn;
 use super::error::{check_error, ErrorKind};
 use super::health::Health;
 use super::keys;
-use super::scripts::{batch_keys_and_checks, parse_check_reply, Item, Script};
+use super::scripts::{batch_keys_and_checks, parse_check_reply, Commit, Item, Script};
 use crate::limit::Decision;
 use crate::store::StoreError;
 
@@ -72,7 +72,7 @@ pub type Reply = Result<Vec<Decision>, StoreError>;
 /// One check: its items are decided together, all or nothing (in a Cluster they share a slot).
 pub struct Job {
     items: Vec<Item>,
-    commit: bool,
+    commit: Commit,
     deadline: Duration,
     reply: oneshot::Sender<Reply>,
 }
@@ -129,13 +129,13 @@ impl Batcher {
     pub async fn submit(
         &self,
         items: Vec<Item>,
-        commit: bool,
+        commit: impl Into<Commit>,
         deadline: Duration,
     ) -> Result<oneshot::Receiver<Reply>, StoreError> {
         let (reply, rx) = oneshot::channel();
         let job = Job {
             items,
-            commit,
+            commit: commit.into(),
             deadline,
             reply,
         };
