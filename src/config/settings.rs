@@ -357,7 +357,7 @@ impl Settings {
         let settings: Settings = figment
             .merge(env)
             .extract()
-            .map_err(|e| SettingsError(e.to_string()))?;
+            .map_err(|e| SettingsError(super::settings_errors::describe(e)))?;
         settings.validate()?;
         Ok(settings)
     }

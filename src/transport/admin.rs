@@ -1,6 +1,7 @@
 //! The admin listener: `/livez` (the process answers), `/readyz` (accepting checks; never
 //! depends on Redis), `/metrics` (Prometheus text), `/v1/policies` (the effective policies),
-//! `POST /v1/explain` and `GET`/`DELETE /v1/counters` (see [`super::counters`]).
+//! `POST /v1/explain`, `GET`/`DELETE /v1/counters` (see [`super::counters`]) and
+//! `/v1/openapi.json` (the published API of both listeners: `docs/openapi.json`, built in).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -43,6 +44,7 @@ pub fn router(
         .route("/v1/policies", get(policies))
         .route("/v1/explain", post(explain))
         .route("/v1/counters", any(counters))
+        .route("/v1/openapi.json", get(openapi))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(AdminCtx {
@@ -59,7 +61,7 @@ async fn not_found() -> Response {
         ErrorReply::new(
             "not_found",
             "no such endpoint; the admin listener serves /livez, /readyz, /metrics, \
-             /v1/policies, POST /v1/explain and GET or DELETE /v1/counters",
+             /v1/policies, /v1/openapi.json, POST /v1/explain and GET or DELETE /v1/counters",
         ),
     ))
 }
@@ -72,6 +74,13 @@ async fn method_not_allowed() -> Response {
             "use GET (POST for /v1/explain, GET or DELETE for /v1/counters)",
         ),
     ))
+}
+
+/// The OpenAPI document of the check and admin APIs, as the repository holds it.
+pub const OPENAPI: &str = include_str!("../../docs/openapi.json");
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
 }
 
 async fn livez() -> &'static str {

@@ -40,10 +40,16 @@ pub async fn counters(service: &CheckService, resets: AdminResets, request: Requ
         Method::GET => Action::Show,
         Method::DELETE => Action::Reset,
         _ => {
-            return error_response((
+            let mut response = error_response((
                 StatusCode::METHOD_NOT_ALLOWED,
                 ErrorReply::new("method_not_allowed", "use GET (show) or DELETE (reset)"),
-            ))
+            ));
+            // RFC 9110: a 405 lists the methods the resource takes.
+            response.headers_mut().insert(
+                header::ALLOW,
+                header::HeaderValue::from_static("GET, DELETE"),
+            );
+            return response;
         }
     };
     if has_body(&request) {
