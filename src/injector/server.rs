@@ -248,7 +248,12 @@ async fn admit(State(ctx): State<WebhookCtx>, headers: HeaderMap, body: Body) ->
     let (namespace, uid, dry_run) = (&request.namespace, &request.uid, request.dry_run);
     match mutation.outcome {
         Outcome::Injected | Outcome::Refused => tracing::info!(
-            namespace, pod = name, uid, dry_run, outcome, warnings = ?mutation.warnings,
+            namespace,
+            pod = name,
+            uid,
+            dry_run,
+            outcome,
+            warnings = mutation.warnings.join("; "),
             "admission"
         ),
         _ => tracing::debug!(namespace, pod = name, uid, dry_run, outcome, "admission"),

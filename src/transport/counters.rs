@@ -73,7 +73,8 @@ pub async fn counters(service: &CheckService, resets: AdminResets, request: Requ
                 .map(|ConnectInfo(addr)| *addr);
             if let Err(reason) = may_reset(resets, peer) {
                 if let Some(held_back) = REFUSALS.pass() {
-                    tracing::warn!(policy = %query.policy, requested_by = ?peer, reason, held_back,
+                    let requested_by = peer.map_or_else(|| "unknown".to_owned(), |p| p.to_string());
+                    tracing::warn!(policy = %query.policy, requested_by, reason, held_back,
                         "counter reset refused (at most one line per 10 s)");
                 }
                 return error_response((

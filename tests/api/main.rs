@@ -42,6 +42,8 @@ mod log_safety;
 mod matching;
 mod nginx;
 mod observability;
+mod openapi;
+mod operator_messages;
 mod poisoned_key;
 mod policies;
 mod policy_dir;
