@@ -105,6 +105,10 @@ impl Injector {
                 .local_addr()
                 .map_err(|e| StartError::Bind(e.to_string()))
         };
+        let metrics = InjectorMetrics::new();
+        if let Some(leaf) = pair.cert.first() {
+            metrics.certificate(leaf);
+        }
         Ok(Self {
             webhook_addr: local(&webhook)?,
             admin_addr: local(&admin)?,
@@ -112,7 +116,7 @@ impl Injector {
             admin,
             serving: Arc::new(ServingCert::new(pair)),
             stamps,
-            metrics: InjectorMetrics::new(),
+            metrics,
             ready: Arc::new(AtomicBool::new(true)),
             config,
         })

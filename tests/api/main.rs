@@ -6,6 +6,7 @@ mod algorithm_change;
 mod authz;
 mod bad_input;
 mod batch;
+mod certificate_expiry;
 mod check;
 mod cli;
 mod counters;
