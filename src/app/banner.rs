@@ -1,7 +1,7 @@
 //! What the "sluice ready" line says: the version, the settings file, the policy file (or
 //! directory) and the store, so that an operator reading one line knows what is running.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::config::{mask_url, RedisSettings, Settings};
 
@@ -34,7 +34,7 @@ fn shown(path: &Path) -> String {
     absolute.display().to_string()
 }
 
-fn policies(path: &PathBuf) -> String {
+fn policies(path: &Path) -> String {
     if path.is_dir() {
         format!("{} (directory)", shown(path))
     } else {
