@@ -18,6 +18,8 @@ COPY proto ./proto
 COPY src ./src
 COPY lua ./lua
 COPY config ./config
+# The OpenAPI document served on the admin listener (built in with include_str!).
+COPY docs/openapi.json ./docs/openapi.json
 # Cache the registry and the target dir between builds (BuildKit). The release profile keeps
 # debug info for profiling (`sluice bench`); the image does not ship it (76 MB -> ~9 MB).
 RUN --mount=type=cache,target=/usr/local/cargo/registry \

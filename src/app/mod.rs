@@ -14,6 +14,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+mod banner;
 mod grpc_listeners;
 mod stores;
 
@@ -62,6 +63,7 @@ pub struct App {
     authz: AuthzSettings,
     max_connections: usize,
     admin_resets: AdminResets,
+    banner: banner::Banner,
 }
 
 impl App {
@@ -154,6 +156,7 @@ impl App {
             authz: settings.authz.clone(),
             max_connections: settings.limits.max_connections,
             admin_resets: settings.listen.admin_resets,
+            banner: banner::Banner::new(settings),
         })
     }
 
@@ -268,9 +271,13 @@ impl App {
         let reloader = self
             .reloader
             .map(|(reloader, poll)| tokio::spawn(reloader.run(poll, until(stop_rx.clone()))));
+        let banner = &self.banner;
         tracing::info!(
-            store = self.service.store_name(),
-            policies = self.service.policies().len(),
+            version = env!("CARGO_PKG_VERSION"),
+            settings = banner.settings.as_str(),
+            policies = banner.policies.as_str(),
+            store = banner.store.as_str(),
+            policy_count = self.service.policies().len(),
             "sluice ready"
         );
 

@@ -79,6 +79,11 @@ pub struct CounterState {
     /// The tier whose quota applies, if the policy has tiers and the request is in a listed one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tier: Option<String>,
+    /// Set when the policy has tiers, no tier applied and the request named no tier descriptor:
+    /// the figures are the base quota's, while the application's requests (which carry it) may
+    /// be held to a tier's limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier_warning: Option<String>,
     /// `enforced`, or `shadow` (a shadow policy, or a partition outside its rollout).
     pub mode: &'static str,
     /// The cost `allowed` and `retry_after_ms` are for.
@@ -177,6 +182,7 @@ impl CheckService {
             partition: first.check.key.partition().to_owned(),
             store: self.store.name(),
             tier: first.tier.clone(),
+            tier_warning: tier_warning(first, &query.descriptors),
             mode: if first.check.enforce {
                 "enforced"
             } else {
@@ -290,6 +296,24 @@ impl CheckService {
         }
         Ok(planned)
     }
+}
+
+/// Why a tiered policy's figures may not be the application's: no tier applied and the tier
+/// descriptor was not given (the tenant table, when there is one, named no tier either).
+fn tier_warning(part: &Planned, descriptors: &Descriptors) -> Option<String> {
+    let tiers = part.policy.parts().tiers.as_ref()?;
+    if part.tier.is_some() || descriptors.contains_key(&tiers.descriptor) {
+        return None;
+    }
+    let levels: Vec<&str> = tiers.levels.keys().map(String::as_str).collect();
+    Some(format!(
+        "policy {} has tiers chosen by descriptor `{}`, which was not given: these are the base \
+         quota's figures; a request of a tier ({}) is held to that tier's limit, give `{}` to see it",
+        part.policy.name(),
+        tiers.descriptor,
+        levels.join(", "),
+        tiers.descriptor,
+    ))
 }
 
 /// Whole milliseconds, rounded up (a wait of 1 µs is 1 ms, not 0).

@@ -46,7 +46,7 @@ impl Unmatched {
             let names: Vec<&str> = request.descriptors.keys().map(String::as_str).collect();
             tracing::warn!(
                 policy = request.policy.as_deref(),
-                descriptors = ?names,
+                descriptors = names.join(","),
                 held_back,
                 "a check matched no policy and was allowed (log_unmatched; at most one line per 10 s)"
             );

@@ -1,6 +1,7 @@
 //! `sluice counters get|reset`: a partition's counter on a running daemon's admin listener
 //! (`/v1/counters`). Exit 0 done, 2 the store could not answer, 64 bad usage or request, 69 the
-//! daemon is unreachable.
+//! daemon is unreachable. A tiered policy asked without its tier descriptor is shown with a
+//! warning on stderr (and `tier_warning` in the JSON): its figures are the base quota's.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -67,8 +68,17 @@ pub fn run(command: CountersCommand) -> ExitCode {
         Err(error) => return fail(EXIT_CONFIG, error),
     };
     let path = client::counters_path(&args.policy, &descriptors, cost);
-    let status = match ask_daemon(&target, method, &path, None, args.json, |status, json| {
-        summarize(status, &command, json)
+    // The answer is printed by the closure (as is, or summarized), so that a warning in it goes
+    // to stderr either way.
+    let status = match ask_daemon(&target, method, &path, None, false, |status, json| {
+        if let Some(warning) = json["tier_warning"].as_str() {
+            eprintln!("sluice: warning: {warning}");
+        }
+        if args.json {
+            json.to_string()
+        } else {
+            summarize(status, &command, json)
+        }
     }) {
         Ok(status) => status,
         Err(code) => return code,

@@ -101,12 +101,28 @@ impl Serialize for HumanDuration {
 
 impl<'de> Deserialize<'de> for HumanDuration {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        parse_duration(&text)
-            .map(HumanDuration)
-            .map_err(serde::de::Error::custom)
+        deserializer.deserialize_str(DurationText)
     }
 }
+
+/// Reads a duration's text; anything else is "expected a duration such as 250ms or 1m", which
+/// is what an operator needs to read (not serde's "expected a string").
+struct DurationText;
+
+impl serde::de::Visitor<'_> for DurationText {
+    type Value = HumanDuration;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(DURATION_FORM)
+    }
+
+    fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<HumanDuration, E> {
+        parse_duration(text).map(HumanDuration).map_err(E::custom)
+    }
+}
+
+/// How a duration is written, for error messages.
+pub const DURATION_FORM: &str = "a duration such as 250ms or 1m";
 
 #[cfg(test)]
 mod tests {

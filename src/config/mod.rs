@@ -15,13 +15,14 @@ mod policy_replaces;
 mod redact;
 mod redis_settings;
 mod settings;
+mod settings_errors;
 mod socket_group;
 mod yaml_budget;
 mod yaml_lines;
 
 pub use authz_settings::{AuthzSettings, ControlHeader, OriginalFrom};
 pub use bounded_read::FileLimits;
-pub use duration::{parse_duration, HumanDuration};
+pub use duration::{parse_duration, HumanDuration, DURATION_FORM};
 pub use envoy_settings::EnvoySettings;
 pub use policies::policy_file_version;
 pub use policies::{load_policies, parse_policies, PolicyFileError, Problem};

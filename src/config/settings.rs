@@ -78,6 +78,10 @@ pub struct Settings {
     /// Accept a reload to a policy file with no policies (which removes every limit); without
     /// it such a reload is refused. Logged loudly either way.
     pub policies_allow_empty: bool,
+    /// The settings file these were read from (`None`: defaults and `SLUICE_*` only); set by
+    /// [`Settings::load`], never read from a file.
+    #[serde(skip)]
+    pub file: Option<PathBuf>,
 }
 
 /// Most worker threads accepted.
@@ -102,6 +106,7 @@ impl Default for Settings {
             authz: AuthzSettings::default(),
             files: FileLimits::default(),
             policies_allow_empty: false,
+            file: None,
         }
     }
 }
@@ -337,6 +342,7 @@ impl Settings {
     /// Loads defaults, then `file` (or [`DEFAULT_SETTINGS_FILE`] if present), then the environment.
     pub fn load(file: Option<&Path>) -> Result<Self, SettingsError> {
         let mut figment = Figment::from(Serialized::defaults(Settings::default()));
+        let mut read = None;
         match file {
             Some(path) if !path.is_file() => {
                 return Err(SettingsError(format!(
@@ -344,9 +350,13 @@ impl Settings {
                     path.display()
                 )))
             }
-            Some(path) => figment = figment.merge(Toml::file(path)),
+            Some(path) => {
+                figment = figment.merge(Toml::file(path));
+                read = Some(path.to_owned());
+            }
             None if Path::new(DEFAULT_SETTINGS_FILE).is_file() => {
                 figment = figment.merge(Toml::file(DEFAULT_SETTINGS_FILE));
+                read = Some(PathBuf::from(DEFAULT_SETTINGS_FILE));
             }
             None => {}
         }
@@ -354,10 +364,11 @@ impl Settings {
             let top = key.as_str().split('.').next().unwrap_or("");
             ENV_KEYS.iter().any(|known| known.eq_ignore_ascii_case(top))
         });
-        let settings: Settings = figment
+        let mut settings: Settings = figment
             .merge(env)
             .extract()
-            .map_err(|e| SettingsError(e.to_string()))?;
+            .map_err(|e| SettingsError(super::settings_errors::describe(e)))?;
+        settings.file = read;
         settings.validate()?;
         Ok(settings)
     }

@@ -1,7 +1,13 @@
 //! The injector's metrics, on a registry of its own (the injector is its own process): admissions
-//! by outcome, refusals by reason, certificate reloads by result, and process metrics.
+//! by outcome, refusals by reason, certificate reloads by result, the serving certificate's time
+//! to expiry, and process metrics.
 
-use prometheus::{Encoder, Histogram, HistogramOpts, IntCounterVec, Opts, Registry, TextEncoder};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+use prometheus::{
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounterVec, Opts, Registry, TextEncoder,
+};
 
 use super::mutate::Outcome;
 use crate::inject::Refusal;
@@ -40,6 +46,9 @@ pub struct InjectorMetrics {
     refusals: IntCounterVec,
     reloads: IntCounterVec,
     duration: Histogram,
+    expiry: Gauge,
+    /// The served certificate's `notAfter` (Unix seconds); [`i64::MIN`] until one is known.
+    not_after: Arc<AtomicI64>,
 }
 
 impl InjectorMetrics {
@@ -80,6 +89,12 @@ impl InjectorMetrics {
             .buckets(DURATION_BUCKETS.to_vec()),
         )
         .expect("valid metric");
+        let expiry = Gauge::new(
+            "sluice_injector_certificate_expiry_seconds",
+            "Seconds until the serving certificate's notAfter (negative once expired), as of the \
+             scrape; the certificate is the one served, re-read when its files change.",
+        )
+        .expect("valid metric");
         for outcome in Outcome::ALL {
             admissions.with_label_values(&[outcome.as_str()]);
         }
@@ -94,6 +109,7 @@ impl InjectorMetrics {
             Box::new(refusals.clone()),
             Box::new(reloads.clone()),
             Box::new(duration.clone()),
+            Box::new(expiry.clone()),
             Box::new(prometheus::process_collector::ProcessCollector::for_self()),
         ] {
             registry
@@ -106,7 +122,20 @@ impl InjectorMetrics {
             refusals,
             reloads,
             duration,
+            expiry,
+            not_after: Arc::new(AtomicI64::new(i64::MIN)),
         }
+    }
+
+    /// Notes the certificate now served (its leaf, DER). One that cannot be read counts as
+    /// expired: an alert on a wrong figure is better than silence.
+    pub fn certificate(&self, leaf: &[u8]) {
+        let not_after = super::cert_expiry::not_after_unix(leaf);
+        if not_after.is_none() {
+            tracing::warn!("the serving certificate's notAfter could not be read");
+        }
+        self.not_after
+            .store(not_after.unwrap_or(0), Ordering::Relaxed);
     }
 
     /// Counts one admission (and its refusal reason).
@@ -125,6 +154,11 @@ impl InjectorMetrics {
 
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
+        let not_after = self.not_after.load(Ordering::Relaxed);
+        if not_after != i64::MIN {
+            let now = time::OffsetDateTime::now_utc().unix_timestamp();
+            self.expiry.set(not_after.saturating_sub(now) as f64);
+        }
         let mut buffer = Vec::new();
         if let Err(error) = TextEncoder::new().encode(&self.registry.gather(), &mut buffer) {
             tracing::warn!(%error, "encoding metrics failed");

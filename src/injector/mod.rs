@@ -18,6 +18,7 @@
 //! namespace and is injected; `sluice.io/inject: disabled` on the pod (label or annotation) opts
 //! it out.
 
+pub mod cert_expiry;
 pub mod certs;
 pub mod metrics;
 pub mod mutate;

@@ -105,6 +105,10 @@ impl Injector {
                 .local_addr()
                 .map_err(|e| StartError::Bind(e.to_string()))
         };
+        let metrics = InjectorMetrics::new();
+        if let Some(leaf) = pair.cert.first() {
+            metrics.certificate(leaf);
+        }
         Ok(Self {
             webhook_addr: local(&webhook)?,
             admin_addr: local(&admin)?,
@@ -112,7 +116,7 @@ impl Injector {
             admin,
             serving: Arc::new(ServingCert::new(pair)),
             stamps,
-            metrics: InjectorMetrics::new(),
+            metrics,
             ready: Arc::new(AtomicBool::new(true)),
             config,
         })
@@ -248,7 +252,12 @@ async fn admit(State(ctx): State<WebhookCtx>, headers: HeaderMap, body: Body) ->
     let (namespace, uid, dry_run) = (&request.namespace, &request.uid, request.dry_run);
     match mutation.outcome {
         Outcome::Injected | Outcome::Refused => tracing::info!(
-            namespace, pod = name, uid, dry_run, outcome, warnings = ?mutation.warnings,
+            namespace,
+            pod = name,
+            uid,
+            dry_run,
+            outcome,
+            warnings = mutation.warnings.join("; "),
             "admission"
         ),
         _ => tracing::debug!(namespace, pod = name, uid, dry_run, outcome, "admission"),

@@ -148,6 +148,9 @@ pub async fn watch_files(
         seen = now;
         match files.load().await {
             Ok((pair, stamps)) => {
+                if let Some(leaf) = pair.cert.first() {
+                    metrics.certificate(leaf);
+                }
                 serving.set(pair);
                 seen = stamps;
                 metrics.reload(Reload::Loaded);

@@ -1,7 +1,8 @@
 //! The admin listener: `/livez` (the process answers), `/readyz` (accepting checks; never
 //! depends on Redis), `/metrics` (Prometheus text), `/v1/policies` (the effective policies),
-//! `POST /v1/explain`, `GET`/`DELETE /v1/counters` (see [`super::counters`]) and `GET /v1/top`
-//! (see [`super::top`]).
+//! `POST /v1/explain`, `GET`/`DELETE /v1/counters` (see [`super::counters`]), `GET /v1/top`
+//! (see [`super::top`]) and `/v1/openapi.json` (the published API of both listeners:
+//! `docs/openapi.json`, built in).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -45,6 +46,7 @@ pub fn router(
         .route("/v1/explain", post(explain))
         .route("/v1/counters", any(counters))
         .route("/v1/top", any(top))
+        .route("/v1/openapi.json", get(openapi))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(AdminCtx {
@@ -61,7 +63,8 @@ async fn not_found() -> Response {
         ErrorReply::new(
             "not_found",
             "no such endpoint; the admin listener serves /livez, /readyz, /metrics, \
-             /v1/policies, POST /v1/explain, GET or DELETE /v1/counters and GET /v1/top",
+             /v1/policies, /v1/openapi.json, POST /v1/explain, GET or DELETE /v1/counters and \
+             GET /v1/top",
         ),
     ))
 }
@@ -74,6 +77,13 @@ async fn method_not_allowed() -> Response {
             "use GET (POST for /v1/explain, GET or DELETE for /v1/counters)",
         ),
     ))
+}
+
+/// The OpenAPI document of the check and admin APIs, as the repository holds it.
+pub const OPENAPI: &str = include_str!("../../docs/openapi.json");
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
 }
 
 async fn livez() -> &'static str {

@@ -13,7 +13,7 @@
 //!   `;` parameters unless a policy says `path_case: exact` ([`crate::limit::Subject`]).
 //! - `X-Sluice-Policy`, `X-Sluice-Cost`, `X-Sluice-Dry-Run` only when listed in `authz.control`
 //!   (a 400 otherwise); dry run takes `true`/`false`/`1`/`0`, anything else is a 400.
-//! - `X-Sluice-Deny-Status` (or `?deny_status=`) replaces 429 on a denial: nginx `auth_request`
+//! - `X-Sluice-Deny-Status` (or `?deny_status=`, not both) replaces 429 on a denial: nginx `auth_request`
 //!   understands only 401 and 403 as "deny" (anything else becomes a 500).
 
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
@@ -175,7 +175,14 @@ fn deny_status(uri: &Uri, headers: &HeaderMap) -> Result<Option<StatusCode>, Str
             .split('&')
             .find_map(|pair| pair.strip_prefix("deny_status="))
     });
-    let Some(text) = header(headers, "x-sluice-deny-status")?.or(from_query) else {
+    let from_header = header(headers, "x-sluice-deny-status")?;
+    if from_header.is_some() && from_query.is_some() {
+        // Two answers to one question: neither is silently preferred.
+        return Err(
+            "deny status given both as X-Sluice-Deny-Status and ?deny_status=; give one".into(),
+        );
+    }
+    let Some(text) = from_header.or(from_query) else {
         return Ok(None);
     };
     text.trim()

@@ -40,10 +40,16 @@ pub async fn counters(service: &CheckService, resets: AdminResets, request: Requ
         Method::GET => Action::Show,
         Method::DELETE => Action::Reset,
         _ => {
-            return error_response((
+            let mut response = error_response((
                 StatusCode::METHOD_NOT_ALLOWED,
                 ErrorReply::new("method_not_allowed", "use GET (show) or DELETE (reset)"),
-            ))
+            ));
+            // RFC 9110: a 405 lists the methods the resource takes.
+            response.headers_mut().insert(
+                header::ALLOW,
+                header::HeaderValue::from_static("GET, DELETE"),
+            );
+            return response;
         }
     };
     if has_body(&request) {
@@ -67,7 +73,8 @@ pub async fn counters(service: &CheckService, resets: AdminResets, request: Requ
                 .map(|ConnectInfo(addr)| *addr);
             if let Err(reason) = may_reset(resets, peer) {
                 if let Some(held_back) = REFUSALS.pass() {
-                    tracing::warn!(policy = %query.policy, requested_by = ?peer, reason, held_back,
+                    let requested_by = peer.map_or_else(|| "unknown".to_owned(), |p| p.to_string());
+                    tracing::warn!(policy = %query.policy, requested_by, reason, held_back,
                         "counter reset refused (at most one line per 10 s)");
                 }
                 return error_response((

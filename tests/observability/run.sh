@@ -7,6 +7,7 @@
 #
 #   daemon A: a real redis-server (with a password): allowed, denied, shadow_denied, Redis pipelines
 #   daemon B: redis.url on a port where nothing listens: fail_open, fail_closed, local_*, circuit open
+#   the injector, on a 30-day certificate: its expiry metric and alert
 #
 # Installs nothing: needs prometheus, promtool, redis-server, curl and python3 on PATH (.ci/run
 # installs them). Everything runs on loopback, on free ports, in a temporary directory; every
@@ -70,7 +71,7 @@ cargo build --locked --quiet --bin sluice
 target_dir="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
 sluice="$target_dir/debug/sluice"
 
-read -r redis_port a_http a_admin b_http b_admin dead_port prom_port <<<"$(python3 "$here/promql.py" ports 7)"
+read -r redis_port a_http a_admin b_http b_admin dead_port prom_port inj_port inj_admin <<<"$(python3 "$here/promql.py" ports 9)"
 password="obs-s3cret-pw"
 prom="http://127.0.0.1:$prom_port"
 
@@ -133,7 +134,13 @@ for d in a b; do
   env -u RUST_LOG "$sluice" serve --config "$work/$d.toml" >"$work/$d.log" 2>&1 &
   pids+=($!)
 done
+# The injector, for its certificate expiry metric (a 30-day certificate from `injector certs`).
+"$sluice" injector certs --out "$work/injector-tls" --days 30 >/dev/null
+env -u RUST_LOG "$sluice" injector --listen "127.0.0.1:$inj_port" --admin "127.0.0.1:$inj_admin" \
+  --tls-cert "$work/injector-tls/tls.crt" --tls-key "$work/injector-tls/tls.key" >"$work/injector.log" 2>&1 &
+pids+=($!)
 wait_for "daemon A ready" 20 curl -sf "http://127.0.0.1:$a_admin/readyz"
+wait_for "injector ready" 20 curl -sf "http://127.0.0.1:$inj_admin/readyz"
 wait_for "daemon B ready" 20 curl -sf "http://127.0.0.1:$b_admin/readyz"
 wait_for "daemon A connected to Redis" 20 \
   sh -c "curl -sf http://127.0.0.1:$a_admin/metrics | grep -qx 'sluice_redis_up 1'"
@@ -153,13 +160,18 @@ scrape_configs:
         labels: {namespace: observability, pod: sluice-a}
       - targets: ["127.0.0.1:$b_admin"]
         labels: {namespace: observability, pod: sluice-b}
+  - job_name: sluice-injector
+    metrics_path: /metrics
+    static_configs:
+      - targets: ["127.0.0.1:$inj_admin"]
+        labels: {namespace: observability, pod: sluice-injector}
 EOF
 promtool check config "$work/prometheus.yml" >/dev/null
 prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb" \
   --web.listen-address="127.0.0.1:$prom_port" --log.level=warn >"$work/prometheus.log" 2>&1 &
 pids+=($!)
 wait_for "prometheus ready" 30 curl -sf "$prom/-/ready"
-python3 "$here/promql.py" wait-targets "$prom" 2 20
+python3 "$here/promql.py" wait-targets "$prom" 3 20
 
 echo "--- load: 60 rounds of 8 checks over TCP, the Unix socket and the CLI (bounded, ~15 s)"
 check() { # transport(tcp|uds) daemon(a|b) body -> status code

@@ -74,6 +74,32 @@ impl fmt::Debug for TlsOptions {
     }
 }
 
+/// For log lines: what the TLS settings amount to, in words.
+impl fmt::Display for TlsOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.insecure {
+            return f.write_str("certificates not verified (redis.tls.insecure)");
+        }
+        let certs = self.certificates.as_ref();
+        let ca = if certs.is_some_and(|c| c.root_cert.is_some()) {
+            "the configured CA"
+        } else {
+            "the system CAs"
+        };
+        let client = if certs.is_some_and(|c| c.client_tls.is_some()) {
+            "a client certificate"
+        } else {
+            "no client certificate"
+        };
+        let host = if self.skip_hostname {
+            "hostname not checked"
+        } else {
+            "hostname checked"
+        };
+        write!(f, "for rediss:// URLs: {ca}, {client}, {host}")
+    }
+}
+
 /// Files that make up the TLS settings.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TlsFiles<'a> {

@@ -95,7 +95,7 @@ impl RedisStore {
         if options.key_prefix.contains(['{', '}']) {
             return Err("redis.key_prefix must not contain `{` or `}`".into());
         }
-        tracing::info!(redis = %conn::describe(&options.target), tls = ?options.access.tls, "using the Redis store");
+        tracing::info!(redis = %conn::describe(&options.target), tls = %options.access.tls, "using the Redis store");
         if options.access.tls.insecure {
             tracing::warn!(
                 "redis.tls.insecure is on: Redis' certificate is NOT verified, anyone on the path \
