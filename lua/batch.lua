@@ -30,13 +30,7 @@
 -- apart exactly (sorted set: sliding log; "<tat>[:<rem>]": token bucket; negative integer: fixed
 -- window). Anything else fails its own check.
 
-local now, min_ttl_ms
-if ARGV[1] ~= '0' then
-  now, min_ttl_ms = tonumber(ARGV[1]), 60000
-else
-  local t = redis.call('TIME')
-  now, min_ttl_ms = tonumber(t[1]) * 1000000 + tonumber(t[2]), 1
-end
+local now, min_ttl_ms = clock(ARGV[1])
 local spec = cmsgpack.unpack(ARGV[2])
 local keys, node_call = KEYS, #KEYS == 0
 if node_call then
@@ -46,12 +40,6 @@ if node_call then
   end
 end
 
--- What a sluice value can be: a sorted set holds at most this many members (a sliding log's
--- limit is at most 10,000 by config bound, and each commit drops what left the window), a string
--- fewer bytes than this. A key beyond either is not sluice's: it fails its own check (BADSTATE)
--- after O(1) work, never O(members) or O(bytes) that would hold up the rest of the batch.
-local max_log_members, max_value_bytes, last_byte = 10000, 64, '63'
-
 -- Per key index: the algorithm kind it is held as in this batch (a policy that changed algorithm
 -- can meet the key under both kinds in one batch: its checks then run as if one by one), its
 -- state once read (token bucket: a, b = tat_us, tat_rem; fixed window: a = packed count, false
@@ -59,40 +47,6 @@ local max_log_members, max_value_bytes, last_byte = 10000, 64, '63'
 -- algorithm's value there (`stale`: read as absent, deleted by its first commit), and the TTL of
 -- the last recorded check (token bucket and fixed window keys are written at the end).
 local held, a, b, bad, stale, ttls = {}, {}, {}, {}, {}, {}
-
--- A string key's value, at most max_value_bytes read: false when absent (or empty: sluice never
--- writes one), or an error reply (WRONGTYPE for another type, BADSTATE when too long). An ACL
--- from before GETRANGE was used refuses it: then the value is read whole with GET.
-local function read_string(key)
-  local value = redis.pcall('GETRANGE', key, '0', last_byte)
-  if type(value) == 'table' and not string.find(value.err, 'WRONGTYPE', 1, true) then
-    value = redis.pcall('GET', key)
-  end
-  if type(value) == 'table' then
-    return value
-  end
-  if not value or value == '' then
-    return false
-  end
-  if #value >= max_value_bytes then
-    return {err = 'BADSTATE the value is longer than any sluice state'}
-  end
-  return value
-end
-
--- Whether the key's sorted set is within a sliding log's bound: nil if so, else an error reply
--- (WRONGTYPE when it is no sorted set either). ZCOUNT over every score costs O(log n), like ZCARD
--- (which the documented ACL does not grant).
-local function log_bound(key)
-  local members = redis.pcall('ZCOUNT', key, '-inf', '+inf')
-  if type(members) == 'table' then
-    return members
-  end
-  if members > max_log_members then
-    return {err = 'BADSTATE the sorted set holds more members than a sluice log'}
-  end
-  return nil
-end
 
 -- Writes a token bucket or fixed window key's kept state, if a check recorded one.
 local function write(k)

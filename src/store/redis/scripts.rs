@@ -10,6 +10,7 @@ use redis::Value;
 use crate::limit::{Algorithm, Decision, Micros, NEVER};
 use crate::store::StoreCheck;
 
+const STATE: &str = include_str!("../../../lua/state.lua");
 const TOKEN_BUCKET: &str = include_str!("../../../lua/token_bucket.lua");
 const SLIDING_LOG: &str = include_str!("../../../lua/sliding_log.lua");
 const FIXED_WINDOW: &str = include_str!("../../../lua/fixed_window.lua");
@@ -60,17 +61,21 @@ fn functions(source: &str) -> &str {
 
 impl Default for Scripts {
     fn default() -> Self {
+        // Every script opens with the bounded readers and the clock of `state.lua`; the sliding
+        // log's also needs the token bucket's parser, which knows the other algorithms' values.
         let batch = [
+            STATE,
             functions(TOKEN_BUCKET),
             functions(SLIDING_LOG),
             functions(FIXED_WINDOW),
             BATCH,
         ]
         .join("\n");
+        let compose = |parts: &[&str]| Script::new(parts.join("\n"));
         Self {
-            token_bucket: Script::new(TOKEN_BUCKET.to_owned()),
-            sliding_log: Script::new(SLIDING_LOG.to_owned()),
-            fixed_window: Script::new(FIXED_WINDOW.to_owned()),
+            token_bucket: compose(&[STATE, TOKEN_BUCKET]),
+            sliding_log: compose(&[STATE, functions(TOKEN_BUCKET), SLIDING_LOG]),
+            fixed_window: compose(&[STATE, FIXED_WINDOW]),
             node_batch: Script::new(format!("{NODE_FLAGS}{batch}")),
             batch: Script::new(batch),
         }
