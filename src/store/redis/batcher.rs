@@ -393,8 +393,7 @@ impl Dispatch {
             None => Err(StoreError::Timeout),
             // A single check's bad key fails that check alone, as in a batch.
             Some(Ok(Value::ServerError(error)))
-                if via == Via::Single
-                    && ErrorKind::of_code(error.code()) == ErrorKind::BadKey =>
+                if via == Via::Single && ErrorKind::of_code(error.code()) == ErrorKind::BadKey =>
             {
                 Ok(Value::ServerError(error))
             }
