@@ -13,9 +13,12 @@ use sluice::store::redis::scripts::{Item, Scripts};
 use crate::redis_batch::run_batch;
 use crate::redis_differential::{with_redis, START};
 
+/// Puts a state into a key.
+type Prepare = Box<dyn Fn(&mut redis::Connection, &str)>;
+
 /// What a key can hold when a check arrives: a name for the failure message and how to make it.
-fn stored_states() -> Vec<(&'static str, Box<dyn Fn(&mut redis::Connection, &str)>)> {
-    fn set(value: &'static str) -> Box<dyn Fn(&mut redis::Connection, &str)> {
+fn stored_states() -> Vec<(&'static str, Prepare)> {
+    fn set(value: &'static str) -> Prepare {
         Box::new(move |conn, key| {
             let _: () = redis::cmd("SET")
                 .arg(key)
@@ -24,7 +27,7 @@ fn stored_states() -> Vec<(&'static str, Box<dyn Fn(&mut redis::Connection, &str
                 .expect("SET");
         })
     }
-    fn log(members: usize) -> Box<dyn Fn(&mut redis::Connection, &str)> {
+    fn log(members: usize) -> Prepare {
         Box::new(move |conn, key| {
             let mut cmd = redis::cmd("ZADD");
             cmd.arg(key);
