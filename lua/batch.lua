@@ -1,5 +1,6 @@
--- batch.lua: every check of one batch in one call. sluice builds the script from the three
--- algorithm scripts' functions (the part above their `sluice:entry` line) followed by this driver.
+-- batch.lua: every check of one batch in one call. sluice builds the script from state.lua, the
+-- three algorithm scripts' functions (the part above their `sluice:entry` line) and this driver.
+-- A batch of one check of one counter goes out as its algorithm's own script instead (cheaper).
 --
 -- KEYS[1..n]  the batch's counters, each once (in a Cluster: all in one hash slot), or none in a
 --             Cluster node call: then the counters are ARGV[3..] (several slots of one node; the
