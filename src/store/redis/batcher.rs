@@ -32,7 +32,9 @@ use super::conn::Conn;
 use super::error::{check_error, ErrorKind};
 use super::health::Health;
 use super::keys;
-use super::scripts::{batch_keys_and_checks, parse_check_reply, Item, Script, Scripts};
+use super::scripts::{
+    batch_keys_and_checks, parse_figures, split_batch_reply, Item, Script, Scripts,
+};
 use crate::limit::{Algorithm, Decision};
 use crate::store::StoreError;
 
@@ -311,34 +313,36 @@ impl Dispatch {
                 return Ok(());
             }
         };
-        // A single check's script answers for the check itself: its figures or its error.
-        let value = match via {
-            Via::Single => Value::Array(vec![value]),
-            _ => value,
+        // A single check's script answers for the check itself: its figures or its error, which
+        // is the batch script's flat reply of one check.
+        let value = match value {
+            Value::ServerError(error) if via == Via::Single => {
+                Value::Array(vec![Value::ServerError(error)])
+            }
+            value => value,
         };
-        let Value::Array(replies) = value else {
+        let Value::Array(flat) = value else {
             self.metrics.count(ErrorKind::Protocol);
             let error = StoreError::failed(ErrorKind::Protocol, "batch reply is not an array");
             fail_all(jobs, &error);
             return Ok(());
         };
-        if replies.len() != jobs.len() {
-            self.metrics.count(ErrorKind::Protocol);
-            let error = StoreError::failed(
-                ErrorKind::Protocol,
-                format!("{} replies for {} checks", replies.len(), jobs.len()),
-            );
-            fail_all(jobs, &error);
-            return Ok(());
-        }
-        for (job, value) in jobs.into_iter().zip(replies) {
-            let answer = match value {
-                Value::ServerError(error) => {
+        let parts = match split_batch_reply(&flat, jobs.iter().map(|job| job.items.len())) {
+            Ok(parts) => parts,
+            Err(detail) => {
+                self.metrics.count(ErrorKind::Protocol);
+                fail_all(jobs, &StoreError::failed(ErrorKind::Protocol, detail));
+                return Ok(());
+            }
+        };
+        for (job, part) in jobs.into_iter().zip(parts) {
+            let answer = match part {
+                Err(error) => {
                     let kind = ErrorKind::of_code(error.code());
                     self.metrics.count(kind);
-                    Err(check_error(kind, &error))
+                    Err(check_error(kind, error))
                 }
-                value => parse_check_reply(&value, job.items.len()).map_err(|detail| {
+                Ok(figures) => parse_figures(figures).map_err(|detail| {
                     self.metrics.count(ErrorKind::Protocol);
                     StoreError::failed(ErrorKind::Protocol, detail)
                 }),
