@@ -7,16 +7,19 @@
 //! remaining before the cost (nothing was spent), and when the local layer answered with the
 //! denials only, the other items' figures are read from the store without spending. A probe
 //! (Envoy's `hits_addend: 0`) reports what is left, spends nothing and never denies. A converted
-//! `requests_per_unit: 0` ([`StandIn::Blocked`]) denies its group without the store spending.
+//! `requests_per_unit: 0` ([`StandIn::Blocked`]) denies its group without the store spending;
+//! in shadow mode, or asked by a probe, it has a fixed answer (a limit of 0) and no counter.
+//! A policy that applies to one descriptor drops the policies it `replaces` from every other
+//! (an overridden descriptor takes no part), before anything is planned.
 
 use std::sync::Arc;
 
-use super::plan::Planned;
+use super::plan::{self, Planned};
 use super::request::{CheckError, CheckRequest};
 use super::verdict::{self, Mode, Outcome, PolicyDecision, Verdict};
 use super::CheckService;
 use crate::config::envoy::StandIn;
-use crate::limit::{Algorithm, Decision, Key, NEVER};
+use crate::limit::{Algorithm, Applicable, Decision, Key, NEVER};
 
 /// One question of a group.
 #[derive(Debug, Clone)]
@@ -52,20 +55,47 @@ impl CheckService {
     /// items are spent only if no enforced policy of any of them denies; probes are read after.
     pub async fn check_group(&self, items: &[GroupItem]) -> Result<GroupVerdict, CheckError> {
         let policies = self.policies();
+        // Selected up front only when some policy replaces another (no allocation otherwise).
+        let mut selected: Vec<Vec<Applicable>> = Vec::new();
+        if policies.replaces_any() {
+            for item in items {
+                selected.push(plan::select(&policies, &self.limits, &item.request)?);
+            }
+            // An overridden descriptor neither replaces nor is replaced (upstream: its limit
+            // has no name).
+            let open: Vec<usize> = (0..items.len())
+                .filter(|at| items[*at].quota_override.is_none())
+                .collect();
+            let mut lists: Vec<_> = open
+                .iter()
+                .map(|at| std::mem::take(&mut selected[*at]))
+                .collect();
+            policies.drop_replaced(&mut lists);
+            for (at, list) in open.into_iter().zip(lists) {
+                selected[at] = list;
+            }
+        }
+        let mut selected = selected.into_iter();
         let (mut spend, mut probe) = (Parts::default(), Parts::default());
+        let mut fixed: Vec<(usize, PolicyDecision)> = Vec::new();
         for (index, item) in items.iter().enumerate() {
-            let parts = if item.request.dry_run {
-                &mut probe
-            } else {
-                &mut spend
+            let applicable = match selected.next() {
+                Some(applicable) => applicable,
+                None => plan::select(&policies, &self.limits, &item.request)?,
             };
-            for mut part in self.plan(&policies, &item.request).await? {
+            let dry_run = item.request.dry_run;
+            let parts = if dry_run { &mut probe } else { &mut spend };
+            let planned = plan::plan_selected(self.tiers.as_ref(), &item.request, applicable);
+            for mut part in planned.await? {
                 if let Some(quota) = item.quota_override {
                     // The override replaces the whole quota: one window, no local limit.
                     if part.window.is_some_and(|window| window > 0) {
                         continue;
                     }
                     override_quota(&mut part, quota)?;
+                } else if let Some(answer) = fixed_answer(&part, dry_run) {
+                    fixed.push((index, answer));
+                    continue;
                 }
                 parts.planned.push(part);
                 parts.owners.push(index);
@@ -82,6 +112,19 @@ impl CheckService {
             for (mut part, owner) in read.evaluated.into_iter().zip(&probe.owners) {
                 as_probe(&mut part);
                 per_item[*owner].push(part);
+            }
+        }
+        if !fixed.is_empty() {
+            let (owners, answers): (Vec<usize>, Vec<PolicyDecision>) = fixed.into_iter().unzip();
+            let spent: Vec<PolicyDecision> = answers
+                .iter()
+                .zip(&owners)
+                .filter(|(_, owner)| !items[**owner].request.dry_run)
+                .map(|(answer, _)| answer.clone())
+                .collect();
+            self.record(&verdict::decide(spent));
+            for (owner, answer) in owners.into_iter().zip(answers) {
+                per_item[owner].push(answer);
             }
         }
         let overall = overall.unwrap_or_else(|| verdict::decide(per_item.concat()));
@@ -172,6 +215,31 @@ impl CheckService {
 /// Whether a policy is a converted `requests_per_unit: 0`.
 fn is_blocked(policy: &crate::limit::Policy) -> bool {
     StandIn::of(policy.name()) == Some(StandIn::Blocked)
+}
+
+/// The answer of a converted `requests_per_unit: 0` that the store has no part in, as upstream
+/// gives it: in shadow mode, OK with a limit of 0 (a shadow denial, logged and counted as one);
+/// asked by a probe, OK with a limit of 0 (a probe never denies).
+fn fixed_answer(part: &Planned, probe: bool) -> Option<PolicyDecision> {
+    let (allowed, mode) = match StandIn::of(part.policy.name())? {
+        StandIn::ShadowBlocked => (false, Mode::Shadow),
+        StandIn::Blocked if probe => (true, Mode::Enforced),
+        _ => return None,
+    };
+    Some(PolicyDecision {
+        policy: Arc::clone(&part.policy),
+        key: part.check.key.clone(),
+        decision: Decision {
+            allowed,
+            limit: 0,
+            remaining: 0,
+            reset_after_us: 0,
+            retry_after_us: if allowed { 0 } else { NEVER },
+        },
+        mode,
+        window_us: part.check.algorithm.window_us(),
+        window: part.window,
+    })
 }
 
 /// Gives each decision to its item. A denied group spent nothing (`unspent`): an allowed

@@ -31,16 +31,30 @@ pub struct Planned {
     pub local: Option<StoreCheck>,
 }
 
-/// Validates `request` and plans its store checks. Nothing is spent.
+/// Validates `request` and plans its store checks, without the policies another applying one
+/// replaces. Nothing is spent.
 pub(crate) async fn plan(
     policies: &PolicySet,
     limits: &RequestLimits,
     tiers: Option<&TenantTiers>,
     request: &CheckRequest,
 ) -> Result<Vec<Planned>, CheckError> {
+    let mut applicable = [select(policies, limits, request)?];
+    policies.drop_replaced(&mut applicable);
+    let [applicable] = applicable;
+    plan_selected(tiers, request, applicable).await
+}
+
+/// Validates `request` and selects the policies that apply: the one it names, else every one
+/// that matches (group precedence applied, replacement not yet).
+pub(crate) fn select(
+    policies: &PolicySet,
+    limits: &RequestLimits,
+    request: &CheckRequest,
+) -> Result<Vec<Applicable>, CheckError> {
     validate(limits, request)?;
     let descriptors = &request.descriptors;
-    let applicable = match &request.policy {
+    Ok(match &request.policy {
         Some(name) => {
             let policy = policies
                 .get(name)
@@ -58,7 +72,17 @@ pub(crate) async fn plan(
             }]
         }
         None => policies.matching(descriptors),
-    };
+    })
+}
+
+/// Plans the store checks of `applicable` (from [`select`]) for `request`: tier, cost, key,
+/// enforcement, windows and local limit.
+pub(crate) async fn plan_selected(
+    tiers: Option<&TenantTiers>,
+    request: &CheckRequest,
+    applicable: Vec<Applicable>,
+) -> Result<Vec<Planned>, CheckError> {
+    let descriptors = &request.descriptors;
     let tenant_tier = match (tiers, descriptors.get(TENANT_DESCRIPTOR)) {
         (Some(tiers), Some(tenant))
             if applicable.iter().any(|a| a.policy.parts().tiers.is_some()) =>

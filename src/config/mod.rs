@@ -11,6 +11,7 @@ mod policies;
 pub mod policy_dir;
 mod policy_fields;
 mod policy_quota;
+mod policy_replaces;
 mod redact;
 mod redis_settings;
 mod settings;

@@ -101,8 +101,10 @@ pub fn parse_policies(path: &Path, text: &str) -> Result<PolicySet, PolicyFileEr
     };
     super::check_expansion(text).map_err(|e| fail(vec![Problem::at(None, e.to_string())]))?;
     if super::envoy::is_envoy_config(text) {
-        let converted = super::envoy::convert(text)
-            .map_err(|messages| fail(messages.into_iter().map(Problem::from).collect()))?;
+        let converted = super::envoy::convert(text).map_err(|messages| {
+            let at = |m: String| Problem::at(super::envoy::problem_line(text, &m), m);
+            fail(messages.into_iter().map(at).collect())
+        })?;
         return parse_policies(path, &converted);
     }
     let raw: RawFile = serde_yaml::from_str(text).map_err(|e| {
@@ -168,6 +170,9 @@ pub fn parse_policies(path: &Path, text: &str) -> Result<PolicySet, PolicyFileEr
                     }),
             ),
         }
+    }
+    if problems.is_empty() {
+        problems = super::policy_replaces::problems(&policies, &lines);
     }
     // In file order (each policy's checks run field by field, not line by line).
     problems.sort_by_key(|p| p.line.unwrap_or(usize::MAX));
@@ -281,6 +286,7 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
         enforce_percent: raw.enforce_percent,
         timeout_us: raw.timeout.map(|t| t.0),
         limit_override: raw.limit_override,
+        replaces: raw.replaces,
     })
     .map_err(|e| vec![(e.field, e.reason).into()])
 }

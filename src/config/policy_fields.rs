@@ -49,6 +49,9 @@ pub(super) struct RawPolicy {
     pub domain: Option<String>,
     #[serde(default = "yes")]
     pub limit_override: bool,
+    /// Policies this one replaces where both apply (names, checked against the file).
+    #[serde(default)]
+    pub replaces: Vec<String>,
 }
 
 fn yes() -> bool {
@@ -127,7 +130,7 @@ fn read_field(name: &str, value: Value) -> Result<(), String> {
         "name" | "description" | "group" | "domain" => read::<String>(value),
         "match" => read::<BTreeMap<String, String>>(value),
         "path_case" => read::<PathCase>(value),
-        "key" => read::<Vec<String>>(value),
+        "key" | "replaces" => read::<Vec<String>>(value),
         "algorithm" => read::<AlgorithmName>(value),
         "limit" | "burst" => read::<u64>(value),
         "period" | "timeout" => read::<HumanDuration>(value),

@@ -88,6 +88,9 @@ pub struct PolicyParts {
     pub timeout_us: Option<Micros>,
     /// Whether a caller may replace the quota for one request (Envoy's descriptor `limit`).
     pub limit_override: bool,
+    /// The policies (by name) this one replaces: where it applies to a request (or to any
+    /// descriptor of an Envoy request), they do not (envoyproxy/ratelimit's `replaces`).
+    pub replaces: Vec<String>,
 }
 
 /// Why a [`PolicyParts`] is not a valid policy; names the offending field.
@@ -335,6 +338,11 @@ impl Policy {
     /// What to do when the store cannot answer.
     pub fn failure_mode(&self) -> FailureMode {
         self.parts.failure_mode
+    }
+
+    /// The policies this one replaces where both apply (see [`PolicyParts::replaces`]).
+    pub fn replaces(&self) -> &[String] {
+        &self.parts.replaces
     }
 
     /// The policy's own store deadline, if it sets one.

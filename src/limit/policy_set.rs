@@ -6,6 +6,11 @@
 //! their literal characters (`/v1/orders/*/items` > `/v1/orders/*` > `/v1/*`), summed over the
 //! conditions; a tie goes to the one earlier in the file). A group lets a specific route replace
 //! a broad default instead of stacking on it.
+//!
+//! Replacement (envoyproxy/ratelimit's `replaces`): a policy that applies drops the policies it
+//! names from the same question, or from every descriptor of one Envoy request. Every applying
+//! policy's list counts, a replaced one's included (as upstream collects them all first), and
+//! what is dropped is the winner of its group: the next best does not step in.
 
 use std::sync::Arc;
 
@@ -16,6 +21,8 @@ use super::{Descriptors, Policy, Subject};
 #[derive(Debug, Clone, Default)]
 pub struct PolicySet {
     policies: Vec<Arc<Policy>>,
+    /// Whether any policy replaces another (else [`PolicySet::drop_replaced`] has nothing to do).
+    replacing: bool,
 }
 
 /// A policy that applies, with the template parameters its conditions captured.
@@ -35,8 +42,10 @@ impl PolicySet {
                 return Err(policy.name().to_owned());
             }
         }
+        let replacing = policies.iter().any(|p| !p.replaces().is_empty());
         Ok(Self {
             policies: policies.into_iter().map(Arc::new).collect(),
+            replacing,
         })
     }
 
@@ -77,6 +86,31 @@ impl PolicySet {
             })
             .map(|(_, applicable)| applicable.clone())
             .collect()
+    }
+
+    /// Whether any policy replaces another.
+    pub fn replaces_any(&self) -> bool {
+        self.replacing
+    }
+
+    /// Drops from each list (the policies applying to one question each) every policy that a
+    /// policy of any list replaces.
+    pub fn drop_replaced(&self, lists: &mut [Vec<Applicable>]) {
+        if !self.replacing {
+            return;
+        }
+        // Collected before anything is dropped: a replaced policy's own list counts too.
+        let replaced: Vec<String> = lists
+            .iter()
+            .flatten()
+            .flat_map(|a| a.policy.replaces().iter().cloned())
+            .collect();
+        if replaced.is_empty() {
+            return;
+        }
+        for list in lists.iter_mut() {
+            list.retain(|a| !replaced.iter().any(|name| name == a.policy.name()));
+        }
     }
 
     /// All policies, in file order.
@@ -147,6 +181,57 @@ mod tests {
         ])
         .expect("unique");
         assert_eq!(names(&set, "/x"), ["first"]);
+    }
+
+    #[test]
+    fn a_replacing_policy_drops_the_named_ones_across_questions_but_not_their_next_best() {
+        let mut vip = parts("vip");
+        vip.conditions = vec![("user".into(), Pattern::parse("vip").expect("valid"))];
+        vip.key = vec!["user".into()];
+        vip.replaces = vec!["reads".into()];
+        let mut reads = parts("reads");
+        reads.group = Some("g".into());
+        reads.conditions = vec![("route".into(), Pattern::parse("read").expect("valid"))];
+        reads.key = vec!["route".into()];
+        let mut any = parts("any_route");
+        any.group = Some("g".into());
+        any.conditions = vec![("route".into(), Pattern::parse("*").expect("valid"))];
+        any.key = vec!["route".into()];
+        let set = PolicySet::new(
+            [vip, reads, any]
+                .into_iter()
+                .map(|p| Policy::new(p).expect("valid"))
+                .collect(),
+        )
+        .expect("unique");
+        let ask = |pairs: &[(&str, &str)]| -> Descriptors {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let names = |lists: &[Vec<Applicable>]| -> Vec<Vec<String>> {
+            lists
+                .iter()
+                .map(|l| l.iter().map(|a| a.policy.name().to_owned()).collect())
+                .collect()
+        };
+        // One question: vip applies, so reads does not (and any_route, beaten in its group by
+        // reads, does not step in).
+        let mut one = [set.matching(&ask(&[("user", "vip"), ("route", "read")]))];
+        set.drop_replaced(&mut one);
+        assert_eq!(names(&one), [vec!["vip".to_owned()]]);
+        // Two questions (an Envoy request's descriptors): the same, across them.
+        let mut two = [
+            set.matching(&ask(&[("route", "read")])),
+            set.matching(&ask(&[("user", "vip")])),
+        ];
+        set.drop_replaced(&mut two);
+        assert_eq!(names(&two), [vec![], vec!["vip".to_owned()]]);
+        // Without vip, reads applies.
+        let mut alone = [set.matching(&ask(&[("route", "read")]))];
+        set.drop_replaced(&mut alone);
+        assert_eq!(names(&alone), [vec!["reads".to_owned()]]);
     }
 
     #[test]

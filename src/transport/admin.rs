@@ -157,6 +157,9 @@ fn dump(policy: &Policy) -> Value {
     if let Some(cost) = &parts.cost {
         value["cost"] = json!({ "descriptor": cost.descriptor, "table": cost.costs });
     }
+    if !parts.replaces.is_empty() {
+        value["replaces"] = json!(parts.replaces);
+    }
     merge(&mut value, quota(&parts.quota));
     if let Some(tiers) = &parts.tiers {
         let levels: serde_json::Map<String, Value> = tiers

@@ -41,13 +41,15 @@ pub enum Want {
 pub type Case = (String, Vec<(String, String)>, Want);
 
 /// A case as `lookups.yaml` writes it.
-type RawCase = (String, Vec<(String, String)>, RawWant);
+pub type RawCase = (String, Vec<(String, String)>, RawWant);
 
 /// An answer as `lookups.yaml` writes it.
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone)]
 #[serde(untagged)]
-enum RawWant {
+pub enum RawWant {
+    /// `nothing` or `unlimited`.
     Word(String),
+    /// `[per_unit, unit, remaining]`.
     Limit(u32, String, u32),
 }
 

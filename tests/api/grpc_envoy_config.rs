@@ -192,17 +192,71 @@ async fn readme_example_3_blocks_a_listed_value() {
     );
 }
 
+/// `(code, current_limit as (requests_per_unit, unit), limit_remaining)`.
+type Status = (i32, Option<(u32, i32)>, u32);
+
+/// Example 3 with the blocked address in `shadow_mode`, as upstream's limiter answers it: OK
+/// with a limit of 0 and remaining 0 (counted and logged as a shadow denial), the request's other
+/// descriptors spent as usual; a `rate_limit` without `requests_per_unit` (upstream reads 0)
+/// blocks; a probe (`hits_addend: 0`) of a blocked value is OK with a limit of 0.
+#[tokio::test]
+async fn a_blocked_value_in_shadow_mode_or_without_requests_per_unit() {
+    let file = "domain: d\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 10}\n  - key: remote_address\n    value: 50.0.0.5\n    shadow_mode: true\n    rate_limit: {unit: second, requests_per_unit: 0}\n  - key: remote_address\n    value: 50.0.0.6\n    rate_limit: {unit: second}\n";
+    let daemon = spawn_grpc(file).await;
+    let mut c = daemon.tcp().await;
+    let figures = |answer: &sluice::transport::grpc::proto::envoy::service::ratelimit::v3::RateLimitResponse| {
+        let statuses: Vec<Status> = answer
+            .statuses
+            .iter()
+            .map(|s| {
+                let limit = s.current_limit.as_ref().map(|l| (l.requests_per_unit, l.unit));
+                (s.code, limit, s.limit_remaining)
+            })
+            .collect();
+        (answer.overall_code, statuses)
+    };
+    let at = |ip: &str| descriptor(&[("remote_address", ip)]);
+    for round in 0..3u32 {
+        let answer = ask(&mut c, request("d", vec![at("50.0.0.5"), at("10.0.0.1")])).await;
+        assert_eq!(
+            figures(&answer),
+            (
+                OK,
+                vec![(OK, Some((0, 1)), 0), (OK, Some((10, 1)), 9 - round)]
+            ),
+            "round {round}"
+        );
+    }
+    let policy = parse_policies(Path::new("t.yaml"), file)
+        .expect("valid")
+        .iter()
+        .map(|p| p.name().to_owned())
+        .find(|n| n.starts_with("rls-shadow-blocked-"))
+        .expect("the shadow stand-in");
+    let shadow_denied = crate::helpers::metric_value(
+        &daemon.app.metrics().await,
+        "sluice_decisions_total",
+        &[("policy", policy.as_str()), ("outcome", "shadow_denied")],
+    );
+    assert_eq!(shadow_denied, 3.0);
+    // No `requests_per_unit`: blocked, and the other descriptor is not spent.
+    let answer = ask(&mut c, request("d", vec![at("50.0.0.6"), at("10.0.0.1")])).await;
+    assert_eq!(
+        figures(&answer),
+        (
+            OVER_LIMIT,
+            vec![(OVER_LIMIT, Some((0, 1)), 0), (OK, Some((10, 1)), 7)]
+        )
+    );
+    let mut probe = at("50.0.0.6");
+    probe.hits_addend = Some(0);
+    let answer = ask(&mut c, request("d", vec![probe])).await;
+    assert_eq!(figures(&answer), (OK, vec![(OK, Some((0, 1)), 0)]));
+}
+
 #[test]
 fn what_sluice_cannot_express_is_refused_with_a_reason() {
     let cases = [
-        (
-            "domain: example3\ndescriptors:\n  - key: remote_address\n    value: 50.0.0.5\n    shadow_mode: true\n    rate_limit: {unit: second, requests_per_unit: 0}\n",
-            "`requests_per_unit: 0` with `shadow_mode`",
-        ),
-        (
-            "domain: example7\ndescriptors:\n  - key: key_2\n    value: value_2\n    descriptors:\n      - key: user\n        rate_limit:\n          replaces: [{name: specific_limit}]\n          requests_per_unit: 10\n          unit: second\n",
-            "`replaces`",
-        ),
         ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n", "invalid rate limit unit \"fortnight\""),
         ("domain: d\ndescriptors:\n  - key: k\n    quota_mode: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n", "`quota_mode`"),
         ("domain: d\ndescriptors:\n  - key: \"bad key\"\n    rate_limit: {unit: second, requests_per_unit: 1}\n", "key must be"),

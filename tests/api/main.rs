@@ -13,6 +13,8 @@ mod dockerfile;
 mod envoy_upstream;
 mod envoy_upstream_figures;
 mod envoy_upstream_flows;
+mod envoy_upstream_replaces;
+mod envoy_upstream_stats;
 mod examples;
 mod first_hour;
 mod grpc;

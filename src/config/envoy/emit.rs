@@ -1,6 +1,7 @@
 //! Leaves turned into sluice policies: one group per domain and key path, so that the most
 //! specific match applies; unlimited leaves become no-op policies (shadow, never limiting), and
-//! exempt ones too where a limited sibling would otherwise apply to their values.
+//! exempt ones too where a limited sibling would otherwise apply to their values; `replaces`
+//! names resolved to the policies of the limits so named in the domain.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -25,12 +26,19 @@ pub(super) struct OutPolicy {
     period: &'static str,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     shadow: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    replaces: Vec<String>,
 }
 
-/// The policies for `leaves`, in their order.
-pub(super) fn to_policies(leaves: &[Leaf]) -> Vec<OutPolicy> {
+/// The policies for `leaves`, in their order, or every `replaces` entry that names no limit of
+/// its domain.
+pub(super) fn to_policies(leaves: &[Leaf]) -> Result<Vec<OutPolicy>, Vec<String>> {
     let mut taken = BTreeSet::new();
     let mut policies = Vec::new();
+    // (domain, upstream `name`) -> the policies of the limits so named (names need not be
+    // unique upstream, nor valid sluice names).
+    let mut named: BTreeMap<(&str, &str), Vec<String>> = BTreeMap::new();
+    let mut emitted = Vec::new();
     for leaf in leaves {
         // Each entry's descriptor name: a key repeated along the path gets its occurrence.
         let mut names: Vec<String> = Vec::with_capacity(leaf.path.len());
@@ -54,7 +62,14 @@ pub(super) fn to_policies(leaves: &[Leaf]) -> Vec<OutPolicy> {
             }
             Rule::Exempt => continue,
             // Denied by the check's group (a shadow policy never denies in the store).
-            Rule::Blocked(period) => (super::NO_LIMIT, period, true, Some(StandIn::Blocked)),
+            Rule::Blocked(period) => {
+                let kind = if leaf.shadow {
+                    StandIn::ShadowBlocked
+                } else {
+                    StandIn::Blocked
+                };
+                (super::NO_LIMIT, period, true, Some(kind))
+            }
         };
         let mut conditions: BTreeMap<String, String> = names
             .iter()
@@ -74,6 +89,16 @@ pub(super) fn to_policies(leaves: &[Leaf]) -> Vec<OutPolicy> {
             key.push(ENTRIES_DESCRIPTOR.into());
         }
         let name = unique_name(leaf, kind, &mut taken);
+        // Upstream never replaces an `unlimited` limit (it is answered before replacement).
+        if let Some(upstream) = &leaf.name {
+            let replaced = named
+                .entry((leaf.domain.as_str(), upstream.as_str()))
+                .or_default();
+            if leaf.rule != Rule::Unlimited {
+                replaced.push(name.clone());
+            }
+        }
+        emitted.push(leaf);
         policies.push(OutPolicy {
             name,
             description: format!(
@@ -89,9 +114,36 @@ pub(super) fn to_policies(leaves: &[Leaf]) -> Vec<OutPolicy> {
             limit,
             period,
             shadow,
+            replaces: Vec::new(),
         });
     }
-    policies
+    let mut problems = Vec::new();
+    for (policy, leaf) in policies.iter_mut().zip(emitted) {
+        for upstream in &leaf.replaces {
+            match named.get(&(leaf.domain.as_str(), upstream.as_str())) {
+                Some(replaced) if !replaced.is_empty() => {
+                    policy.replaces.extend(replaced.iter().cloned());
+                }
+                Some(_) => problems.push(format!(
+                    "{}: replaces `{upstream}`, which only `unlimited` limits have as their \
+                     `name`: upstream never replaces those (it answers them first), so the entry \
+                     would do nothing",
+                    shown(&leaf.domain, &leaf.path)
+                )),
+                None => problems.push(format!(
+                    "{}: replaces `{upstream}`, which no limit of the domain has as its `name` \
+                     (envoyproxy/ratelimit ignores such an entry; sluice refuses it, so that a \
+                     misspelt name does not silently leave the other limit in force)",
+                    shown(&leaf.domain, &leaf.path)
+                )),
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(policies)
+    } else {
+        Err(problems)
+    }
 }
 
 /// Whether a limited entry of the same domain and key path could match the values `leaf` matches.
@@ -188,6 +240,26 @@ mod tests {
     }
 
     #[test]
+    fn replaces_lists_every_policy_of_the_name_in_its_domain() {
+        // Upstream names need be neither unique nor valid sluice names.
+        let file = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {name: Read Limit, unit: hour, requests_per_unit: 1}\n  - key: b\n    rate_limit: {name: Read Limit, unit: hour, requests_per_unit: 0}\n  - key: c\n    rate_limit: {replaces: [{name: Read Limit}], unit: hour, requests_per_unit: 2}\n";
+        let converted = crate::config::envoy::convert(file).expect("converts");
+        let set = crate::config::parse_policies(std::path::Path::new("t.yaml"), &converted)
+            .expect("valid");
+        let replacer = set
+            .iter()
+            .find(|p| !p.replaces().is_empty())
+            .expect("a replacing policy");
+        let named: Vec<&str> = set
+            .iter()
+            .filter(|p| p.name() != replacer.name())
+            .map(|p| p.name())
+            .collect();
+        assert_eq!(replacer.replaces(), named.as_slice(), "{converted}");
+        assert_eq!(named.len(), 2);
+    }
+
+    #[test]
     fn names_are_valid_unique_and_prefer_the_configured_one() {
         let leaf = |name: Option<&str>, value: &str| Leaf {
             domain: "Edge.Proxy".into(),
@@ -198,6 +270,7 @@ mod tests {
             }],
             rule: Rule::Limit(1, "1s"),
             name: name.map(str::to_owned),
+            replaces: Vec::new(),
             shadow: false,
         };
         let mut taken = BTreeSet::new();

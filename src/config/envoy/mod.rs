@@ -22,11 +22,14 @@
 //! - `detailed_metric`, `value_to_metric` and `metadata` are accepted and have no effect (sluice's
 //!   metrics are labelled by policy only, a bounded set).
 //!
-//! - `requests_per_unit: 0` becomes a [`StandIn::Blocked`] policy: the check's group denies every
-//!   request it selects.
+//! - `requests_per_unit: 0` (or none, which upstream reads as 0) becomes a
+//!   [`StandIn::Blocked`] policy: the check's group denies every request it selects; with
+//!   `shadow_mode`, [`StandIn::ShadowBlocked`]: OK with a limit of 0, counted as a shadow denial;
+//! - `replaces` becomes the policy's `replaces`: the policies of the limits of its domain with
+//!   that `name` (a `name` that no limit has is refused, where upstream ignores it).
 //!
-//! What sluice cannot express is refused with a reason naming the field: `replaces`,
-//! `quota_mode`, `requests_per_unit: 0` with `shadow_mode`, keys outside `[A-Za-z0-9_.-]`.
+//! What sluice cannot express is refused with a reason naming the field: `quota_mode`, keys
+//! outside `[A-Za-z0-9_.-]`.
 
 mod emit;
 mod schema;
@@ -76,13 +79,22 @@ pub enum StandIn {
     Unlimited,
     /// A node without `rate_limit`: OK, no `current_limit`, `limit_remaining` 0.
     Exempt,
-    /// `requests_per_unit: 0`: every request is over the limit (`current_limit` 0 per unit).
+    /// `requests_per_unit: 0` (or no `requests_per_unit`, which upstream reads as 0): every
+    /// request is over the limit (`current_limit` 0 per unit).
     Blocked,
+    /// [`StandIn::Blocked`] with `shadow_mode`: OK with `current_limit` 0 per unit, a shadow
+    /// denial in the metrics and the shadow log.
+    ShadowBlocked,
 }
 
 impl StandIn {
     /// Every kind.
-    pub const ALL: [Self; 3] = [Self::Unlimited, Self::Exempt, Self::Blocked];
+    pub const ALL: [Self; 4] = [
+        Self::Unlimited,
+        Self::Exempt,
+        Self::Blocked,
+        Self::ShadowBlocked,
+    ];
 
     /// The kind's name.
     pub fn as_str(self) -> &'static str {
@@ -90,6 +102,7 @@ impl StandIn {
             Self::Unlimited => "unlimited",
             Self::Exempt => "exempt",
             Self::Blocked => "blocked",
+            Self::ShadowBlocked => "shadow_blocked",
         }
     }
 
@@ -99,12 +112,13 @@ impl StandIn {
             Self::Unlimited => "rls-unlimited-",
             Self::Exempt => "rls-exempt-",
             Self::Blocked => "rls-blocked-",
+            Self::ShadowBlocked => "rls-shadow-blocked-",
         }
     }
 
     /// Whether it stands for no limit (`Unlimited`, `Exempt`).
     pub fn is_no_limit(self) -> bool {
-        self != Self::Blocked
+        matches!(self, Self::Unlimited | Self::Exempt)
     }
 
     /// The kind of a policy, by its name.
@@ -137,6 +151,39 @@ pub fn is_envoy_config(text: &str) -> bool {
         .next()
         .and_then(|doc| serde_yaml::Value::deserialize(doc).ok())
         .is_some_and(|value| value.get("domain").is_some() && value.get("policies").is_none())
+}
+
+/// The line (1-based) of the `replaces` entry a conversion problem is about, found in `text`
+/// below its domain's `domain:` line; `None` for other problems.
+pub(crate) fn problem_line(text: &str, message: &str) -> Option<usize> {
+    let quoted = |after: &str| -> Option<String> {
+        let start = message.find(after)? + after.len();
+        let len = message[start..].find('`')?;
+        Some(message[start..start + len].to_owned())
+    };
+    let (domain, replaced) = (quoted("domain `")?, quoted(": replaces `")?);
+    let lines: Vec<&str> = text.lines().collect();
+    let unquote = |v: &str| v.trim().trim_matches(|c| c == '"' || c == '\'').to_owned();
+    let start = lines.iter().position(|line| {
+        line.trim_start()
+            .strip_prefix("domain:")
+            .is_some_and(|v| unquote(v) == domain)
+    })?;
+    let mut in_replaces = false;
+    for (at, line) in lines.iter().enumerate().skip(start + 1) {
+        if line.trim_start().starts_with("domain:") {
+            break;
+        }
+        in_replaces |= line.contains("replaces");
+        let names_it = line.split("name:").skip(1).any(|rest| {
+            let value = rest.split([',', '}', ']']).next().unwrap_or("");
+            unquote(value) == replaced
+        });
+        if in_replaces && names_it {
+            return Some(at + 1);
+        }
+    }
+    None
 }
 
 /// The condition a policy's `domain` adds.
@@ -234,6 +281,6 @@ pub fn convert_sources(
     if !problems.is_empty() {
         return Err(problems);
     }
-    let policies = emit::to_policies(&leaves);
+    let policies = emit::to_policies(&leaves)?;
     serde_yaml::to_string(&OutFile { policies }).map_err(|e| vec![e.to_string()])
 }

@@ -72,7 +72,7 @@ pub(super) enum Rule {
     Limit(u64, &'static str),
     /// `unlimited: true`: OK, with the largest remaining.
     Unlimited,
-    /// `requests_per_unit: 0` over this period: every request is over the limit.
+    /// `requests_per_unit: 0` (or none) over this period: every request is over the limit.
     Blocked(&'static str),
     /// No `rate_limit` (upstream's way to exempt a value, or a node with children only): no
     /// limit at this depth, even where a less specific sibling has one.
@@ -80,6 +80,15 @@ pub(super) enum Rule {
 }
 
 impl RawRateLimit {
+    /// The names of the limits this one replaces (checked non-empty and not its own by
+    /// [`RawRateLimit::rule`]).
+    pub fn replaced(&self) -> Vec<String> {
+        self.replaces
+            .iter()
+            .filter_map(|r| r.name.clone())
+            .collect()
+    }
+
     /// The rule of this block, or why it is refused (upstream's own reasons where it has them).
     pub fn rule(&self) -> Result<Rule, String> {
         for replaces in &self.replaces {
@@ -90,13 +99,6 @@ impl RawRateLimit {
                 }
                 Some(_) => {}
             }
-        }
-        if !self.replaces.is_empty() {
-            return Err(
-                "`replaces` (a limit that drops another descriptor's limit from the same \
-                 request) is not supported by sluice yet; give the descriptors separate limits"
-                    .into(),
-            );
         }
         let unit = self.unit.as_deref().map(str::to_ascii_lowercase);
         let period = match unit.as_deref() {
@@ -121,9 +123,9 @@ impl RawRateLimit {
                 self.unit.as_deref().unwrap_or("")
             ));
         };
+        // Upstream reads a missing `requests_per_unit` as 0.
         match self.requests_per_unit {
-            None => Err("`requests_per_unit` is required".into()),
-            Some(0) => Ok(Rule::Blocked(period)),
+            None | Some(0) => Ok(Rule::Blocked(period)),
             Some(n) if n > crate::config::policies::MAX_LIMIT => Err(format!(
                 "`requests_per_unit` must be at most {}, got {n}",
                 crate::config::policies::MAX_LIMIT

@@ -22,6 +22,8 @@ pub(super) struct Leaf {
     pub path: Vec<Step>,
     pub rule: Rule,
     pub name: Option<String>,
+    /// The `name`s of the limits it replaces (upstream's names, resolved by `emit`).
+    pub replaces: Vec<String>,
     pub shadow: bool,
 }
 
@@ -57,19 +59,17 @@ pub(super) fn walk(
                 Some(rate) => rate.rule(),
                 None => Ok(Rule::Exempt),
             };
-            let rule = rule.and_then(|rule| match rule {
-                Rule::Blocked(_) if node.shadow_mode => Err(
-                    "`requests_per_unit: 0` with `shadow_mode` is not supported by sluice yet"
-                        .to_owned(),
-                ),
-                rule => Ok(rule),
-            });
             match rule {
                 Ok(rule) => leaves.push(Leaf {
                     domain: domain.to_owned(),
                     path: path.clone(),
                     rule,
                     name: node.rate_limit.as_ref().and_then(|r| r.name.clone()),
+                    replaces: node
+                        .rate_limit
+                        .as_ref()
+                        .map(|r| r.replaced())
+                        .unwrap_or_default(),
                     shadow: node.shadow_mode,
                 }),
                 Err(reason) => problems.push(format!("{}: {reason}", shown(domain, path))),
