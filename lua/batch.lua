@@ -8,7 +8,8 @@
 -- ARGV[1]     now_us   TESTS ONLY: the current time; 0 in production (read Redis `TIME`, once)
 -- ARGV[2]     the checks, in arrival order, as one MessagePack array of integers (unpacked in C:
 --             far cheaper than tonumber on each field); each check is
---               items (>= 1), commit (1: record; 0: dry run), then per item: key (index into
+--               items (>= 1), commit (1: record; 0: dry run; 2: spend every item whatever its
+--               decision, a report), then per item: key (index into
 --               KEYS), kind (1 token bucket, 2 sliding log, 3 fixed window), enforce (1|0: shadow
 --               policies never block), cost, limit, period_us, and for a token bucket capacity
 -- returns     one flat array, the checks in order: each check's items' figures {allowed (0|1),
@@ -137,8 +138,8 @@ end
 
 -- Decides the item at spec[at] (kind `kind`), its 5 figures written to results[n + 1 .. n + 5];
 -- for a token bucket or fixed window also returns what recording it needs. A sliding log's
--- failure (its commands raise) returns nil and the failure.
-local function decide(at, kind, n, commit)
+-- failure (its commands raise) returns nil and the failure. `spend`: a report's (see spend()).
+local function decide(at, kind, n, commit, spend)
   local k, cost, limit, period = spec[at], spec[at + 3], spec[at + 4], spec[at + 5]
   if kind == 2 then
     if stale[k] and commit then
@@ -146,7 +147,7 @@ local function decide(at, kind, n, commit)
       stale[k] = nil
     end
     local ok, reply = pcall(sliding_log, keys[k], now, min_ttl_ms, commit, limit, period, cost,
-      stale[k])
+      stale[k], spend)
     if not ok then
       return nil, reply
     end
@@ -242,6 +243,54 @@ local function check(first, count, commit, n)
   return nil
 end
 
+-- Spends every item of the check whatever its decision (commit 2: a report, the cost known only
+-- afterwards), its figures written from results[n + 1] on: one within its limit is recorded as a
+-- check's; one past it records its algorithm's overspend and reports a cost-1 read of the new
+-- state. Items are independent (nothing is refused, so nothing is all or nothing). Returns
+-- nothing, or its failure as check() does.
+local function spend(first, count, n)
+  local at = first
+  for i = 1, count do
+    local kind, failed = spec[at + 1], nil
+    if kind == 2 then
+      failed = load_log(spec[at])
+    else
+      failed = load(spec[at], kind)
+    end
+    if failed then
+      return {err = failed.err .. ' [item ' .. i .. ']'}
+    end
+    at = at + (kind == 1 and 7 or 6)
+  end
+  at = first
+  for i = 1, count do
+    local kind = spec[at + 1]
+    local k, cost, limit, period = spec[at], spec[at + 3], spec[at + 4], spec[at + 5]
+    local m = n + 5 * (i - 1)
+    local allowed, after1, after2 = decide(at, kind, m, true, true)
+    if allowed == nil then
+      return after1
+    end
+    if kind ~= 2 and allowed == 1 then
+      record(at, kind, after1, after2)
+    elseif kind ~= 2 then
+      local _
+      if kind == 1 then
+        local ahead = token_bucket_debt(a[k], b[k], now, limit, period, cost)
+        a[k], b[k], ttls[k] = token_bucket_after(now, min_ttl_ms, limit, ahead)
+        _, results[m + 2], results[m + 3], results[m + 4], results[m + 5] =
+          token_bucket_decide(a[k], b[k], now, limit, period, spec[at + 6], 1)
+      else
+        a[k], ttls[k] = fixed_window_full(a[k] or nil, now, min_ttl_ms, limit, period)
+        _, results[m + 2], results[m + 3], results[m + 4], results[m + 5] =
+          fixed_window_decide(a[k], now, min_ttl_ms, limit, period, 1)
+      end
+    end
+    at = at + (kind == 1 and 7 or 6)
+  end
+  return nil
+end
+
 -- A node call was grouped by sluice's copy of the slot map, which a resharding can make stale:
 -- every key must be served here, and that is checked before anything is written (a script that
 -- touches another node's key fails mid-way, after its earlier writes). Every key is read (or its
@@ -270,13 +319,18 @@ end
 
 local at, n = 1, 0
 while at <= #spec do
-  local count, commit = spec[at], spec[at + 1] == 1
+  local count, commit = spec[at], spec[at + 1]
   local first = at + 2
   at = first
   for _ = 1, count do
     at = at + (spec[at + 1] == 1 and 7 or 6)
   end
-  local failure = check(first, count, commit, n)
+  local failure
+  if commit == 2 then
+    failure = spend(first, count, n)
+  else
+    failure = check(first, count, commit == 1, n)
+  end
   if failure then
     -- The check's one entry is its error; figures it had written go (the reply stays contiguous).
     for i = n + 2, n + 5 * count do

@@ -91,6 +91,21 @@ local function fixed_window_decide(packed, now, min_ttl_ms, limit, period, cost)
   return 0, limit, limit - count, reset, retry, nil, nil
 end
 
+-- A spend regardless past the window's limit (batch commit 2, a report): the packed value that
+-- counts the limit (every later check in the window is denied, as with the whole cost counted;
+-- nothing carries into the next window) and its TTL. The twin of FixedWindow::spend.
+local function fixed_window_full(packed, now, min_ttl_ms, limit, period)
+  local tag_space = 1048576
+  local window = math.floor(now / period)
+  local tag = window % tag_space
+  local count = 0
+  if packed and packed % tag_space == tag then
+    count = math.floor(packed / tag_space)
+  end
+  local to_next = (window + 1) * period - now
+  return math.max(count, limit) * tag_space + tag, math.max(min_ttl_ms, math.floor((to_next + 999) / 1000))
+end
+
 -- sluice:entry
 -- A sorted set within a sliding log's bound is a sliding log's (the policy changed algorithm):
 -- read as absent, like the batch script does.

@@ -30,7 +30,10 @@
 
 -- `absent`: decide as if the key held no log, without reading it (the batch script passes it
 -- for a dry run on a key holding another algorithm's value, which a commit deletes first).
-local function sliding_log(key, now, min_ttl_ms, commit, limit, period, cost, absent)
+-- `spend` (batch commit 2, a report): record the units even past the limit, then keep only the
+-- newest `limit` members (later checks of cost >= 1 depend on no others) and answer a cost-1
+-- read of the new state. The twin of SlidingLog::spend.
+local function sliding_log(key, now, min_ttl_ms, commit, limit, period, cost, absent, spend)
   local floor = '(' .. string.format('%d', now - period)
   local used, newest_ts = 0, nil
   if not absent then
@@ -41,7 +44,8 @@ local function sliding_log(key, now, min_ttl_ms, commit, limit, period, cost, ab
     end
   end
 
-  if used + cost <= limit then
+  local fits = used + cost <= limit
+  if fits or (spend and commit) then
     -- A clock that stepped back adds to the newest entry's time, as the Rust twin does.
     local ts = now
     if newest_ts and newest_ts > now then
@@ -52,7 +56,7 @@ local function sliding_log(key, now, min_ttl_ms, commit, limit, period, cost, ab
       local score = string.format('%d', ts)
       local at_ts = redis.call('ZCOUNT', key, score, score)
       local short = string.format('%d', ts % (2 * period))
-      for i = at_ts + 1, at_ts + cost do
+      for i = at_ts + 1, at_ts + math.min(cost, limit) do
         local member = short
         if i > 1 then
           member = short .. '.' .. i
@@ -61,7 +65,13 @@ local function sliding_log(key, now, min_ttl_ms, commit, limit, period, cost, ab
           redis.call('ZADD', key, score, 't' .. score .. '.' .. i)
         end
       end
+      if not fits then
+        redis.call('ZREMRANGEBYRANK', key, 0, -(limit + 1))
+      end
       redis.call('PEXPIRE', key, math.max(min_ttl_ms, math.floor((ts + period - now + 999) / 1000)))
+    end
+    if not fits then
+      return sliding_log(key, now, min_ttl_ms, false, limit, period, 1, false)
     end
     -- A read (cost 0) adds no unit: the quota is full once the newest unit leaves the window.
     local reset = 0

@@ -1,4 +1,5 @@
-//! The command line: `sluice serve`, `sluice check`, `sluice counters`, `sluice config check`,
+//! The command line: `sluice serve`, `sluice check`, `sluice report`, `sluice top`,
+//! `sluice counters`, `sluice config check`,
 //! `sluice inject`, `sluice injector`.
 //! Exit codes: 0 ok / allowed, 1 denied or runtime failure, 2 limiter unavailable, 64 bad usage or
 //! configuration, 69 daemon unreachable.
@@ -9,6 +10,8 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 mod counters;
+mod report;
+mod top;
 
 use crate::app::{App, StartError};
 use crate::client::{self, Target};
@@ -38,6 +41,11 @@ enum Command {
     },
     /// Ask a running daemon whether a request may go through (exit 0 allowed, 1 denied).
     Check(CheckArgs),
+    /// Spend a cost known only afterwards (an LLM's tokens) on a running daemon, whatever its
+    /// counters hold (exit 0 spent, 2 unavailable).
+    Report(CheckArgs),
+    /// The partitions denied most, per policy, on a running daemon (its admin listener).
+    Top(top::TopArgs),
     /// See or reset a partition's counter on a running daemon (its admin listener).
     Counters {
         #[command(subcommand)]
@@ -118,6 +126,8 @@ pub fn main() -> ExitCode {
     match cli.command {
         Command::Serve { config } => serve(config.as_deref()),
         Command::Check(args) => check(args),
+        Command::Report(args) => report::run(args),
+        Command::Top(args) => top::run(args),
         Command::Counters { command } => counters::run(command),
         Command::Config {
             command: ConfigCommand::Check { file },

@@ -34,6 +34,20 @@ impl LocalShare {
         algorithm.share(self.replicas, self.margin_percent)
     }
 
+    /// Spends `check` regardless in this pod's share of its limit (a report while the store
+    /// cannot answer, for a `local` policy).
+    pub(crate) fn spend(&self, check: &StoreCheck) -> Decision {
+        let shared = StoreCheck {
+            algorithm: self.share(&check.algorithm),
+            ..check.clone()
+        };
+        let spent = self.store.spend_now(std::slice::from_ref(&shared));
+        spent
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| shared.algorithm.decide(&shared.algorithm.new_state(), 0, 0))
+    }
+
     /// Decides every policy by its failure mode. All `local` policies of the request form one
     /// group in memory, recorded only if no enforced fail-closed policy refuses the request
     /// anyway. Shadow (un-enforced) policies never block, degraded or not.

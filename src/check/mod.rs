@@ -11,8 +11,11 @@ mod group;
 mod hot_keys;
 mod local_limit;
 mod plan;
+mod report;
 mod request;
 mod shadow_log;
+mod top;
+mod top_sketch;
 mod unmatched;
 mod verdict;
 
@@ -25,7 +28,10 @@ pub use explain::{Explanation, PolicyExplanation};
 pub use group::{GroupItem, GroupVerdict};
 pub use hot_keys::HotKeys;
 pub use plan::{Planned, TENANT_DESCRIPTOR};
+pub use report::REPORT_OUTCOMES;
 pub use request::{CheckError, CheckRequest, MAX_DESCRIPTOR_NAME};
+pub use top::{TopDenied, TopEntry, TopList, MAX_POLICIES, TOP_CAPACITY};
+pub use top_sketch::{SpaceSaving, MAX_LABEL};
 pub use verdict::{Mode, Outcome, PolicyDecision, Verdict};
 
 use crate::config::RequestLimits;
@@ -62,6 +68,10 @@ pub struct CheckService {
     metrics: Metrics,
     /// `sluice_counter_resets_total{policy}`.
     counter_resets: prometheus::IntCounterVec,
+    /// `sluice_reports_total{policy,outcome}`.
+    reports: prometheus::IntCounterVec,
+    /// The partitions denied most, per policy.
+    top: top::TopDenied,
 }
 
 impl CheckService {
@@ -84,6 +94,8 @@ impl CheckService {
             unmatched: unmatched::Unmatched::new(false),
             limits,
             counter_resets: counters::resets_metric(&metrics),
+            reports: report::reports_metric(&metrics),
+            top: top::TopDenied::new(&PolicySet::default()),
             metrics,
         };
         service.replace_policies(policies);
@@ -142,7 +154,11 @@ impl CheckService {
                 .local_layer_hits
                 .with_label_values(&[policy.name()]);
             self.counter_resets.with_label_values(&[policy.name()]);
+            for outcome in REPORT_OUTCOMES {
+                self.reports.with_label_values(&[policy.name(), outcome]);
+            }
         }
+        self.top.replace_policies(&policies);
         *self.policies.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policies);
         if let Some(hot) = &self.hot {
             hot.clear();
@@ -327,9 +343,18 @@ impl CheckService {
                 (Mode::FailOpen, _) => "fail_open",
                 (Mode::FailClosed, _) => "fail_closed",
                 (Mode::Local, true) => "local_allowed",
-                (Mode::Local, false) => "local_denied",
-                (Mode::LocalLimit, _) => "local_limit_denied",
-                (Mode::Enforced, false) => "denied",
+                (Mode::Local, false) => {
+                    self.note_denied(part);
+                    "local_denied"
+                }
+                (Mode::LocalLimit, _) => {
+                    self.note_denied(part);
+                    "local_limit_denied"
+                }
+                (Mode::Enforced, false) => {
+                    self.note_denied(part);
+                    "denied"
+                }
                 (Mode::Shadow, false) => {
                     self.shadow_log.would_block(part);
                     "shadow_denied"

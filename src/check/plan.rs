@@ -39,10 +39,31 @@ pub(crate) async fn plan(
     tiers: Option<&TenantTiers>,
     request: &CheckRequest,
 ) -> Result<Vec<Planned>, CheckError> {
+    plan_as(policies, limits, tiers, request, false).await
+}
+
+/// As [`plan`], for a report (a cost known afterwards): a cost above what a policy ever allows
+/// at once is no error there, since it was spent already (it is recorded as an overspend).
+pub(crate) async fn plan_report(
+    policies: &PolicySet,
+    limits: &RequestLimits,
+    tiers: Option<&TenantTiers>,
+    request: &CheckRequest,
+) -> Result<Vec<Planned>, CheckError> {
+    plan_as(policies, limits, tiers, request, true).await
+}
+
+async fn plan_as(
+    policies: &PolicySet,
+    limits: &RequestLimits,
+    tiers: Option<&TenantTiers>,
+    request: &CheckRequest,
+    report: bool,
+) -> Result<Vec<Planned>, CheckError> {
     let mut applicable = [select(policies, limits, request)?];
     policies.drop_replaced(&mut applicable);
     let [applicable] = applicable;
-    plan_selected(tiers, request, applicable).await
+    plan_selected(tiers, request, applicable, report).await
 }
 
 /// Validates `request` and selects the policies that apply: the one it names, else every one
@@ -76,11 +97,12 @@ pub(crate) fn select(
 }
 
 /// Plans the store checks of `applicable` (from [`select`]) for `request`: tier, cost, key,
-/// enforcement, windows and local limit.
+/// enforcement, windows and local limit. A `report`'s cost may exceed what a policy ever allows.
 pub(crate) async fn plan_selected(
     tiers: Option<&TenantTiers>,
     request: &CheckRequest,
     applicable: Vec<Applicable>,
+    report: bool,
 ) -> Result<Vec<Planned>, CheckError> {
     let descriptors = &request.descriptors;
     let tenant_tier = match (tiers, descriptors.get(TENANT_DESCRIPTOR)) {
@@ -95,7 +117,7 @@ pub(crate) async fn plan_selected(
     for Applicable { policy, captures } in applicable {
         let (tier, quota) = policy.quota_for(descriptors, tenant_tier.as_deref());
         let cost = policy.cost_for(descriptors, request.cost);
-        if cost > quota.max_cost() {
+        if !report && cost > quota.max_cost() {
             return Err(CheckError::CostExceedsLimit {
                 policy: policy.name().to_owned(),
                 cost,

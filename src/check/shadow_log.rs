@@ -58,7 +58,12 @@ impl ShadowLog {
 
     /// The partition's fingerprint in this process's log lines (shadow blocks, counter resets).
     pub fn fingerprint(&self, key: &Key) -> String {
-        format!("{:016x}", self.secret.hash_one(key))
+        format!("{:016x}", self.fingerprint_id(key))
+    }
+
+    /// The fingerprint as a number (the top lists' identity; printed the same way).
+    pub fn fingerprint_id(&self, key: &Key) -> u64 {
+        self.secret.hash_one(key)
     }
 
     /// Logs that `part` would have blocked, unless its partition was logged within a minute.

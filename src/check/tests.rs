@@ -173,6 +173,10 @@ impl RateStore for DownStore {
         Box::pin(std::future::ready(Err(StoreError::Timeout)))
     }
 
+    fn spend<'a>(&'a self, _: &'a [StoreCheck], _: Option<std::time::Duration>) -> StoreFuture<'a> {
+        Box::pin(std::future::ready(Err(StoreError::Timeout)))
+    }
+
     fn reset<'a>(&'a self, _: &'a crate::limit::Key) -> crate::store::ResetFuture<'a> {
         Box::pin(std::future::ready(Err(StoreError::Timeout)))
     }

@@ -34,6 +34,18 @@ impl RateStore for Counted {
         self.store.check(checks, dry_run, deadline)
     }
 
+    fn spend<'a>(
+        &'a self,
+        checks: &'a [StoreCheck],
+        deadline: Option<std::time::Duration>,
+    ) -> StoreFuture<'a> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.down {
+            return Box::pin(std::future::ready(Err(StoreError::Timeout)));
+        }
+        self.store.spend(checks, deadline)
+    }
+
     fn reset<'a>(&'a self, key: &'a crate::limit::Key) -> crate::store::ResetFuture<'a> {
         self.store.reset(key)
     }

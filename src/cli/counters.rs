@@ -82,7 +82,10 @@ pub fn run(command: CountersCommand) -> ExitCode {
 
 /// The admin listener to ask: `--admin`, `SLUICE_ADMIN_URL`, then `listen.admin` of the settings
 /// (file and `SLUICE_*` variables, as `serve` reads them).
-fn admin_target(admin: Option<&Target>, config: Option<&Path>) -> Result<Target, String> {
+pub(super) fn admin_target(
+    admin: Option<&Target>,
+    config: Option<&Path>,
+) -> Result<Target, String> {
     if let Some(target) = admin {
         return Ok(target.clone());
     }

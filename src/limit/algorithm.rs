@@ -95,6 +95,29 @@ impl Algorithm {
         }
     }
 
+    /// Spends `cost` whatever the state holds (a report: the cost was known only afterwards);
+    /// within the limit it is an ordinary admission (its decision returned), past it each
+    /// algorithm records the overspend so that the next check is denied as long as the
+    /// overspend requires (see each one's `spend`), and answers a request of 1 unit's at the new
+    /// state. A state of the wrong variant is replaced by a fresh one first.
+    pub fn spend(&self, state: &mut State, now: Micros, cost: u64) -> Decision {
+        if !matches!(
+            (self, &*state),
+            (Algorithm::TokenBucket(_), State::Bucket(_))
+                | (Algorithm::SlidingLog(_), State::Log(_))
+                | (Algorithm::FixedWindow(_), State::Window(_))
+        ) {
+            *state = self.new_state();
+        }
+        match (self, state) {
+            (Algorithm::TokenBucket(a), State::Bucket(s)) => a.spend(s, now, cost),
+            (Algorithm::SlidingLog(a), State::Log(s)) => a.spend(s, now, cost),
+            (Algorithm::FixedWindow(a), State::Window(s)) => a.spend(s, now, cost),
+            // Unreachable: the state was made to match above.
+            (_, state) => self.decide(state, now, cost),
+        }
+    }
+
     /// The instant from which `state` is equivalent to a fresh one, i.e. when the store may
     /// drop it. A state of the wrong variant already counts as fresh, so this is 0 for it.
     pub fn idle_at(&self, state: &State) -> Micros {

@@ -91,6 +91,25 @@ impl FixedWindow {
         }
     }
 
+    /// Counts `cost` units at `now` whatever the window holds (a cost known only afterwards):
+    /// what [`FixedWindow::decide`] allows is admitted as usual (and that decision returned);
+    /// otherwise the window's count becomes its limit (every later check in it is denied, as it
+    /// would be with the whole cost counted; the count never moves back) and the answer is a
+    /// request of 1 unit's: denied until the window ends. Nothing carries into the next window:
+    /// a fixed window forgets everything at its boundary, by design.
+    pub fn spend(&self, state: &mut WindowState, now: Micros, cost: u64) -> Decision {
+        let decision = self.decide(state, now, cost);
+        if decision.allowed {
+            self.admit(state, now, cost);
+            return decision;
+        }
+        *state = WindowState {
+            window_start: self.window_of(now),
+            count: self.count_at(state, now).max(self.limit),
+        };
+        self.decide(state, now, 1)
+    }
+
     /// The instant from which `state` behaves like a fresh one: the end of its window
     /// (0 if it counts nothing).
     pub fn idle_at(&self, state: &WindowState) -> Micros {

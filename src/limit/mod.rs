@@ -28,6 +28,8 @@ mod subject;
 mod token_bucket;
 
 #[cfg(test)]
+mod spend_tests;
+#[cfg(test)]
 mod tests;
 
 use std::fmt;
@@ -46,7 +48,7 @@ pub use policy_set::{Applicable, PolicySet};
 pub use quota::{Quota, QuotaError, MAX_WINDOWS};
 pub use sliding_log::{LogState, SlidingLog};
 pub use subject::{canonical_path, path_pattern_problem, PathCase, Subject, PATH_DESCRIPTOR};
-pub use token_bucket::{BucketState, TokenBucket};
+pub use token_bucket::{BucketState, TokenBucket, MAX_AHEAD};
 
 /// Why limiter parameters were rejected. Only degenerate values are refused here; sensible
 /// upper bounds are the configuration layer's job.

@@ -123,6 +123,37 @@ impl SlidingLog {
         }
     }
 
+    /// Records `cost` units at `now` whatever the log holds (a cost known only afterwards):
+    /// what [`SlidingLog::decide`] allows is admitted as usual (and that decision returned);
+    /// otherwise the units are recorded all the same and the log then keeps only its newest
+    /// `limit` units. That loses nothing: a later request of cost `c >= 1` passes iff at most
+    /// `limit - c` units are in its window, which depends on the newest `limit - c + 1` units
+    /// only; and it keeps the log (a sorted set in Redis) within `limit` units. The answer is a
+    /// request of 1 unit's: denied until enough units have left the window.
+    pub fn spend(&self, state: &mut LogState, now: Micros, cost: u64) -> Decision {
+        let decision = self.decide(state, now, cost);
+        if decision.allowed {
+            self.admit(state, now, cost);
+            return decision;
+        }
+        self.admit(state, now, cost);
+        let total: u128 = state.entries.iter().map(|&(_, c)| u128::from(c)).sum();
+        let mut excess = total.saturating_sub(u128::from(self.limit));
+        while excess > 0 {
+            let Some(oldest) = state.entries.front_mut() else {
+                break;
+            };
+            if u128::from(oldest.1) <= excess {
+                excess -= u128::from(oldest.1);
+                state.entries.pop_front();
+            } else {
+                oldest.1 -= saturate(excess);
+                excess = 0;
+            }
+        }
+        self.decide(state, now, 1)
+    }
+
     /// The instant from which `state` behaves like an empty log: when the newest run expires.
     pub fn idle_at(&self, state: &LogState) -> Micros {
         state.entries.back().map_or(0, |&(ts, _)| {

@@ -9,6 +9,12 @@
 
 use super::{check_rate, saturate, Decision, Micros, ParamError, NEVER};
 
+/// The furthest a spend regardless ([`TokenBucket::spend`]) puts the TAT past `now`, in 1/limit
+/// µs: 2^52, so that the Lua twin's arithmetic on it (doubles, exact below 2^53, `ceil_div` adds
+/// at most `limit` <= 1e9) stays exact. Config keeps `capacity * period_us <= 2^52`, so this is
+/// never less than an empty bucket: 52 days of refill at 1000 per period, for example.
+pub const MAX_AHEAD: u128 = 1 << 52;
+
 /// Parameters of a token bucket: refills `limit` tokens per `period_us`, holds at most
 /// `capacity` tokens (the burst a client that has been idle may spend at once).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,6 +142,36 @@ impl TokenBucket {
                 state.tat_rem = 0;
             }
         }
+    }
+
+    /// Spends `cost` tokens at `now` whatever the bucket holds (a cost known only afterwards):
+    /// what [`TokenBucket::decide`] allows is admitted as usual (and that decision returned);
+    /// otherwise the TAT is pushed `cost` tokens further, into debt, and the answer is a
+    /// request of 1 token's at the new state: denied, `remaining` 0, `retry_after_us` the time
+    /// the debt takes to refill. The debt is bounded: the TAT goes at most [`MAX_AHEAD`] (1/limit
+    /// µs) past `now`, which the Lua twin's doubles hold exactly, and never moves back.
+    pub fn spend(&self, state: &mut BucketState, now: Micros, cost: u64) -> Decision {
+        let decision = self.decide(state, now, cost);
+        if decision.allowed {
+            self.admit(state, now, cost);
+            return decision;
+        }
+        let Step { tat, now_s, new } = self.step(state, now, cost);
+        let ahead = tat.max(now_s) - now_s;
+        let ahead_after = (new - now_s).min(MAX_AHEAD).max(ahead);
+        let target = now_s + ahead_after;
+        let l = u128::from(self.limit);
+        match u64::try_from(target / l) {
+            Ok(us) => {
+                state.tat_us = us;
+                state.tat_rem = saturate(target % l);
+            }
+            Err(_) => {
+                state.tat_us = u64::MAX;
+                state.tat_rem = 0;
+            }
+        }
+        self.decide(state, now, 1)
     }
 
     /// The instant from which `state` behaves like a fresh (full) bucket: ceil(TAT) in µs.

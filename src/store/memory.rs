@@ -177,7 +177,41 @@ impl MemoryStore {
         decisions
     }
 
+    /// The synchronous core of [`RateStore::spend`]: every check's cost spent whatever its
+    /// decision (see [`crate::limit::Algorithm::spend`]), each answer what is left after it.
+    pub fn spend_now(&self, checks: &[StoreCheck]) -> Vec<Decision> {
+        let now = self.clock.now_us();
+        let shard_of: Vec<usize> = checks.iter().map(|c| self.shard_of(&c.key)).collect();
+        let mut order = shard_of.clone();
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: Vec<MutexGuard<'_, Shard>> = order.iter().map(|&i| self.lock(i)).collect();
+        let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or(0);
+        checks
+            .iter()
+            .zip(&shard_of)
+            .map(|(check, &shard)| {
+                let shard = &mut guards[guard_of(shard)];
+                let spent = self.record(shard, check, now, true);
+                spent
+                    .unwrap_or_else(|| check.algorithm.decide(&check.algorithm.new_state(), now, 0))
+            })
+            .collect()
+    }
+
     fn admit(&self, shard: &mut Shard, check: &StoreCheck, now: Micros) {
+        self.record(shard, check, now, false);
+    }
+
+    /// Admits `check` (its decision allowed it) or, with `spend`, spends it whatever the
+    /// decision; returns the spend's answer (an admission's is not needed).
+    fn record(
+        &self,
+        shard: &mut Shard,
+        check: &StoreCheck,
+        now: Micros,
+        spend: bool,
+    ) -> Option<Decision> {
         let is_new = !shard.slots.contains_key(&check.key);
         if is_new && shard.slots.len() >= self.shard_capacity {
             self.evict_one(shard, now, None);
@@ -199,7 +233,12 @@ impl MemoryStore {
                 idle_at: now,
             }),
         };
-        check.algorithm.admit(&mut slot.state, now, check.cost);
+        let decision = if spend {
+            Some(check.algorithm.spend(&mut slot.state, now, check.cost))
+        } else {
+            check.algorithm.admit(&mut slot.state, now, check.cost);
+            None
+        };
         slot.idle_at = check.algorithm.idle_at(&slot.state);
         let after = slot_bytes(&check.key, slot);
         shard.bytes = (shard.bytes + after).saturating_sub(before);
@@ -209,6 +248,7 @@ impl MemoryStore {
             tries -= 1;
             self.evict_one(shard, now, Some(&check.key));
         }
+        decision
     }
 
     /// Makes room: purges idle keys (at most once a second), else evicts the soonest-to-expire
@@ -289,6 +329,15 @@ impl RateStore for MemoryStore {
         _deadline: Option<Duration>,
     ) -> StoreFuture<'a> {
         let decisions = self.check_now(checks, dry_run);
+        Box::pin(std::future::ready(Ok(decisions)))
+    }
+
+    fn spend<'a>(
+        &'a self,
+        checks: &'a [StoreCheck],
+        _deadline: Option<Duration>,
+    ) -> StoreFuture<'a> {
+        let decisions = self.spend_now(checks);
         Box::pin(std::future::ready(Ok(decisions)))
     }
 

@@ -131,6 +131,14 @@ pub trait RateStore: Send + Sync + 'static {
         deadline: Option<Duration>,
     ) -> StoreFuture<'a>;
 
+    /// Spends every check's cost whatever its decision (a report: the cost was known only
+    /// after the request, e.g. an LLM's tokens), each check on its own (nothing to be all or
+    /// nothing about: nothing is refused). Each decision is what is left after the spend: within
+    /// the limit an ordinary admission's; past it (see [`Algorithm::spend`]) a denial of 1 unit
+    /// saying how long the next check waits. `deadline` as for [`RateStore::check`].
+    fn spend<'a>(&'a self, checks: &'a [StoreCheck], deadline: Option<Duration>)
+        -> StoreFuture<'a>;
+
     /// Forgets `key`'s state, so that the next request sees a full quota, and tells the other
     /// pods sharing the store (an operator's reset, never part of a check).
     fn reset<'a>(&'a self, key: &'a Key) -> ResetFuture<'a>;

@@ -1,6 +1,7 @@
 //! The admin listener: `/livez` (the process answers), `/readyz` (accepting checks; never
 //! depends on Redis), `/metrics` (Prometheus text), `/v1/policies` (the effective policies),
-//! `POST /v1/explain` and `GET`/`DELETE /v1/counters` (see [`super::counters`]).
+//! `POST /v1/explain`, `GET`/`DELETE /v1/counters` (see [`super::counters`]) and `GET /v1/top`
+//! (see [`super::top`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -43,6 +44,7 @@ pub fn router(
         .route("/v1/policies", get(policies))
         .route("/v1/explain", post(explain))
         .route("/v1/counters", any(counters))
+        .route("/v1/top", any(top))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(AdminCtx {
@@ -59,7 +61,7 @@ async fn not_found() -> Response {
         ErrorReply::new(
             "not_found",
             "no such endpoint; the admin listener serves /livez, /readyz, /metrics, \
-             /v1/policies, POST /v1/explain and GET or DELETE /v1/counters",
+             /v1/policies, POST /v1/explain, GET or DELETE /v1/counters and GET /v1/top",
         ),
     ))
 }
@@ -125,6 +127,10 @@ async fn explain(State(ctx): State<AdminCtx>, headers: HeaderMap, body: Body) ->
 
 async fn counters(State(ctx): State<AdminCtx>, request: Request) -> Response {
     super::counters::counters(&ctx.service, ctx.resets, request).await
+}
+
+async fn top(State(ctx): State<AdminCtx>, request: Request) -> Response {
+    super::top::top(&ctx.service, request).await
 }
 
 async fn policies(State(ctx): State<AdminCtx>) -> Json<Value> {

@@ -1,4 +1,4 @@
-//! The check API router, served unchanged on TCP and on the Unix socket: reads JSON, asks the
+//! The check API router (`/v1/check`, `/v1/check/batch`, `/v1/report`, `/v1/authz`), served unchanged on TCP and on the Unix socket: reads JSON, asks the
 //! [`CheckService`], answers with real status codes, JSON bodies and rate-limit headers.
 
 use std::sync::Arc;
@@ -55,6 +55,7 @@ pub fn router(
     Router::new()
         .route("/v1/check", post(check))
         .route("/v1/check/batch", post(batch))
+        .route("/v1/report", post(report))
         .route("/v1/authz", any(authz))
         .route("/v1/authz/{*original}", any(authz))
         .fallback(not_found)
@@ -73,6 +74,21 @@ async fn check(State(ctx): State<Ctx>, request: Request) -> Response {
                 let (status, reply) = CheckReply::from_verdict(&verdict);
                 (status, wire::headers(&verdict), Json(reply)).into_response()
             }
+        },
+    };
+    ctx.observe(started, &response);
+    response
+}
+
+/// `POST /v1/report`: the check body, its cost spent whatever the counters hold (never a 429).
+async fn report(State(ctx): State<Ctx>, request: Request) -> Response {
+    let started = Instant::now();
+    let (parts, body) = request.into_parts();
+    let response = match read_json::<CheckBody>(&parts.headers, body, ctx.service.limits()).await {
+        Err(response) => response,
+        Ok(body) => match ctx.service.report(&body.into()).await {
+            Err(error) => error_response(ErrorReply::from_check_error(&error)),
+            Ok(verdict) => super::report::ReportReply::response(&verdict),
         },
     };
     ctx.observe(started, &response);
@@ -199,7 +215,7 @@ async fn not_found() -> Response {
         StatusCode::NOT_FOUND,
         ErrorReply::new(
             "not_found",
-            "no such endpoint; use POST /v1/check, POST /v1/check/batch or /v1/authz",
+            "no such endpoint; use POST /v1/check, POST /v1/check/batch, POST /v1/report or /v1/authz",
         ),
     ))
 }

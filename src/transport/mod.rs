@@ -7,8 +7,10 @@ pub mod counters;
 pub mod grpc;
 pub mod http;
 pub mod path;
+pub mod report;
 pub mod request_caps;
 pub mod serve;
+pub mod top;
 pub mod uds;
 pub mod wire;
 

@@ -33,7 +33,7 @@ use super::error::{check_error, ErrorKind};
 use super::health::Health;
 use super::keys;
 use super::scripts::{
-    batch_keys_and_checks, parse_figures, split_batch_reply, Item, Script, Scripts,
+    batch_keys_and_checks, parse_figures, split_batch_reply, Commit, Item, Script, Scripts,
 };
 use crate::limit::{Algorithm, Decision};
 use crate::store::StoreError;
@@ -74,7 +74,7 @@ pub type Reply = Result<Vec<Decision>, StoreError>;
 /// One check: its items are decided together, all or nothing (in a Cluster they share a slot).
 pub struct Job {
     items: Vec<Item>,
-    commit: bool,
+    commit: Commit,
     deadline: Duration,
     reply: oneshot::Sender<Reply>,
 }
@@ -128,13 +128,13 @@ impl Batcher {
     pub async fn submit(
         &self,
         items: Vec<Item>,
-        commit: bool,
+        commit: impl Into<Commit>,
         deadline: Duration,
     ) -> Result<oneshot::Receiver<Reply>, StoreError> {
         let (reply, rx) = oneshot::channel();
         let job = Job {
             items,
-            commit,
+            commit: commit.into(),
             deadline,
             reply,
         };
@@ -266,7 +266,9 @@ impl Dispatch {
     /// before running any of it: then the jobs come back, to be resent one call per slot.
     async fn call(&self, mut conn: Conn, jobs: Vec<Job>, via: Via) -> Result<(), Vec<Job>> {
         let via = match (via, &jobs[..]) {
-            (Via::Keys, [job]) if job.items.len() == 1 => Via::Single,
+            (Via::Keys, [job]) if job.items.len() == 1 && job.commit != Commit::Spend => {
+                Via::Single
+            }
             _ => via,
         };
         let deadline = jobs
@@ -458,7 +460,7 @@ enum Send {
 enum Via {
     /// Declared in `KEYS`, routed by them: a single primary, or one Cluster slot.
     Keys,
-    /// A batch of one check of one counter, routed by its key: its algorithm's own script, the
+    /// A batch of one check (not a report) of one counter, routed by its key: its algorithm's own script, the
     /// cheapest call (at low load most batches are this; the batch script's bookkeeping costs
     /// Redis about as much again, see `lua/state.lua`).
     Single,
@@ -511,7 +513,7 @@ fn single_command(scripts: &Scripts, job: &Job, send: Send) -> Cmd {
         Algorithm::SlidingLog(l) => cmd.arg(l.limit()).arg(l.period_us()),
         Algorithm::FixedWindow(w) => cmd.arg(w.limit()).arg(w.period_us()),
     };
-    cmd.arg(item.cost).arg(u8::from(job.commit));
+    cmd.arg(item.cost).arg(u8::from(job.commit == Commit::IfAllowed));
     cmd
 }
 

@@ -42,7 +42,7 @@ use self::health::{Circuit, Health};
 pub use self::metrics::RedisMetrics;
 use self::prober::{Backoff, Prober};
 use self::resets::{Follower, ResetEvent};
-use self::scripts::{Item, Scripts};
+use self::scripts::{Commit, Item, Scripts};
 use super::{Fleet, RateStore, ResetFuture, ResetOutcome, StoreCheck, StoreError, StoreFuture};
 use crate::limit::{Decision, Key};
 
@@ -258,11 +258,30 @@ impl RedisStore {
         Ok(decisions)
     }
 
+    /// Spends every check regardless (a report): one call when the keys can share a script,
+    /// else one per key (they need not be all or nothing: nothing is refused).
+    async fn spend_group(
+        &self,
+        checks: &[StoreCheck],
+        deadline: Duration,
+    ) -> Result<Vec<Decision>, StoreError> {
+        let items: Vec<Item> = checks.iter().map(|c| self.item(c)).collect();
+        let one_slot = !self.cluster
+            || items
+                .windows(2)
+                .all(|w| keys::slot(&w[0].key) == keys::slot(&w[1].key));
+        if one_slot {
+            let reply = self.batcher.submit(items, Commit::Spend, deadline).await?;
+            return answer(reply, deadline).await;
+        }
+        self.each(items, Commit::Spend, deadline).await
+    }
+
     /// Each item as its own check, all queued before any answer is awaited.
     async fn each(
         &self,
         items: Vec<Item>,
-        commit: bool,
+        commit: impl Into<Commit> + Copy,
         deadline: Duration,
     ) -> Result<Vec<Decision>, StoreError> {
         let mut pending = Vec::with_capacity(items.len());
@@ -319,6 +338,20 @@ impl RateStore for RedisStore {
             // The batcher reports each call's outcome to the breaker (a bad key, or a check
             // that waited too long inside sluice, says nothing about Redis).
             self.check_group(checks, dry_run, deadline.unwrap_or(self.timeout))
+                .await
+        })
+    }
+
+    fn spend<'a>(
+        &'a self,
+        checks: &'a [StoreCheck],
+        deadline: Option<Duration>,
+    ) -> StoreFuture<'a> {
+        Box::pin(async move {
+            if !self.health.allows_calls() {
+                return Err(StoreError::CircuitOpen);
+            }
+            self.spend_group(checks, deadline.unwrap_or(self.timeout))
                 .await
         })
     }

@@ -158,7 +158,7 @@ impl Scripts {
     pub fn group_call(
         &self,
         checks: &[(String, &StoreCheck)],
-        commit: bool,
+        commit: impl Into<Commit>,
         now: Option<Micros>,
     ) -> ScriptCall {
         let mut packed = Packed::with_capacity(2 + 7 * checks.len());
@@ -170,6 +170,38 @@ impl Scripts {
             script: self.batch.clone(),
             keys: checks.iter().map(|(key, _)| key.clone()).collect(),
             args: vec![now.unwrap_or(0).to_string().into_bytes(), packed.finish()],
+        }
+    }
+}
+
+/// What a check of the batch script records: its `commit` field (`lua/batch.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Commit {
+    /// 0: decide only.
+    DryRun,
+    /// 1: record the allowed items if every enforced one allowed (a check).
+    IfAllowed,
+    /// 2: spend every item whatever its decision (a report: the cost was known afterwards).
+    Spend,
+}
+
+impl From<bool> for Commit {
+    /// `true` is a check's [`Commit::IfAllowed`], `false` a dry run.
+    fn from(commit: bool) -> Self {
+        if commit {
+            Self::IfAllowed
+        } else {
+            Self::DryRun
+        }
+    }
+}
+
+impl Commit {
+    fn wire(self) -> u64 {
+        match self {
+            Self::DryRun => 0,
+            Self::IfAllowed => 1,
+            Self::Spend => 2,
         }
     }
 }
@@ -190,8 +222,8 @@ pub struct Item {
 /// `KEYS` and `ARGV` of a batch script call for `checks` (each: commit, items), in order: each
 /// distinct key once in `KEYS`, so that the script reads and writes it once; `ARGV` is `now` (0:
 /// read `TIME`; for tests only) and the checks packed as MessagePack.
-pub fn batch_arguments<'a>(
-    checks: impl ExactSizeIterator<Item = (bool, &'a [Item])>,
+pub fn batch_arguments<'a, C: Into<Commit>>(
+    checks: impl ExactSizeIterator<Item = (C, &'a [Item])>,
     now: Option<Micros>,
 ) -> (Vec<&'a str>, Vec<Vec<u8>>) {
     let (keys, packed) = batch_keys_and_checks(checks);
@@ -202,8 +234,8 @@ pub fn batch_arguments<'a>(
 }
 
 /// `KEYS` (each distinct key once) and the packed checks of a batch.
-pub(crate) fn batch_keys_and_checks<'a>(
-    checks: impl ExactSizeIterator<Item = (bool, &'a [Item])>,
+pub(crate) fn batch_keys_and_checks<'a, C: Into<Commit>>(
+    checks: impl ExactSizeIterator<Item = (C, &'a [Item])>,
 ) -> (Vec<&'a str>, Vec<u8>) {
     // Small batches (most of them at low load) scan; large ones hash.
     const SCAN: usize = 16;
@@ -249,9 +281,9 @@ impl Packed {
     }
 
     /// Starts the next check: `items` items follow ([`Packed::item`]), recorded if `commit`.
-    pub fn check(&mut self, items: usize, commit: bool) {
+    pub fn check(&mut self, items: usize, commit: impl Into<Commit>) {
         self.push(items as u64);
-        self.push(u64::from(commit));
+        self.push(commit.into().wire());
     }
 
     /// One item of the current check: `key` is the 1-based index of its key in `KEYS`.

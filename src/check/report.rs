@@ -1,0 +1,147 @@
+//! Costs known afterwards (`POST /v1/report`): an LLM's tokens are counted only once its answer
+//! is out, so the app checks first (cost 1, or an estimate) and reports the real cost after.
+//! A report decides nothing: every policy the request matches spends the cost whatever its
+//! counter holds (see `Algorithm::spend` for what past the limit means per algorithm), so the
+//! next check sees it. The answer is what is left; a spend past the limit leaves 0 and says how
+//! long the next check waits. It is never a 429 (nothing was refused); when the store cannot
+//! answer, each policy's failure mode applies: `open` loses the report (counted), `closed`
+//! answers 503, `local` spends in this pod's share.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use prometheus::{IntCounterVec, Opts};
+
+use super::plan::{self, Planned};
+use super::request::{CheckError, CheckRequest};
+use super::verdict::{self, Mode, PolicyDecision, Verdict};
+use super::CheckService;
+use crate::limit::{Decision, FailureMode};
+use crate::store::StoreCheck;
+
+/// Every value of the `outcome` label of `sluice_reports_total`: `within` (the limit held it),
+/// `over` (spent past the limit: the next check is denied), `local` (spent in this pod's share:
+/// the store could not answer), `lost` (a fail-open policy's, the store could not answer) and
+/// `refused` (a fail-closed policy's: 503).
+pub const REPORT_OUTCOMES: [&str; 5] = ["within", "over", "local", "lost", "refused"];
+
+impl CheckService {
+    /// Spends `request`'s cost on every policy it matches, whatever their counters hold; the
+    /// verdict's decisions are what is left (see the module docs). A dry run is refused.
+    pub async fn report(&self, request: &CheckRequest) -> Result<Verdict, CheckError> {
+        if request.dry_run {
+            return Err(CheckError::Invalid(
+                "a report spends what was used: it cannot be a dry run".to_owned(),
+            ));
+        }
+        let policies = self.policies();
+        let planned =
+            plan::plan_report(&policies, &self.limits, self.tiers.as_ref(), request).await?;
+        if planned.is_empty() {
+            return Ok(Verdict::unlimited());
+        }
+        if let Some(buckets) = &self.local_limits {
+            let local: Vec<StoreCheck> = planned.iter().filter_map(|p| p.local.clone()).collect();
+            if !local.is_empty() {
+                buckets.spend_now(&local);
+            }
+        }
+        let verdict = verdict::decide(self.spend_regardless(planned).await);
+        for part in verdict::per_policy(&verdict.evaluated) {
+            let outcome = match (part.mode, part.decision.allowed) {
+                (Mode::FailOpen, _) => "lost",
+                (Mode::FailClosed, _) => "refused",
+                (Mode::Local, _) => "local",
+                (_, true) => "within",
+                (_, false) => "over",
+            };
+            self.reports
+                .with_label_values(&[part.policy.name(), outcome])
+                .inc();
+        }
+        Ok(verdict)
+    }
+
+    async fn spend_regardless(&self, planned: Vec<Planned>) -> Vec<PolicyDecision> {
+        let deadline = planned
+            .iter()
+            .filter_map(|p| p.policy.timeout_us())
+            .max()
+            .map(Duration::from_micros);
+        let checks: Vec<StoreCheck> = planned.iter().map(|p| p.check.clone()).collect();
+        let asked = Instant::now();
+        let spent = self.store.spend(&checks, deadline).await;
+        let decisions: Vec<(Decision, Mode)> = match spent {
+            Ok(decisions) => planned
+                .iter()
+                .zip(decisions)
+                .map(|(part, decision)| {
+                    if part.check.enforce {
+                        // Past the limit the answer is a denial of 1 unit: what the store would
+                        // answer the next check, so the local layer may answer it instead.
+                        if let Some(hot) = &self.hot {
+                            hot.remember(&part.check.key, 1, &decision, asked);
+                        }
+                        (decision, Mode::Enforced)
+                    } else {
+                        (decision, Mode::Shadow)
+                    }
+                })
+                .collect(),
+            Err(error) => {
+                tracing::debug!(%error, store = self.store.name(), "store could not take a report; applying failure modes");
+                if let Some(hot) = &self.hot {
+                    hot.clear();
+                }
+                planned
+                    .iter()
+                    .map(|part| {
+                        let none = |allowed| Decision {
+                            allowed,
+                            limit: part.check.algorithm.limit(),
+                            remaining: 0,
+                            reset_after_us: 0,
+                            retry_after_us: 0,
+                        };
+                        match part.policy.failure_mode() {
+                            FailureMode::Open => (none(true), Mode::FailOpen),
+                            FailureMode::Closed if part.check.enforce => {
+                                (none(false), Mode::FailClosed)
+                            }
+                            FailureMode::Closed => (none(true), Mode::FailOpen),
+                            FailureMode::Local => (self.local.spend(&part.check), Mode::Local),
+                        }
+                    })
+                    .collect()
+            }
+        };
+        planned
+            .into_iter()
+            .zip(decisions)
+            .map(|(part, (decision, mode))| PolicyDecision {
+                window_us: part.check.algorithm.window_us(),
+                policy: Arc::clone(&part.policy),
+                key: part.check.key,
+                decision,
+                mode,
+                window: part.window,
+            })
+            .collect()
+    }
+}
+
+/// `sluice_reports_total{policy,outcome}`, registered on the daemon's registry.
+pub(super) fn reports_metric(metrics: &crate::telemetry::Metrics) -> IntCounterVec {
+    let reports = IntCounterVec::new(
+        Opts::new(
+            "sluice_reports_total",
+            "Costs reported after the fact (POST /v1/report), by policy and outcome.",
+        ),
+        &["policy", "outcome"],
+    )
+    .expect("a valid metric");
+    if let Err(error) = metrics.registry().register(Box::new(reports.clone())) {
+        tracing::debug!(%error, "sluice_reports_total not registered");
+    }
+    reports
+}

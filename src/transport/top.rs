@@ -1,0 +1,140 @@
+//! `GET /v1/top` on the admin listener: the partitions each policy denied most in this pod
+//! (`?policy=NAME` for one policy, `&limit=N` entries each, 1 to 64, default 10). Any other
+//! parameter, or a policy that does not exist, is a 400: a typo must not read as "nobody is
+//! limited". Partitions are named by their log fingerprint; the partition itself (escaped key
+//! descriptor values, which can be API keys or IPs) only to a loopback client (a port-forward or
+//! an exec in the pod), since the admin listener may be reachable in-cluster.
+
+use std::net::SocketAddr;
+
+use axum::extract::{ConnectInfo, Request};
+use axum::http::{header, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+
+use super::http::error_response;
+use super::wire::ErrorReply;
+use crate::check::{CheckService, TopList, TOP_CAPACITY};
+
+/// Entries per policy when `limit` is not given.
+pub const DEFAULT_LIMIT: usize = 10;
+
+/// The answer.
+#[derive(Debug, Serialize)]
+struct TopReply {
+    /// Whether `partition` is shown (loopback clients) or only fingerprints.
+    raw_partitions: bool,
+    /// The policy asked for, or every policy with a denial (name order).
+    policies: Vec<TopList>,
+}
+
+/// What the query asks.
+#[derive(Debug, PartialEq, Eq)]
+struct TopQuery {
+    policy: Option<String>,
+    limit: usize,
+}
+
+/// Answers `GET /v1/top`.
+pub async fn top(service: &CheckService, request: Request) -> Response {
+    if request.method() != Method::GET {
+        return error_response((
+            StatusCode::METHOD_NOT_ALLOWED,
+            ErrorReply::new("method_not_allowed", "use GET"),
+        ));
+    }
+    let query = match parse(request.uri().query().unwrap_or_default()) {
+        Ok(query) => query,
+        Err(reason) => {
+            return error_response((
+                StatusCode::BAD_REQUEST,
+                ErrorReply::new("bad_request", reason),
+            ))
+        }
+    };
+    let raw = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .is_some_and(|ConnectInfo(peer)| peer.ip().to_canonical().is_loopback());
+    let names = match query.policy {
+        Some(name) if service.policies().get(&name).is_none() => {
+            return error_response((
+                StatusCode::BAD_REQUEST,
+                ErrorReply::new("unknown_policy", format!("unknown policy `{name}`")),
+            ))
+        }
+        Some(name) => vec![name],
+        None => service.denied_policies(),
+    };
+    let policies = names
+        .iter()
+        .filter_map(|name| service.top_denied(name, query.limit, raw))
+        .collect();
+    (
+        [(header::CACHE_CONTROL, "no-store")],
+        Json(TopReply {
+            raw_partitions: raw,
+            policies,
+        }),
+    )
+        .into_response()
+}
+
+fn parse(query: &str) -> Result<TopQuery, String> {
+    let mut parsed = TopQuery {
+        policy: None,
+        limit: DEFAULT_LIMIT,
+    };
+    let mut seen_limit = false;
+    for (name, value) in form_urlencoded::parse(query.as_bytes()) {
+        match &*name {
+            "policy" if parsed.policy.is_none() => parsed.policy = Some(value.into_owned()),
+            "limit" if !seen_limit => {
+                seen_limit = true;
+                parsed.limit = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=TOP_CAPACITY).contains(n))
+                    .ok_or_else(|| {
+                        format!(
+                            "limit must be a whole number from 1 to {TOP_CAPACITY}, got {value:?}"
+                        )
+                    })?;
+            }
+            "policy" | "limit" => return Err(format!("`{name}` given twice")),
+            other => {
+                return Err(format!(
+                    "unknown parameter `{other}`; /v1/top takes policy and limit"
+                ))
+            }
+        }
+    }
+    Ok(parsed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_are_read_strictly() {
+        assert_eq!(
+            parse("policy=login&limit=5"),
+            Ok(TopQuery {
+                policy: Some("login".into()),
+                limit: 5
+            })
+        );
+        assert_eq!(parse("").map(|q| q.limit), Ok(DEFAULT_LIMIT));
+        for bad in [
+            "limit=0",
+            "limit=65",
+            "limit=x",
+            "polcy=login",
+            "policy=a&policy=b",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
+}

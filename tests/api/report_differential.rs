@@ -1,0 +1,122 @@
+//! The spend regardless (a report) exists twice, like the rest of the math: `Algorithm::spend`
+//! in Rust (the embedded store's `spend_now`) and the batch script's commit 2 in Lua. This feeds
+//! both the same random histories of checks and reports (reports up to 3x the limit, on several
+//! algorithms at once) with the script's test-only `now`, and requires identical answers.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use sluice::clock::ManualClock;
+use sluice::limit::{Algorithm, FixedWindow, Key, Micros, SlidingLog, TokenBucket};
+use sluice::store::redis::scripts::{parse_group_reply, Commit, ScriptCall, Scripts};
+use sluice::store::{MemoryStore, StoreCheck};
+
+use crate::redis_differential::{with_redis, START};
+
+fn eval(conn: &mut redis::Connection, call: &ScriptCall) -> redis::Value {
+    redis::cmd("EVAL")
+        .arg(&*call.script.source)
+        .arg(call.keys.len())
+        .arg(&call.keys)
+        .arg(&call.args)
+        .query(conn)
+        .expect("EVAL runs")
+}
+
+/// Steps of (time advance, cost, report?).
+fn compare(algorithms: &[Algorithm], history: &[(u64, u64, bool)]) -> Result<(), TestCaseError> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let base = format!("spend{}", NEXT.fetch_add(1, Ordering::Relaxed));
+    let clock = Arc::new(ManualClock::new(START));
+    let memory = MemoryStore::new(1_000, clock.clone(), None);
+    with_redis(|conn| {
+        let mut now = START;
+        for (step_no, &(step, cost, report)) in history.iter().enumerate() {
+            now += step;
+            clock.set(now);
+            let group: Vec<StoreCheck> = algorithms
+                .iter()
+                .enumerate()
+                .map(|(i, algorithm)| StoreCheck {
+                    key: Key::new(Arc::from("r"), [format!("{base}-{i}").as_str()]),
+                    algorithm: *algorithm,
+                    // A check's cost is within every limit (the daemon refuses others); a
+                    // report's is not.
+                    cost: if report {
+                        cost
+                    } else {
+                        cost.min(algorithm.limit())
+                    },
+                    enforce: true,
+                })
+                .collect();
+            let (rust, commit) = if report {
+                (memory.spend_now(&group), Commit::Spend)
+            } else {
+                (memory.check_now(&group, false), Commit::IfAllowed)
+            };
+            let keyed: Vec<(String, &StoreCheck)> = group
+                .iter()
+                .map(|c| (format!("{{{base}}}{}", c.key.partition()), c))
+                .collect();
+            let call = Scripts::default().group_call(&keyed, commit, Some(now));
+            let lua = parse_group_reply(&eval(conn, &call), keyed.len()).expect("reply parses");
+            prop_assert_eq!(
+                rust,
+                lua,
+                "step {}: now {} cost {} report {}",
+                step_no,
+                now,
+                cost,
+                report
+            );
+        }
+        Ok(())
+    })
+}
+
+fn algorithms(limits: &[u64], period: Micros) -> Vec<Algorithm> {
+    limits
+        .iter()
+        .enumerate()
+        .map(|(i, &limit)| match i % 3 {
+            0 => TokenBucket::new(limit, period, limit)
+                .expect("valid")
+                .into(),
+            1 => SlidingLog::new(limit, period).expect("valid").into(),
+            _ => FixedWindow::new(limit, period).expect("valid").into(),
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_batch_script_spends_as_the_embedded_store_does(
+        (limits, period, history) in (prop::collection::vec(1u64..12, 1..4), 1u64..20_000)
+            .prop_flat_map(|(limits, p)| {
+                let max = limits.iter().copied().max().unwrap_or(1);
+                let dt = prop_oneof![2 => Just(0u64), 5 => 0..=p, 1 => 0..=3 * p];
+                let step = (dt, 1..=3 * max, prop::bool::weighted(0.4));
+                (Just(limits), Just(p), prop::collection::vec(step, 1..60))
+            }),
+    ) {
+        compare(&algorithms(&limits, period), &history)?;
+    }
+}
+
+#[test]
+fn a_report_at_the_shipped_scale_agrees() {
+    // public_api (1000/min, burst 150) and login (10 per 5 min): reports of 400 units.
+    let algorithms = [
+        Algorithm::from(TokenBucket::new(1000, 60_000_000, 150).expect("valid")),
+        Algorithm::from(SlidingLog::new(10, 300_000_000).expect("valid")),
+        Algorithm::from(FixedWindow::new(1000, 60_000_000).expect("valid")),
+    ];
+    let steps: Vec<(u64, u64, bool)> = (0..300)
+        .map(|i| (250_000, if i % 7 == 0 { 400 } else { 1 }, i % 7 == 0))
+        .collect();
+    compare(&algorithms, &steps).expect("agrees");
+}
