@@ -1,5 +1,6 @@
--- batch.lua: every check of one batch in one call. sluice builds the script from the three
--- algorithm scripts' functions (the part above their `sluice:entry` line) followed by this driver.
+-- batch.lua: every check of one batch in one call. sluice builds the script from state.lua, the
+-- three algorithm scripts' functions (the part above their `sluice:entry` line) and this driver.
+-- A batch of one check of one counter goes out as its algorithm's own script instead (cheaper).
 --
 -- KEYS[1..n]  the batch's counters, each once (in a Cluster: all in one hash slot), or none in a
 --             Cluster node call: then the counters are ARGV[3..] (several slots of one node; the
@@ -11,11 +12,12 @@
 --               decision, a report), then per item: key (index into
 --               KEYS), kind (1 token bucket, 2 sliding log, 3 fixed window), enforce (1|0: shadow
 --               policies never block), cost, limit, period_us, and for a token bucket capacity
--- returns     one entry per check, in order: either its items' {allowed (0|1), limit, remaining,
---             reset_after_us, retry_after_us} one after the other (5 integers per item), or an
+-- returns     one flat array, the checks in order: each check's items' figures {allowed (0|1),
+--             limit, remaining, reset_after_us, retry_after_us} (5 integers per item), or one
 --             error reply for that check alone (a key of the wrong type, holding a foreign
 --             value or beyond a sluice value's size fails only its own check), ending with
---             " [item <n>]": the check's item whose key it is
+--             " [item <n>]": the check's item whose key it is. sluice knows each check's items,
+--             so an error entry or 5 integers per item tells where the next check begins.
 --
 -- Why one script: a batch costs Redis one call, one TIME and one read of the request instead of
 -- one of each per check. A check of several items (the policies of one request) is all or
@@ -31,13 +33,7 @@
 -- apart exactly (sorted set: sliding log; "<tat>[:<rem>]": token bucket; negative integer: fixed
 -- window). Anything else fails its own check.
 
-local now, min_ttl_ms
-if ARGV[1] ~= '0' then
-  now, min_ttl_ms = tonumber(ARGV[1]), 60000
-else
-  local t = redis.call('TIME')
-  now, min_ttl_ms = tonumber(t[1]) * 1000000 + tonumber(t[2]), 1
-end
+local now, min_ttl_ms = clock(ARGV[1])
 local spec = cmsgpack.unpack(ARGV[2])
 local keys, node_call = KEYS, #KEYS == 0
 if node_call then
@@ -47,12 +43,6 @@ if node_call then
   end
 end
 
--- What a sluice value can be: a sorted set holds at most this many members (a sliding log's
--- limit is at most 10,000 by config bound, and each commit drops what left the window), a string
--- fewer bytes than this. A key beyond either is not sluice's: it fails its own check (BADSTATE)
--- after O(1) work, never O(members) or O(bytes) that would hold up the rest of the batch.
-local max_log_members, max_value_bytes, last_byte = 10000, 64, '63'
-
 -- Per key index: the algorithm kind it is held as in this batch (a policy that changed algorithm
 -- can meet the key under both kinds in one batch: its checks then run as if one by one), its
 -- state once read (token bucket: a, b = tat_us, tat_rem; fixed window: a = packed count, false
@@ -61,39 +51,8 @@ local max_log_members, max_value_bytes, last_byte = 10000, 64, '63'
 -- the last recorded check (token bucket and fixed window keys are written at the end).
 local held, a, b, bad, stale, ttls = {}, {}, {}, {}, {}, {}
 
--- A string key's value, at most max_value_bytes read: false when absent (or empty: sluice never
--- writes one), or an error reply (WRONGTYPE for another type, BADSTATE when too long). An ACL
--- from before GETRANGE was used refuses it: then the value is read whole with GET.
-local function read_string(key)
-  local value = redis.pcall('GETRANGE', key, '0', last_byte)
-  if type(value) == 'table' and not string.find(value.err, 'WRONGTYPE', 1, true) then
-    value = redis.pcall('GET', key)
-  end
-  if type(value) == 'table' then
-    return value
-  end
-  if not value or value == '' then
-    return false
-  end
-  if #value >= max_value_bytes then
-    return {err = 'BADSTATE the value is longer than any sluice state'}
-  end
-  return value
-end
-
--- Whether the key's sorted set is within a sliding log's bound: nil if so, else an error reply
--- (WRONGTYPE when it is no sorted set either). ZCOUNT over every score costs O(log n), like ZCARD
--- (which the documented ACL does not grant).
-local function log_bound(key)
-  local members = redis.pcall('ZCOUNT', key, '-inf', '+inf')
-  if type(members) == 'table' then
-    return members
-  end
-  if members > max_log_members then
-    return {err = 'BADSTATE the sorted set holds more members than a sluice log'}
-  end
-  return nil
-end
+-- The reply, one flat array (nested arrays cost Redis far more to convert): see the header.
+local results = {}
 
 -- Writes a token bucket or fixed window key's kept state, if a check recorded one.
 local function write(k)
@@ -177,30 +136,34 @@ local function load_log(k)
   return failed
 end
 
--- Decides the item at spec[at] (kind `kind`), appending its 5 figures to `out`; for a token bucket
--- or fixed window also returns what recording it needs. Raises only for the sliding log (caught).
-local function decide(at, kind, out, commit, spend)
+-- Decides the item at spec[at] (kind `kind`), its 5 figures written to results[n + 1 .. n + 5];
+-- for a token bucket or fixed window also returns what recording it needs. A sliding log's
+-- failure (its commands raise) returns nil and the failure. `spend`: a report's (see spend()).
+local function decide(at, kind, n, commit, spend)
   local k, cost, limit, period = spec[at], spec[at + 3], spec[at + 4], spec[at + 5]
-  local n = #out
   if kind == 2 then
     if stale[k] and commit then
       redis.call('DEL', keys[k])
       stale[k] = nil
     end
-    local reply = sliding_log(keys[k], now, min_ttl_ms, commit, limit, period, cost, stale[k], spend)
-    out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] =
+    local ok, reply = pcall(sliding_log, keys[k], now, min_ttl_ms, commit, limit, period, cost,
+      stale[k], spend)
+    if not ok then
+      return nil, reply
+    end
+    results[n + 1], results[n + 2], results[n + 3], results[n + 4], results[n + 5] =
       reply[1], reply[2], reply[3], reply[4], reply[5]
     return reply[1]
   end
   local allowed, after1, after2
   if kind == 1 then
-    allowed, out[n + 2], out[n + 3], out[n + 4], out[n + 5], after1 =
+    allowed, results[n + 2], results[n + 3], results[n + 4], results[n + 5], after1 =
       token_bucket_decide(a[k], b[k], now, limit, period, spec[at + 6], cost)
   else
-    allowed, out[n + 2], out[n + 3], out[n + 4], out[n + 5], after1, after2 =
+    allowed, results[n + 2], results[n + 3], results[n + 4], results[n + 5], after1, after2 =
       fixed_window_decide(a[k] or nil, now, min_ttl_ms, limit, period, cost)
   end
-  out[n + 1] = allowed
+  results[n + 1] = allowed
   return allowed, after1, after2
 end
 
@@ -214,15 +177,10 @@ local function record(at, kind, after1, after2)
   end
 end
 
-local function width(kind)
-  if kind == 1 then
-    return 7
-  end
-  return 6
-end
-
--- Runs the check whose items start at spec[first]; returns its figures or an error reply.
-local function check(first, count, commit)
+-- Runs the check whose `count` items start at spec[first], its figures written from
+-- results[n + 1] on; returns nothing, or its failure (an error reply, or a sliding log's raised
+-- message).
+local function check(first, count, commit, n)
   local at = first
   for i = 1, count do
     local kind = spec[at + 1]
@@ -236,64 +194,61 @@ local function check(first, count, commit)
       -- Which item failed, for the daemon's warn line (the message never names the key).
       return {err = failed.err .. ' [item ' .. i .. ']'}
     end
-    at = at + width(kind)
+    at = at + (kind == 1 and 7 or 6)
   end
-  local out = {}
   if count == 1 then
     local kind = spec[first + 1]
-    local ok, allowed, after1, after2 = pcall(decide, first, kind, out, commit)
-    if not ok then
-      return allowed
+    local allowed, after1, after2 = decide(first, kind, n, commit)
+    if allowed == nil then
+      return after1
     end
     if commit and allowed == 1 and kind ~= 2 then
       record(first, kind, after1, after2)
     end
-    return out
+    return nil
   end
   -- Several items: decide all, then record the allowed ones only if no enforced one denied.
   local pass, afters = true, {}
   at = first
   for i = 1, count do
     local kind = spec[at + 1]
-    local ok, allowed, after1, after2 = pcall(decide, at, kind, out, false)
-    if not ok then
-      return allowed
+    local allowed, after1, after2 = decide(at, kind, n + 5 * (i - 1), false)
+    if allowed == nil then
+      return after1
     end
-    afters[i] = {after1, after2}
+    afters[2 * i - 1], afters[2 * i] = after1, after2
     if spec[at + 2] == 1 and allowed == 0 then
       pass = false
     end
-    at = at + width(kind)
+    at = at + (kind == 1 and 7 or 6)
   end
   if commit and pass then
     at = first
     for i = 1, count do
       local kind = spec[at + 1]
-      if out[5 * i - 4] == 1 then
+      local m = n + 5 * (i - 1)
+      if results[m + 1] == 1 then
         if kind == 2 then
-          local reply = {}
-          local ok, failure = pcall(decide, at, kind, reply, true)
-          if not ok then
+          local allowed, failure = decide(at, kind, m, true)
+          if allowed == nil then
             return failure
           end
-          for f = 1, 5 do
-            out[5 * i - 5 + f] = reply[f]
-          end
         else
-          record(at, kind, afters[i][1], afters[i][2])
+          record(at, kind, afters[2 * i - 1], afters[2 * i])
         end
       end
-      at = at + width(kind)
+      at = at + (kind == 1 and 7 or 6)
     end
   end
-  return out
+  return nil
 end
 
 -- Spends every item of the check whatever its decision (commit 2: a report, the cost known only
--- afterwards): one within its limit is recorded as a check's; one past it records its algorithm's
--- overspend and reports a cost-1 read of the new state. Items are independent (nothing is
--- refused, so nothing is all or nothing). Returns the figures or an error reply.
-local function spend(first, count)
+-- afterwards), its figures written from results[n + 1] on: one within its limit is recorded as a
+-- check's; one past it records its algorithm's overspend and reports a cost-1 read of the new
+-- state. Items are independent (nothing is refused, so nothing is all or nothing). Returns
+-- nothing, or its failure as check() does.
+local function spend(first, count, n)
   local at = first
   for i = 1, count do
     local kind, failed = spec[at + 1], nil
@@ -305,35 +260,35 @@ local function spend(first, count)
     if failed then
       return {err = failed.err .. ' [item ' .. i .. ']'}
     end
-    at = at + width(kind)
+    at = at + (kind == 1 and 7 or 6)
   end
-  local out = {}
   at = first
-  for _ = 1, count do
+  for i = 1, count do
     local kind = spec[at + 1]
     local k, cost, limit, period = spec[at], spec[at + 3], spec[at + 4], spec[at + 5]
-    local ok, allowed, after1, after2 = pcall(decide, at, kind, out, true, true)
-    if not ok then
-      return allowed
+    local m = n + 5 * (i - 1)
+    local allowed, after1, after2 = decide(at, kind, m, true, true)
+    if allowed == nil then
+      return after1
     end
     if kind ~= 2 and allowed == 1 then
       record(at, kind, after1, after2)
     elseif kind ~= 2 then
-      local n, _ = #out - 5, nil
+      local _
       if kind == 1 then
         local ahead = token_bucket_debt(a[k], b[k], now, limit, period, cost)
         a[k], b[k], ttls[k] = token_bucket_after(now, min_ttl_ms, limit, ahead)
-        _, out[n + 2], out[n + 3], out[n + 4], out[n + 5] =
+        _, results[m + 2], results[m + 3], results[m + 4], results[m + 5] =
           token_bucket_decide(a[k], b[k], now, limit, period, spec[at + 6], 1)
       else
         a[k], ttls[k] = fixed_window_full(a[k] or nil, now, min_ttl_ms, limit, period)
-        _, out[n + 2], out[n + 3], out[n + 4], out[n + 5] =
+        _, results[m + 2], results[m + 3], results[m + 4], results[m + 5] =
           fixed_window_decide(a[k], now, min_ttl_ms, limit, period, 1)
       end
     end
-    at = at + width(kind)
+    at = at + (kind == 1 and 7 or 6)
   end
-  return out
+  return nil
 end
 
 -- A node call was grouped by sluice's copy of the slot map, which a resharding can make stale:
@@ -357,34 +312,35 @@ if node_call then
       if type(failed) == 'table' and failed.err and string.find(failed.err, 'Script attempted', 1, true) then
         return redis.error_reply('NONLOCAL ' .. failed.err)
       end
-      at = at + width(kind)
+      at = at + (kind == 1 and 7 or 6)
     end
   end
 end
 
-local results = {}
-local at, c = 1, 0
+local at, n = 1, 0
 while at <= #spec do
-  c = c + 1
   local count, commit = spec[at], spec[at + 1]
   local first = at + 2
   at = first
   for _ = 1, count do
-    at = at + width(spec[at + 1])
+    at = at + (spec[at + 1] == 1 and 7 or 6)
   end
-  local reply
+  local failure
   if commit == 2 then
-    reply = spend(first, count)
+    failure = spend(first, count, n)
   else
-    reply = check(first, count, commit == 1)
+    failure = check(first, count, commit == 1, n)
   end
-  if type(reply) == 'table' and reply.err then
-    -- error('...') from a sliding log arrives as a string; a Redis error as {err = ...}.
-    results[c] = redis.error_reply(reply.err)
-  elseif type(reply) == 'string' then
-    results[c] = redis.error_reply(reply)
+  if failure then
+    -- The check's one entry is its error; figures it had written go (the reply stays contiguous).
+    for i = n + 2, n + 5 * count do
+      results[i] = nil
+    end
+    -- A sliding log's raised message arrives as a string; a Redis error as {err = ...}.
+    results[n + 1] = redis.error_reply(type(failure) == 'table' and failure.err or failure)
+    n = n + 1
   else
-    results[c] = reply
+    n = n + 5 * count
   end
 end
 

@@ -27,7 +27,9 @@
 -- script) reads as absent: the policy changed algorithm, its partitions start afresh. A value
 -- that is no sluice state is refused (BADSTATE).
 --
--- Everything above the `sluice:entry` line is also used by batch.lua.
+-- Runs after state.lua (bounded readers, the clock). Everything above the `sluice:entry` line
+-- is also used by batch.lua; the daemon sends a batch of one check of one counter as a call of
+-- this script itself (the lean path: none of the batch's bookkeeping).
 
 -- The stored value as the packed number, false when absent or another algorithm's (a token
 -- bucket's "<tat>" or "<tat>:<rem>"), nil when it is no sluice state. Exact: at most 16 digits.
@@ -105,24 +107,28 @@ local function fixed_window_full(packed, now, min_ttl_ms, limit, period)
 end
 
 -- sluice:entry
-local now, min_ttl_ms
-if ARGV[5] and ARGV[5] ~= '' then
-  now, min_ttl_ms = tonumber(ARGV[5]), 60000
-else
-  local t = redis.call('TIME')
-  now, min_ttl_ms = tonumber(t[1]) * 1000000 + tonumber(t[2]), 1
+-- A sorted set within a sliding log's bound is a sliding log's (the policy changed algorithm):
+-- read as absent, like the batch script does.
+local now, min_ttl_ms = clock(ARGV[5])
+local key = KEYS[1]
+local value = read_string(key)
+if type(value) == 'table' then
+  if not string.find(value.err, 'WRONGTYPE', 1, true) then
+    return redis.error_reply(value.err .. ' [item 1]')
+  end
+  local failed = log_bound(key)
+  if failed then
+    return redis.error_reply(failed.err .. ' [item 1]')
+  end
+  value = false
 end
-local value = redis.call('GETRANGE', KEYS[1], '0', '63')
-if #value == 64 then
-  return redis.error_reply('BADSTATE the value is longer than any sluice state')
-end
-local packed = fixed_window_parse(value ~= '' and value)
+local packed = fixed_window_parse(value)
 if packed == nil then
-  return redis.error_reply('BADSTATE the value is not a sluice fixed window')
+  return redis.error_reply('BADSTATE the value is not a sluice fixed window [item 1]')
 end
 local allowed, limit, remaining, reset, retry, new_packed, ttl_ms = fixed_window_decide(packed or nil,
   now, min_ttl_ms, tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]))
 if new_packed and ARGV[4] == '1' then
-  redis.call('SET', KEYS[1], fixed_window_format(new_packed), 'PX', ttl_ms)
+  redis.call('SET', key, fixed_window_format(new_packed), 'PX', ttl_ms)
 end
 return {allowed, limit, remaining, reset, retry}

@@ -23,7 +23,10 @@
 -- stands still, and state must not expire under a test (expiry never changes a decision).
 -- TTL: the set expires when its newest unit leaves the window.
 --
--- Everything above the `sluice:entry` line is also used by batch.lua.
+-- Runs after state.lua (bounded readers, the clock) and token_bucket.lua's
+-- functions (which know the other algorithms' values). Everything above the `sluice:entry` line
+-- is also used by batch.lua; the daemon sends a batch of one check of one counter as a call of
+-- this script itself (the lean path: none of the batch's bookkeeping).
 
 -- `absent`: decide as if the key held no log, without reading it (the batch script passes it
 -- for a dry run on a key holding another algorithm's value, which a commit deletes first).
@@ -95,12 +98,28 @@ local function sliding_log(key, now, min_ttl_ms, commit, limit, period, cost, ab
 end
 
 -- sluice:entry
-local now, min_ttl_ms
-if ARGV[5] and ARGV[5] ~= '' then
-  now, min_ttl_ms = tonumber(ARGV[5]), 60000
-else
-  local t = redis.call('TIME')
-  now, min_ttl_ms = tonumber(t[1]) * 1000000 + tonumber(t[2]), 1
+-- A string holding a token bucket's or fixed window's value (token_bucket_parse knows both) is
+-- another algorithm's (the policy changed algorithm): read as absent and deleted by a commit,
+-- like the batch script does. Anything else fails the check after bounded work.
+local now, min_ttl_ms = clock(ARGV[5])
+local key, commit = KEYS[1], ARGV[4] == '1'
+local stale = false
+local failed = log_bound(key)
+if failed then
+  if not string.find(failed.err, 'WRONGTYPE', 1, true) then
+    return redis.error_reply(failed.err .. ' [item 1]')
+  end
+  local value = read_string(key)
+  if type(value) == 'table' then
+    return redis.error_reply(value.err .. ' [item 1]')
+  end
+  if not token_bucket_parse(value) then
+    return redis.error_reply('BADSTATE the value is not a sluice sliding log [item 1]')
+  end
+  stale = true
+  if commit then
+    redis.call('DEL', key)
+  end
 end
-return sliding_log(KEYS[1], now, min_ttl_ms, ARGV[4] == '1',
-  tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]))
+return sliding_log(key, now, min_ttl_ms, commit, tonumber(ARGV[1]), tonumber(ARGV[2]),
+  tonumber(ARGV[3]), stale and not commit)

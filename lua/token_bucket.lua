@@ -28,7 +28,9 @@
 -- stands still, and state must not expire under a test (expiry never changes a decision).
 -- TTL: the key expires when the bucket is full again (TAT), as an absent key means "full".
 --
--- Everything above the `sluice:entry` line is also used by batch.lua.
+-- Runs after state.lua (bounded readers, the clock). Everything above the `sluice:entry` line
+-- is also used by batch.lua; the daemon sends a batch of one check of one counter as a call of
+-- this script itself (the lean path: none of the batch's bookkeeping).
 
 local function ceil_div(a, b)
   return math.floor((a + b - 1) / b)
@@ -120,27 +122,31 @@ local function token_bucket_format(tat_us, tat_rem)
 end
 
 -- sluice:entry
-local now, min_ttl_ms
-if ARGV[6] and ARGV[6] ~= '' then
-  now, min_ttl_ms = tonumber(ARGV[6]), 60000
-else
-  local t = redis.call('TIME')
-  now, min_ttl_ms = tonumber(t[1]) * 1000000 + tonumber(t[2]), 1
+-- A sorted set within a sliding log's bound is a sliding log's (the policy changed algorithm):
+-- read as absent, like the batch script does.
+local now, min_ttl_ms = clock(ARGV[6])
+local key = KEYS[1]
+local value = read_string(key)
+if type(value) == 'table' then
+  if not string.find(value.err, 'WRONGTYPE', 1, true) then
+    return redis.error_reply(value.err .. ' [item 1]')
+  end
+  local failed = log_bound(key)
+  if failed then
+    return redis.error_reply(failed.err .. ' [item 1]')
+  end
+  value = false
 end
-local limit, capacity = tonumber(ARGV[1]), tonumber(ARGV[3])
-local value = redis.call('GETRANGE', KEYS[1], '0', '63')
-if #value == 64 then
-  return redis.error_reply('BADSTATE the value is longer than any sluice state')
-end
-local tat_us, tat_rem = token_bucket_parse(value ~= '' and value)
+local tat_us, tat_rem = token_bucket_parse(value)
 if not tat_us or not tat_rem then
-  return redis.error_reply('BADSTATE the value is not a sluice token bucket')
+  return redis.error_reply('BADSTATE the value is not a sluice token bucket [item 1]')
 end
+local limit = tonumber(ARGV[1])
 local allowed, cap, remaining, reset, retry, ahead_after = token_bucket_decide(tat_us, tat_rem,
-  now, limit, tonumber(ARGV[2]), capacity, tonumber(ARGV[4]))
+  now, limit, tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]))
 if ahead_after and ARGV[5] == '1' then
   local ttl_ms
   tat_us, tat_rem, ttl_ms = token_bucket_after(now, min_ttl_ms, limit, ahead_after)
-  redis.call('SET', KEYS[1], token_bucket_format(tat_us, tat_rem), 'PX', ttl_ms)
+  redis.call('SET', key, token_bucket_format(tat_us, tat_rem), 'PX', ttl_ms)
 end
 return {allowed, cap, remaining, reset, retry}

@@ -59,6 +59,7 @@ mod redis_failures;
 mod redis_policies;
 mod redis_serve_env;
 mod redis_server;
+mod redis_single;
 mod redis_store;
 mod redis_tls;
 mod redis_tls_topologies;

@@ -11,7 +11,9 @@ use redis::Value;
 use serde_json::json;
 use sluice::clock::ManualClock;
 use sluice::limit::{Algorithm, Decision, FixedWindow, Key, Micros, SlidingLog, TokenBucket};
-use sluice::store::redis::scripts::{batch_arguments, parse_check_reply, Item, Scripts};
+use sluice::store::redis::scripts::{
+    batch_arguments, parse_check_reply, split_batch_reply, Item, Scripts,
+};
 use sluice::store::{MemoryStore, StoreCheck};
 
 use crate::helpers::{json_of, metric_value, spawn_app_in, test_settings};
@@ -26,7 +28,8 @@ fn fresh_base() -> String {
 /// One check of a batch: (commit, items).
 pub(crate) type Check = (bool, Vec<Item>);
 
-/// Runs `checks` as one batch script call at `now`; one entry per check.
+/// Runs `checks` as one batch script call at `now`; one entry per check (its figures as one array,
+/// or its error), split from the script's flat reply as the daemon splits it.
 pub(crate) fn run_batch(conn: &mut redis::Connection, checks: &[Check], now: Micros) -> Vec<Value> {
     let (keys, args) = batch_arguments(
         checks.iter().map(|(commit, items)| (*commit, &items[..])),
@@ -39,13 +42,17 @@ pub(crate) fn run_batch(conn: &mut redis::Connection, checks: &[Check], now: Mic
         .arg(args);
     // The raw reply: `query` would turn one check's error entry into an error for the whole.
     let reply = redis::ConnectionLike::req_command(conn, &cmd).expect("the batch script runs");
-    match reply {
-        Value::Array(entries) => {
-            assert_eq!(entries.len(), checks.len(), "one entry per check");
-            entries
-        }
-        other => panic!("unexpected batch reply {other:?}"),
-    }
+    let Value::Array(flat) = reply else {
+        panic!("unexpected batch reply {reply:?}");
+    };
+    split_batch_reply(&flat, checks.iter().map(|(_, items)| items.len()))
+        .expect("the reply holds each check's figures or its error")
+        .into_iter()
+        .map(|part| match part {
+            Ok(figures) => Value::Array(figures.to_vec()),
+            Err(error) => Value::ServerError(error.clone()),
+        })
+        .collect()
 }
 
 pub(crate) fn decisions(entry: &Value, items: usize) -> Vec<Decision> {

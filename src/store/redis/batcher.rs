@@ -32,8 +32,10 @@ use super::conn::Conn;
 use super::error::{check_error, ErrorKind};
 use super::health::Health;
 use super::keys;
-use super::scripts::{batch_keys_and_checks, parse_check_reply, Commit, Item, Script};
-use crate::limit::Decision;
+use super::scripts::{
+    batch_keys_and_checks, parse_figures, split_batch_reply, Commit, Item, Script, Scripts,
+};
+use crate::limit::{Algorithm, Decision};
 use crate::store::StoreError;
 
 /// Batching limits.
@@ -85,8 +87,7 @@ pub struct Batcher {
 
 /// What the dispatcher shares with its calls.
 struct Dispatch {
-    script: Script,
-    node_script: Script,
+    scripts: Scripts,
     config: BatchConfig,
     metrics: BatchMetrics,
     health: Arc<Health>,
@@ -104,16 +105,14 @@ impl Batcher {
     /// Starts the dispatcher over the connection published by `conn`.
     pub fn spawn(
         conn: watch::Receiver<Option<Conn>>,
-        script: Script,
-        node_script: Script,
+        scripts: Scripts,
         config: BatchConfig,
         metrics: BatchMetrics,
         health: Arc<Health>,
     ) -> Self {
         let (tx, rx) = mpsc::channel(config.queue.max(1));
         let dispatch = Dispatch {
-            script,
-            node_script,
+            scripts,
             config,
             metrics,
             health,
@@ -266,6 +265,12 @@ impl Dispatch {
     /// One script call for `jobs`; answers every job, except when a node refused a node call
     /// before running any of it: then the jobs come back, to be resent one call per slot.
     async fn call(&self, mut conn: Conn, jobs: Vec<Job>, via: Via) -> Result<(), Vec<Job>> {
+        let via = match (via, &jobs[..]) {
+            (Via::Keys, [job]) if job.items.len() == 1 && job.commit != Commit::Spend => {
+                Via::Single
+            }
+            _ => via,
+        };
         let deadline = jobs
             .iter()
             .map(|job| job.deadline)
@@ -310,29 +315,36 @@ impl Dispatch {
                 return Ok(());
             }
         };
-        let Value::Array(replies) = value else {
+        // A single check's script answers for the check itself: its figures or its error, which
+        // is the batch script's flat reply of one check.
+        let value = match value {
+            Value::ServerError(error) if via == Via::Single => {
+                Value::Array(vec![Value::ServerError(error)])
+            }
+            value => value,
+        };
+        let Value::Array(flat) = value else {
             self.metrics.count(ErrorKind::Protocol);
             let error = StoreError::failed(ErrorKind::Protocol, "batch reply is not an array");
             fail_all(jobs, &error);
             return Ok(());
         };
-        if replies.len() != jobs.len() {
-            self.metrics.count(ErrorKind::Protocol);
-            let error = StoreError::failed(
-                ErrorKind::Protocol,
-                format!("{} replies for {} checks", replies.len(), jobs.len()),
-            );
-            fail_all(jobs, &error);
-            return Ok(());
-        }
-        for (job, value) in jobs.into_iter().zip(replies) {
-            let answer = match value {
-                Value::ServerError(error) => {
+        let parts = match split_batch_reply(&flat, jobs.iter().map(|job| job.items.len())) {
+            Ok(parts) => parts,
+            Err(detail) => {
+                self.metrics.count(ErrorKind::Protocol);
+                fail_all(jobs, &StoreError::failed(ErrorKind::Protocol, detail));
+                return Ok(());
+            }
+        };
+        for (job, part) in jobs.into_iter().zip(parts) {
+            let answer = match part {
+                Err(error) => {
                     let kind = ErrorKind::of_code(error.code());
                     self.metrics.count(kind);
-                    Err(check_error(kind, &error))
+                    Err(check_error(kind, error))
                 }
-                value => parse_check_reply(&value, job.items.len()).map_err(|detail| {
+                Ok(figures) => parse_figures(figures).map_err(|detail| {
                     self.metrics.count(ErrorKind::Protocol);
                     StoreError::failed(ErrorKind::Protocol, detail)
                 }),
@@ -351,16 +363,16 @@ impl Dispatch {
         via: Via,
         deadline: Duration,
     ) -> Result<Value, StoreError> {
-        let script = match via {
-            Via::Keys => &self.script,
-            Via::Node(_) => &self.node_script,
+        let cmd = match (via, jobs) {
+            (Via::Single, [job]) => single_command(&self.scripts, job, send),
+            (Via::Node(_), _) => batch_command(self.scripts.node_batch(), jobs, send, via),
+            _ => batch_command(self.scripts.batch(), jobs, send, via),
         };
-        let cmd = batch_command(script, jobs, send, via);
         let progress = self.progress.load(Ordering::Relaxed);
         let written = Instant::now();
         let query = async move {
             match via {
-                Via::Keys => conn.query(&cmd).await,
+                Via::Keys | Via::Single => conn.query(&cmd).await,
                 Via::Node(slot) => conn.query_slot(cmd, slot).await,
             }
         };
@@ -385,6 +397,12 @@ impl Dispatch {
         }
         match reply {
             None => Err(StoreError::Timeout),
+            // A single check's bad key fails that check alone, as in a batch.
+            Some(Ok(Value::ServerError(error)))
+                if via == Via::Single && ErrorKind::of_code(error.code()) == ErrorKind::BadKey =>
+            {
+                Ok(Value::ServerError(error))
+            }
             Some(Ok(Value::ServerError(error))) => Err(StoreError::failed(
                 ErrorKind::of_code(error.code()),
                 format!("Redis replied {}", error.code()),
@@ -438,10 +456,14 @@ enum Send {
 }
 
 /// Where a call goes and how it names its counters.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Via {
     /// Declared in `KEYS`, routed by them: a single primary, or one Cluster slot.
     Keys,
+    /// A batch of one check (not a report) of one counter, routed by its key: its algorithm's own script, the
+    /// cheapest call (at low load most batches are this; the batch script's bookkeeping costs
+    /// Redis about as much again, see `lua/state.lua`).
+    Single,
     /// A Cluster node call: the node script, no declared keys (they follow the checks in ARGV),
     /// sent to the primary serving the given slot (the group's first).
     Node(u16),
@@ -451,7 +473,7 @@ impl Via {
     /// The `scope` label of `sluice_redis_calls_total`.
     fn scope(self) -> &'static str {
         match self {
-            Self::Keys => "slot",
+            Self::Keys | Self::Single => "slot",
             Self::Node(_) => "node",
         }
     }
@@ -469,9 +491,29 @@ fn batch_command(script: &Script, jobs: &[Job], send: Send, via: Via) -> Cmd {
     cmd.arg(verb).arg(script);
     // `now` 0: the script reads Redis `TIME`.
     match via {
-        Via::Keys => cmd.arg(keys.len()).arg(&keys).arg(0).arg(packed),
+        Via::Keys | Via::Single => cmd.arg(keys.len()).arg(&keys).arg(0).arg(packed),
         Via::Node(_) => cmd.arg(0).arg(0).arg(packed).arg(&keys),
     };
+    cmd
+}
+
+/// The algorithm script call for a batch of one check of one counter.
+fn single_command(scripts: &Scripts, job: &Job, send: Send) -> Cmd {
+    let item = &job.items[0];
+    let script = scripts.for_algorithm(&item.algorithm);
+    let mut cmd = Cmd::with_capacity(10, item.key.len() + 128);
+    match send {
+        Send::Sha => cmd.arg("EVALSHA").arg(&*script.sha),
+        Send::Source => cmd.arg("EVAL").arg(&*script.source),
+    };
+    cmd.arg(1).arg(&item.key);
+    // ARGV as each script's header gives it; no `now` (the script reads Redis `TIME`).
+    match item.algorithm {
+        Algorithm::TokenBucket(b) => cmd.arg(b.limit()).arg(b.period_us()).arg(b.capacity()),
+        Algorithm::SlidingLog(l) => cmd.arg(l.limit()).arg(l.period_us()),
+        Algorithm::FixedWindow(w) => cmd.arg(w.limit()).arg(w.period_us()),
+    };
+    cmd.arg(item.cost).arg(u8::from(job.commit == Commit::IfAllowed));
     cmd
 }
 

@@ -143,8 +143,7 @@ impl RedisStore {
         tokio::spawn(prober.run());
         let batcher = Batcher::spawn(
             connection.clone(),
-            scripts.batch().clone(),
-            scripts.node_batch().clone(),
+            scripts.clone(),
             options.batch,
             metrics.batch,
             Arc::clone(&health),

@@ -10,6 +10,7 @@ use redis::Value;
 use crate::limit::{Algorithm, Decision, Micros, NEVER};
 use crate::store::StoreCheck;
 
+const STATE: &str = include_str!("../../../lua/state.lua");
 const TOKEN_BUCKET: &str = include_str!("../../../lua/token_bucket.lua");
 const SLIDING_LOG: &str = include_str!("../../../lua/sliding_log.lua");
 const FIXED_WINDOW: &str = include_str!("../../../lua/fixed_window.lua");
@@ -60,17 +61,21 @@ fn functions(source: &str) -> &str {
 
 impl Default for Scripts {
     fn default() -> Self {
+        // Every script opens with the bounded readers and the clock of `state.lua`; the sliding
+        // log's also needs the token bucket's parser, which knows the other algorithms' values.
         let batch = [
+            STATE,
             functions(TOKEN_BUCKET),
             functions(SLIDING_LOG),
             functions(FIXED_WINDOW),
             BATCH,
         ]
         .join("\n");
+        let compose = |parts: &[&str]| Script::new(parts.join("\n"));
         Self {
-            token_bucket: Script::new(TOKEN_BUCKET.to_owned()),
-            sliding_log: Script::new(SLIDING_LOG.to_owned()),
-            fixed_window: Script::new(FIXED_WINDOW.to_owned()),
+            token_bucket: compose(&[STATE, TOKEN_BUCKET]),
+            sliding_log: compose(&[STATE, functions(TOKEN_BUCKET), SLIDING_LOG]),
+            fixed_window: compose(&[STATE, FIXED_WINDOW]),
             node_batch: Script::new(format!("{NODE_FLAGS}{batch}")),
             batch: Script::new(batch),
         }
@@ -377,10 +382,57 @@ pub fn parse_check_reply(value: &Value, items: usize) -> Result<Vec<Decision>, S
 
 /// Reads the reply of a [`Scripts::group_call`]: one decision per key.
 pub fn parse_group_reply(value: &Value, keys: usize) -> Result<Vec<Decision>, String> {
-    match value {
-        Value::Array(checks) if checks.len() == 1 => parse_check_reply(&checks[0], keys),
-        other => Err(format!("unexpected group reply: {other:?}")),
+    let Value::Array(flat) = value else {
+        return Err(format!("unexpected group reply: {value:?}"));
+    };
+    match split_batch_reply(flat, [keys])?.as_slice() {
+        [Ok(figures)] => figures.chunks_exact(5).map(parse_fields).collect(),
+        [Err(error)] => Err(format!("the group's check failed: {error:?}")),
+        _ => Err("unexpected group reply".to_owned()),
     }
+}
+
+/// One check's part of a batch reply: its figures (five per item), or its error.
+pub type CheckPart<'a> = Result<&'a [Value], &'a redis::ServerError>;
+
+/// Splits the batch script's flat reply by the checks' item counts, in order: each check is one
+/// error entry or five figures per item (see `lua/batch.lua`). Fails if the reply does not hold
+/// exactly that.
+pub fn split_batch_reply(
+    flat: &[Value],
+    items: impl IntoIterator<Item = usize>,
+) -> Result<Vec<CheckPart<'_>>, String> {
+    let items = items.into_iter();
+    let mut parts = Vec::with_capacity(items.size_hint().0);
+    let mut rest = flat;
+    for count in items {
+        if let Some((Value::ServerError(error), tail)) = rest.split_first() {
+            parts.push(Err(error));
+            rest = tail;
+            continue;
+        }
+        let Some((figures, tail)) = rest.split_at_checked(5 * count) else {
+            return Err(format!(
+                "batch reply of {} values ends inside check {}",
+                flat.len(),
+                parts.len() + 1
+            ));
+        };
+        parts.push(Ok(figures));
+        rest = tail;
+    }
+    if !rest.is_empty() {
+        return Err(format!(
+            "batch reply has {} values after its last check",
+            rest.len()
+        ));
+    }
+    Ok(parts)
+}
+
+/// Reads one check's figures (five per item) from a [`split_batch_reply`] part.
+pub fn parse_figures(figures: &[Value]) -> Result<Vec<Decision>, String> {
+    figures.chunks_exact(5).map(parse_fields).collect()
 }
 
 #[cfg(test)]

@@ -77,6 +77,32 @@ fn replies_parse_and_never_maps_from_minus_one() {
     let check = Value::Array([figures.clone(), figures.clone()].concat());
     assert_eq!(parse_check_reply(&check, 2).expect("parses").len(), 2);
     assert!(parse_check_reply(&check, 3).is_err());
-    let batch = Value::Array(vec![check]);
-    assert_eq!(parse_group_reply(&batch, 2).expect("parses").len(), 2);
+    assert_eq!(parse_group_reply(&check, 2).expect("parses").len(), 2);
+    assert!(parse_group_reply(&check, 3).is_err());
+}
+
+#[test]
+fn a_flat_batch_reply_splits_by_each_checks_items() {
+    let figures = |allowed: i64| [allowed, 10, 3, 5, 0].map(Value::Int).to_vec();
+    let error = match redis::parse_redis_value(b"-BADSTATE not sluice's [item 1]\r\n") {
+        Ok(Value::ServerError(error)) => error,
+        other => panic!("not an error reply: {other:?}"),
+    };
+    // Checks of 2 items, 1 item (failed), 1 item.
+    let flat = [
+        figures(1),
+        figures(0),
+        vec![Value::ServerError(error)],
+        figures(1),
+    ]
+    .concat();
+    let parts = split_batch_reply(&flat, [2, 1, 1]).expect("splits");
+    assert_eq!(parts.len(), 3);
+    let first = parse_figures(parts[0].expect("figures")).expect("parses");
+    assert_eq!((first[0].allowed, first[1].allowed), (true, false));
+    assert_eq!(parts[1].expect_err("the error").code(), "BADSTATE");
+    assert!(parse_figures(parts[2].expect("figures")).expect("parses")[0].allowed);
+    // Too few values, or values left over, is no reply of these checks.
+    assert!(split_batch_reply(&flat, [2, 1, 2]).is_err());
+    assert!(split_batch_reply(&flat, [2, 1]).is_err());
 }

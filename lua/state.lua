@@ -1,0 +1,58 @@
+-- state.lua: reading a key's stored state within bounds, shared by every script sluice runs
+-- (composed in front of each algorithm script and of the batch script; it has no entry point).
+--
+-- Why bounded reads: a key under sluice's prefix may hold anything (another tool's value, a
+-- policy's old algorithm, a huge sorted set). Reading it costs O(1) whatever it holds, so a
+-- foreign key fails only its own check and never holds up Redis or the rest of a batch.
+
+-- What a sluice value can be: a sorted set holds at most this many members (a sliding log's
+-- limit is at most 10,000 by config bound, and each commit drops what left the window), a string
+-- fewer bytes than this. A key beyond either is not sluice's: it fails its own check (BADSTATE)
+-- after O(1) work, never O(members) or O(bytes) that would hold up the rest of the batch.
+local max_log_members, max_value_bytes, last_byte = 10000, 64, '63'
+
+-- A string key's value, at most max_value_bytes read: false when absent (or empty: sluice never
+-- writes one), or an error reply (WRONGTYPE for another type, BADSTATE when too long). An ACL
+-- from before GETRANGE was used refuses it: then the value is read whole with GET.
+local function read_string(key)
+  local value = redis.pcall('GETRANGE', key, '0', last_byte)
+  if type(value) == 'table' and not string.find(value.err, 'WRONGTYPE', 1, true) then
+    value = redis.pcall('GET', key)
+  end
+  if type(value) == 'table' then
+    return value
+  end
+  if not value or value == '' then
+    return false
+  end
+  if #value >= max_value_bytes then
+    return {err = 'BADSTATE the value is longer than any sluice state'}
+  end
+  return value
+end
+
+-- Whether the key's sorted set is within a sliding log's bound: nil if so, else an error reply
+-- (WRONGTYPE when it is no sorted set either). ZCOUNT over every score costs O(log n), like ZCARD
+-- (which the documented ACL does not grant).
+local function log_bound(key)
+  local members = redis.pcall('ZCOUNT', key, '-inf', '+inf')
+  if type(members) == 'table' then
+    return members
+  end
+  if members > max_log_members then
+    return {err = 'BADSTATE the sorted set holds more members than a sluice log'}
+  end
+  return nil
+end
+
+-- The time every decision of a call uses, in us, and the least TTL a write gets: Redis' own clock
+-- (one TIME per call, so every pod shares it), or, for tests only, `test_now` (an integer other
+-- than 0; then TTLs are at least a minute: real time keeps running while test time stands still,
+-- and state must not expire under a test; expiry never changes a decision).
+local function clock(test_now)
+  if test_now and test_now ~= '' and test_now ~= '0' then
+    return tonumber(test_now), 60000
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2]), 1
+end
