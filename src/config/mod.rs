@@ -15,6 +15,7 @@ mod redact;
 mod redis_settings;
 mod settings;
 mod socket_group;
+mod tracing_settings;
 mod yaml_budget;
 mod yaml_lines;
 
@@ -32,4 +33,5 @@ pub use settings::{
     RequestLimits, Settings, SettingsError, TenantSettings,
 };
 pub use socket_group::SocketGroup;
+pub use tracing_settings::{OtlpEndpoint, OtlpProtocol, TracingSettings};
 pub use yaml_budget::{check_expansion, ExpansionError};

@@ -9,6 +9,7 @@ pub mod http;
 pub mod path;
 pub mod request_caps;
 pub mod serve;
+mod traced;
 pub mod uds;
 pub mod wire;
 
