@@ -326,34 +326,51 @@ async fn tracing_off_sends_nothing_even_with_otel_variables_set() {
 }
 
 /// A collector that accepts and never answers, and one that is not there: every check is
-/// answered by the store as usual, and shutdown's flush gives up within its bound.
+/// answered by the store as usual, including while an export hangs (the second round runs after
+/// the exporter's 1 s timer has sent the first round's spans into the black hole) and the queue
+/// of 16 overflows; shutdown's flush gives up within its bound.
 #[tokio::test]
 async fn a_dead_collector_fails_no_check_and_does_not_hold_up_shutdown() {
     let hole = BlackHole::start().await;
     let closed = format!("http://127.0.0.1:{}", free_port());
-    for (endpoint, protocol) in [
-        (format!("http://{}", hole.addr), OtlpProtocol::Grpc),
-        (format!("http://{}", hole.addr), OtlpProtocol::HttpProtobuf),
-        (closed.clone(), OtlpProtocol::Grpc),
+    for (endpoint, protocol, reaches_hole) in [
+        (hole.url(), OtlpProtocol::Grpc, true),
+        (hole.url(), OtlpProtocol::HttpProtobuf, true),
+        (closed.clone(), OtlpProtocol::Grpc, false),
     ] {
+        let before = hole.accepted();
         let dir = tempfile::tempdir().expect("tempdir");
         let mut settings = test_settings(dir.path());
         traced(&mut settings, &endpoint, protocol);
         settings.tracing.queue_size = 16;
-        settings.tracing.export_timeout = HumanDuration(300_000);
+        settings.tracing.export_timeout = HumanDuration(1_000_000);
         let mut app = spawn_app_in(dir, settings, SHIPPED_POLICIES).await;
         let addr = match &app.tcp {
             sluice::client::Target::Tcp(addr) => *addr,
             other => panic!("not TCP: {other}"),
         };
-        for i in 0..100u64 {
-            let body = public_api_body();
-            let parent = traceparent(&format!("{:032x}", 0xfeed0 + i), "00f067aa0ba902b7");
-            let (status, reply) = post_traced(addr, "/v1/check", &body, &parent).await;
-            assert_eq!(status, 200, "{endpoint} {protocol:?}: {reply}");
+        for round in 0..2u64 {
+            if round == 1 {
+                // The exporter's own timer (1 s), not a limit's window.
+                tokio::time::sleep(Duration::from_millis(1_500)).await;
+            }
+            for i in 0..60u64 {
+                let body = public_api_body();
+                let trace = format!("{:032x}", 0xfeed00 + round * 100 + i);
+                let parent = traceparent(&trace, "00f067aa0ba902b7");
+                let (status, reply) = post_traced(addr, "/v1/check", &body, &parent).await;
+                assert_eq!(status, 200, "{endpoint} {protocol:?}: {reply}");
+                assert_eq!(reply["mode"], "enforced");
+            }
         }
         // `stop` fails the test if `run` (and so the flush) takes over STOP_TIMEOUT.
         app.stop().await;
+        if reaches_hole {
+            assert!(
+                hole.accepted() > before,
+                "{protocol:?}: the exporter never tried"
+            );
+        }
     }
 }
 
