@@ -202,7 +202,8 @@ mod tests {
 
     #[test]
     fn numbers_out_of_range_name_their_key() {
-        let cases: [(&str, fn(&mut TracingSettings)); 5] = [
+        type Change = fn(&mut TracingSettings);
+        let cases: [(&str, Change); 5] = [
             ("tracing.sampling_ratio", |s| s.sampling_ratio = 1.5),
             ("tracing.sampling_ratio", |s| s.sampling_ratio = f64::NAN),
             ("tracing.service_name", |s| s.service_name = " ".into()),

@@ -142,15 +142,6 @@ impl Receiver {
         format!("http://{}", self.addr)
     }
 
-    /// Export requests received so far.
-    pub fn requests(&self) -> usize {
-        self.got
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .requests
-            .len()
-    }
-
     /// Everything received, as one text (to look for what must never be exported).
     pub fn dump(&self) -> String {
         format!(
