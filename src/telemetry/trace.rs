@@ -310,3 +310,32 @@ impl StoreSpan {
         span.end();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Headers that fail the test when read.
+    struct Untouchable;
+
+    impl Carrier for Untouchable {
+        fn value(&self, name: &str) -> Option<&str> {
+            panic!("tracing off read header {name}");
+        }
+    }
+
+    #[test]
+    fn off_reads_nothing_and_makes_nothing() {
+        let off = Tracing::off();
+        assert!(!off.is_on());
+        assert!(off
+            .check_span("sluice.check", SpanTransport::Tcp, &Untouchable)
+            .is_none());
+        assert!(off.current().is_none());
+        let context = SpanContext::empty_context();
+        let none = off.store_span(std::iter::once(&context), 1, SystemTime::now());
+        assert!(none.is_none());
+        let settings = TracingSettings::default();
+        assert!(!Tracing::start(&settings).expect("off starts").is_on());
+    }
+}

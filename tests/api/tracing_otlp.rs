@@ -37,10 +37,22 @@ fn traced(settings: &mut Settings, receiver: &str, protocol: OtlpProtocol) {
 /// `POST path` with `body` and a `traceparent` header, over a fresh TCP connection; the status
 /// and the JSON body.
 async fn post_traced(addr: SocketAddr, path: &str, body: &Value, parent: &str) -> (u16, Value) {
+    post_with(addr, path, body, parent, &[]).await
+}
+
+/// As [`post_traced`], with `extra` headers.
+async fn post_with(
+    addr: SocketAddr,
+    path: &str,
+    body: &Value,
+    parent: &str,
+    extra: &[(&str, &str)],
+) -> (u16, Value) {
     let body = body.to_string();
+    let extra: String = extra.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
     let head = format!(
         "POST {path} HTTP/1.1\r\nhost: sluice\r\ncontent-type: application/json\r\n\
-         traceparent: {parent}\r\ntracestate: vendor=opaque\r\ncontent-length: {}\r\n\
+         traceparent: {parent}\r\ntracestate: vendor=opaque\r\n{extra}content-length: {}\r\n\
          connection: close\r\n\r\n",
         body.len()
     );
@@ -110,6 +122,22 @@ async fn http_and_grpc_checks_become_spans_of_the_callers_traces() {
     let answer = client.should_rate_limit(ask).await.expect("answered");
     assert_eq!(answer.into_inner().overall_code, OK);
 
+    let (authz_trace, authz_parent) = ("5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a", "1234567890abcdef");
+    let nginx = [
+        ("x-original-uri", "/login?user=SECRET"),
+        ("x-original-method", "POST"),
+        ("x-sluice-descriptor-ip", "203.0.113.77"),
+    ];
+    let (status, _) = post_with(
+        addr,
+        "/v1/authz",
+        &json!({}),
+        &traceparent(authz_trace, authz_parent),
+        &nginx,
+    )
+    .await;
+    assert_eq!(status, 200);
+
     // Shutdown flushes what is queued (within tracing.export_timeout).
     daemon.app.stop().await;
     let spans = receiver.spans();
@@ -132,8 +160,13 @@ async fn http_and_grpc_checks_become_spans_of_the_callers_traces() {
     assert_eq!(grpc[0].attr("sluice.policy"), Some("public_api"));
     assert_eq!(grpc[0].attr("sluice.transport"), Some("grpc"));
 
+    let authz = find(&spans, "sluice.authz", authz_trace);
+    assert_eq!(authz.len(), 1, "one authz span: {spans:#?}");
+    assert_eq!(authz[0].parent_span_id, authz_parent);
+    assert_eq!(authz[0].attr("sluice.policy"), Some("login"));
+
     let dump = receiver.dump();
-    for secret in [TENANT, API_KEY, "SECRET"] {
+    for secret in [TENANT, API_KEY, "SECRET", "203.0.113.77", "/login"] {
         assert!(!dump.contains(secret), "{secret} was exported: {dump}");
     }
 }
