@@ -157,18 +157,20 @@ impl Tracing {
         })
     }
 
-    /// A span for one Redis call of `size` checks, started at `started`: the child of the first
-    /// of `checks` (the sampled ones in the call), linked to the others. `None` when tracing is
-    /// off or no check of the call is sampled.
+    /// A span for one Redis call of `size` checks, starting now: the child of the first of
+    /// `checks` (the sampled ones in the call), linked to the others. `None` when tracing is off
+    /// (then `checks` is not iterated and the clock not read) or no check of the call is sampled.
     pub fn store_span<'a>(
         &self,
         mut checks: impl Iterator<Item = &'a SpanContext>,
         size: usize,
-        started: SystemTime,
     ) -> Option<StoreSpan> {
         let inner = self.0.as_ref()?;
         let first = checks.next()?;
+        let started = SystemTime::now();
         let links: Vec<Link> = checks
+            // Items of one batch request share its span: that one is the parent already.
+            .filter(|other| other.span_id() != first.span_id())
             .take(MAX_LINKS)
             .map(|other| Link::with_context(other.clone()))
             .collect();
@@ -333,7 +335,7 @@ mod tests {
             .is_none());
         assert!(off.current().is_none());
         let context = SpanContext::empty_context();
-        let none = off.store_span(std::iter::once(&context), 1, SystemTime::now());
+        let none = off.store_span(std::iter::once(&context), 1);
         assert!(none.is_none());
         let settings = TracingSettings::default();
         assert!(!Tracing::start(&settings).expect("off starts").is_on());

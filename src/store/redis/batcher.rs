@@ -281,11 +281,9 @@ impl Dispatch {
             .max()
             .unwrap_or_default();
         let started = Instant::now();
-        let span = self.tracing.store_span(
-            jobs.iter().filter_map(|job| job.trace.as_ref()),
-            jobs.len(),
-            std::time::SystemTime::now(),
-        );
+        let span = self
+            .tracing
+            .store_span(jobs.iter().filter_map(|job| job.trace.as_ref()), jobs.len());
         self.metrics.calls.with_label_values(&[via.scope()]).inc();
         let mut reply = self.send(&mut conn, &jobs, Send::Sha, via, deadline).await;
         if matches!(&reply, Err(error) if error.kind() == Some(ErrorKind::Noscript)) {
