@@ -63,6 +63,7 @@ mod reload_signal;
 mod shutdown;
 mod tls_pki;
 mod tools;
+mod tracing_off;
 mod tracing_otlp;
 mod transports;
 mod windows;

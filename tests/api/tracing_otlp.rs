@@ -2,11 +2,10 @@
 //! published protos): a check over HTTP and one over gRPC sent with a W3C `traceparent` arrive as
 //! spans of the caller's trace, children of the caller's span, with the policy and never a
 //! descriptor value; a Redis batch call is a span related to its checks; with tracing off nothing
-//! is sent (even with the `OTEL_*` variables set); a dead collector fails no check and does not
-//! hold up shutdown beyond its bound.
+//! is sent (`tracing_off.rs`); a dead collector fails no check and does not hold up shutdown
+//! beyond its bound.
 
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -14,17 +13,14 @@ use sluice::config::{HumanDuration, OtlpEndpoint, OtlpProtocol, Settings};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::grpc_client::{descriptor, grpc_settings, request, spawn_grpc_in, OK};
-use crate::helpers::{
-    run_async, sluice_command, spawn_app_in, test_settings, ChildGuard, SHIPPED_POLICIES,
-    STOP_TIMEOUT,
-};
+use crate::helpers::{spawn_app_in, test_settings, SHIPPED_POLICIES, STOP_TIMEOUT};
 use crate::otlp_receiver::{BlackHole, GotSpan, Receiver};
 use crate::redis_server::{free_port, RedisServer};
 
-const TENANT: &str = "tenant-SECRET-acme";
-const API_KEY: &str = "key-SECRET-4711";
+pub(crate) const TENANT: &str = "tenant-SECRET-acme";
+pub(crate) const API_KEY: &str = "key-SECRET-4711";
 
-fn traceparent(trace: &str, parent: &str) -> String {
+pub(crate) fn traceparent(trace: &str, parent: &str) -> String {
     format!("00-{trace}-{parent}-01")
 }
 
@@ -36,7 +32,12 @@ fn traced(settings: &mut Settings, receiver: &str, protocol: OtlpProtocol) {
 
 /// `POST path` with `body` and a `traceparent` header, over a fresh TCP connection; the status
 /// and the JSON body.
-async fn post_traced(addr: SocketAddr, path: &str, body: &Value, parent: &str) -> (u16, Value) {
+pub(crate) async fn post_traced(
+    addr: SocketAddr,
+    path: &str,
+    body: &Value,
+    parent: &str,
+) -> (u16, Value) {
     post_with(addr, path, body, parent, &[]).await
 }
 
@@ -73,7 +74,7 @@ async fn post_with(
     (status, serde_json::from_str(json).expect("JSON body"))
 }
 
-fn public_api_body() -> Value {
+pub(crate) fn public_api_body() -> Value {
     json!({"descriptors": {"tenant": TENANT, "api_key": API_KEY}})
 }
 
@@ -291,73 +292,6 @@ async fn redis_batch_calls_are_spans_related_to_every_check_they_serve() {
     );
 }
 
-/// Tracing off (no `tracing.endpoint`): nothing reaches a collector, not even a connection,
-/// with the standard `OTEL_EXPORTER_OTLP_*` variables pointing at listeners and callers sending
-/// traceparent.
-#[tokio::test]
-async fn tracing_off_sends_nothing_even_with_otel_variables_set() {
-    let grpc = BlackHole::start().await;
-    let http = BlackHole::start().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (port, admin) = (free_port(), free_port());
-    let settings = dir.path().join("sluice.toml");
-    let policies = crate::helpers::repo_root().join("config/policies.yaml");
-    std::fs::write(
-        &settings,
-        format!(
-            "policies = {:?}\n[listen]\nhttp = \"127.0.0.1:{port}\"\nadmin = \"127.0.0.1:{admin}\"\nsocket = \"\"\n",
-            policies.display().to_string()
-        ),
-    )
-    .expect("settings");
-    let mut command = sluice_command(
-        dir.path(),
-        &["serve", "--config", settings.to_str().expect("utf-8")],
-    );
-    command
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", grpc.url())
-        .env(
-            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-            format!("{}/v1/traces", http.url()),
-        )
-        .env("OTEL_TRACES_SAMPLER", "always_on")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let mut child = ChildGuard(Some(command.spawn().expect("spawn sluice serve")));
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-    let started = Instant::now();
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
-        assert!(
-            started.elapsed() < STOP_TIMEOUT,
-            "sluice serve never listened"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    for i in 0..5u64 {
-        let parent = traceparent(&format!("{:032x}", 0xdead0 + i), "00f067aa0ba902b7");
-        let (status, _) = post_traced(addr, "/v1/check", &public_api_body(), &parent).await;
-        assert_eq!(status, 200);
-    }
-    let term = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("run kill");
-    assert!(term.success());
-    let exited = tokio::task::spawn_blocking(move || child.wait_timeout(STOP_TIMEOUT))
-        .await
-        .expect("waiter");
-    assert!(
-        exited.is_some_and(|s| s.success()),
-        "sluice serve stopped cleanly"
-    );
-    assert_eq!(
-        (grpc.accepted(), http.accepted()),
-        (0, 0),
-        "nothing exported"
-    );
-}
-
 /// A collector that accepts and never answers, and one that is not there: every check is
 /// answered by the store as usual, including while an export hangs (the second round runs after
 /// the exporter's 1 s timer has sent the first round's spans into the black hole) and the queue
@@ -404,41 +338,5 @@ async fn a_dead_collector_fails_no_check_and_does_not_hold_up_shutdown() {
                 "{protocol:?}: the exporter never tried"
             );
         }
-    }
-}
-
-/// `sluice config check` refuses bad `[tracing]` settings with exit 64, naming the key.
-#[tokio::test]
-async fn config_check_names_the_tracing_key() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let policies = crate::helpers::repo_root().join("config/policies.yaml");
-    for (section, key) in [
-        ("endpoint = \"https://collector:4317\"", "tracing.endpoint"),
-        (
-            "endpoint = \"http://c:4317\"\nsampling_ratio = 2.0",
-            "tracing.sampling_ratio",
-        ),
-        ("protocol = \"zipkin\"", "protocol"),
-    ] {
-        let file = dir.path().join("sluice.toml");
-        std::fs::write(
-            &file,
-            format!(
-                "policies = {:?}\n[tracing]\n{section}\n",
-                policies.display().to_string()
-            ),
-        )
-        .expect("write");
-        let outcome = run_async(sluice_command(
-            dir.path(),
-            &["config", "check", file.to_str().expect("utf-8")],
-        ))
-        .await;
-        assert_eq!(outcome.code, Some(64), "{section}: {outcome:?}");
-        assert!(
-            outcome.stderr.contains(key),
-            "{section}: {}",
-            outcome.stderr
-        );
     }
 }
