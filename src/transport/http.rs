@@ -69,7 +69,7 @@ async fn check(State(ctx): State<Ctx>, request: Request) -> Response {
     let span = span.as_ref();
     let response = match read_json::<CheckBody>(&parts.headers, body, ctx.service.limits()).await {
         Err(response) => {
-            traced::refused(span, "bad_request");
+            traced::unread(span, response.status());
             response
         }
         Ok(body) => match traced::scope(span, ctx.service.check(&body.into())).await {
@@ -113,7 +113,7 @@ async fn batch(State(ctx): State<Ctx>, request: Request) -> Response {
     let span = span.as_ref();
     let response = match read_json::<BatchBody>(&parts.headers, body, ctx.service.limits()).await {
         Err(response) => {
-            traced::refused(span, "bad_request");
+            traced::unread(span, response.status());
             response
         }
         Ok(body) => match body.requests() {

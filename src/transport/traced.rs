@@ -48,6 +48,18 @@ pub(crate) fn check_error(span: Option<&CheckSpan>, error: &CheckError) {
     refused(span, super::wire::code_of(error));
 }
 
+/// Records a request whose body could not be read as JSON (`read_json`'s answer).
+pub(crate) fn unread(span: Option<&CheckSpan>, status: hyper::StatusCode) {
+    refused(
+        span,
+        match status.as_u16() {
+            408 => "request_timeout",
+            413 => "payload_too_large",
+            _ => "bad_request",
+        },
+    );
+}
+
 /// Records a request refused before it was checked; `code` is the answer's fixed error code.
 pub(crate) fn refused(span: Option<&CheckSpan>, code: &'static str) {
     if let Some(span) = span {
