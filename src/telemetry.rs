@@ -1,4 +1,11 @@
-//! Logs (tracing) and metrics (a Prometheus registry created here and passed down, never global).
+//! Logs (tracing), metrics (a Prometheus registry created here and passed down, never global)
+//! and, when `[tracing]` names a collector, OpenTelemetry traces ([`Tracing`], carried by
+//! [`Metrics`] so every component given the metrics has it too).
+
+mod otlp;
+mod trace;
+
+pub use trace::{Carrier, CheckSpan, SpanTransport, StoreSpan, Tracing};
 
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
@@ -40,6 +47,8 @@ pub struct Metrics {
     /// Checks answered by the local layer (a partition known to be over its limit) without the
     /// store, by policy.
     pub local_layer_hits: IntCounterVec,
+    /// The tracer (off unless `[tracing]` is set).
+    tracing: Tracing,
 }
 
 impl Metrics {
@@ -139,7 +148,19 @@ impl Metrics {
             policy_reloads,
             policies_version,
             local_layer_hits,
+            tracing: Tracing::off(),
         }
+    }
+
+    /// The same metrics, with `tracing` for the components that make spans.
+    pub fn with_tracing(mut self, tracing: Tracing) -> Self {
+        self.tracing = tracing;
+        self
+    }
+
+    /// The tracer (off unless `[tracing]` is set).
+    pub fn tracing(&self) -> &Tracing {
+        &self.tracing
     }
 
     /// The registry components register their own metrics on.

@@ -97,7 +97,9 @@ impl App {
         settings
             .validate()
             .map_err(|e| StartError::Config(e.to_string()))?;
-        let metrics = Metrics::new();
+        let tracing =
+            crate::telemetry::Tracing::start(&settings.tracing).map_err(StartError::Config)?;
+        let metrics = Metrics::new().with_tracing(tracing);
         let (service, memory) = stores::service(settings, policies, clock, &metrics)?;
         let service = Arc::new(service.with_unmatched_log(settings.log.unmatched));
         let bind_err = |what: &str, target: &dyn std::fmt::Display, e: std::io::Error| {
@@ -300,6 +302,7 @@ impl App {
         if let Some(reloader) = reloader {
             let _ = reloader.await;
         }
+        self.metrics.tracing().shutdown().await;
         tracing::info!("sluice stopped");
     }
 }

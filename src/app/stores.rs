@@ -66,7 +66,10 @@ pub(super) fn service(
         )
     };
     let service = if settings.redis.enabled() {
-        let options = redis_options(&settings.redis).map_err(StartError::Config)?;
+        let options = RedisOptions {
+            tracing: metrics.tracing().clone(),
+            ..redis_options(&settings.redis).map_err(StartError::Config)?
+        };
         let redis = RedisStore::start(options, metrics.registry())
             .map_err(|e| StartError::Config(format!("redis: {e}")))?;
         let redis = Arc::new(redis);
@@ -189,5 +192,6 @@ fn redis_options(settings: &RedisSettings) -> Result<RedisOptions, String> {
             max: settings.breaker.probe_max.as_std(),
         },
         node_calls: settings.cluster_node_calls,
+        tracing: Default::default(),
     })
 }

@@ -13,6 +13,7 @@ mod overload;
 mod procs;
 mod report;
 mod targets;
+mod trace_sink;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -58,6 +59,10 @@ pub struct BenchArgs {
     /// Only measure Redis memory per key.
     #[arg(long)]
     memory_only: bool,
+    /// Also run a second daemon with `[tracing]` on (every trace sampled, OTLP/HTTP to a local
+    /// sink) and add its rows as `traced tcp`, to compare with `sluice tcp` (tracing off).
+    #[arg(long)]
+    tracing: bool,
     /// Where to write the JSON report.
     #[arg(long, default_value = "target/bench/latest.json")]
     json: PathBuf,
@@ -174,6 +179,22 @@ async fn bench(args: BenchArgs) -> Result<()> {
         args.daemon_threads,
         &format!("{}\n", args.redis_settings.replace(';', "\n")),
     )?;
+    // The same daemon with tracing on, exporting every span: what tracing costs a check.
+    let sink = match args.tracing {
+        true => Some(trace_sink::TraceSink::start().await?),
+        false => None,
+    };
+    let traced = match &sink {
+        Some(sink) => Some(Daemon::start_full(
+            Some(&redis.url()),
+            &policies,
+            args.daemon_threads,
+            &format!("{}\n", args.redis_settings.replace(';', "\n")),
+            true,
+            &sink.settings(),
+        )?),
+        None => None,
+    };
     // The same daemon on its embedded store: what HTTP and the check path cost without Redis.
     let embedded = Daemon::start(None, &policies, args.daemon_threads, "")?;
     // What a team writes in an afternoon, with as many worker threads as the daemon.
@@ -209,11 +230,17 @@ async fn bench(args: BenchArgs) -> Result<()> {
                     grpc::sluice(daemon.grpc, policy, keys),
                 ),
                 ("raw EVALSHA".into(), raw),
-                (
-                    "naive sidecar".into(),
-                    clients::sluice(Target::Tcp(naive.http), policy, keys),
-                ),
             ];
+            if let Some(traced) = &traced {
+                systems.push((
+                    "traced tcp".into(),
+                    clients::sluice(Target::Tcp(traced.http), policy, keys),
+                ));
+            }
+            systems.extend([(
+                "naive sidecar".into(),
+                clients::sluice(Target::Tcp(naive.http), policy, keys),
+            )]);
             if policy == "tb" {
                 systems.push((
                     "embedded uds".into(),
@@ -228,6 +255,7 @@ async fn bench(args: BenchArgs) -> Result<()> {
                 for (system, factory) in &systems {
                     let process = match system.as_str() {
                         s if s.starts_with("embedded") => Some(embedded.pid()),
+                        "traced tcp" => traced.as_ref().map(Daemon::pid),
                         s if s.starts_with("sluice") => Some(daemon.pid()),
                         "naive sidecar" => Some(naive.pid()),
                         _ => None,
@@ -272,7 +300,13 @@ async fn bench(args: BenchArgs) -> Result<()> {
             }
         }
     }
-    drop((daemon, embedded, naive));
+    if let Some(sink) = &sink {
+        println!(
+            "tracing: {} OTLP export requests reached the sink",
+            sink.exports()
+        );
+    }
+    drop((daemon, embedded, naive, traced, sink));
     // Past saturation on one hot key with a real limit: bounded admission, no fail-open.
     let storm_clients = if args.quick { 64 } else { 256 };
     for local_limit in [false, true] {

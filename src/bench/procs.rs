@@ -151,6 +151,25 @@ impl Daemon {
         extra_redis: &str,
         bench_settings: bool,
     ) -> Result<Self> {
+        Self::start_full(
+            redis_url,
+            policies,
+            threads,
+            extra_redis,
+            bench_settings,
+            "",
+        )
+    }
+
+    /// As [`Daemon::start`], with `sections` (TOML tables such as `[tracing]`) added.
+    pub fn start_full(
+        redis_url: Option<&str>,
+        policies: &str,
+        threads: usize,
+        extra_redis: &str,
+        bench_settings: bool,
+        sections: &str,
+    ) -> Result<Self> {
         let dir = Scratch::new("daemon")?;
         let (http, admin, grpc) = (free_addr()?, free_addr()?, free_addr()?);
         let socket = dir.0.join("sluice.sock");
@@ -161,7 +180,7 @@ impl Daemon {
             &settings,
             format!(
                 "policies = {policy_file:?}\nworker_threads = {threads}\n[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\nsocket = {socket:?}\ngrpc = \"{grpc}\"\n\
-                 [redis]\n{redis}{extra_redis}{bench}[log]\nlevel = \"warn\"\n",
+                 [redis]\n{redis}{extra_redis}{bench}[log]\nlevel = \"warn\"\n{sections}",
                 redis = redis_url.map_or(String::new(), |url| format!("url = \"{url}\"\n")),
                 bench = if bench_settings {
                     "timeout = \"1s\"\n[local_layer]\nenabled = false\n"

@@ -17,6 +17,7 @@ mod redis_settings;
 mod settings;
 mod settings_errors;
 mod socket_group;
+mod tracing_settings;
 mod yaml_budget;
 mod yaml_lines;
 
@@ -34,4 +35,5 @@ pub use settings::{
     RequestLimits, Settings, SettingsError, TenantSettings,
 };
 pub use socket_group::SocketGroup;
+pub use tracing_settings::{OtlpEndpoint, OtlpProtocol, TracingSettings};
 pub use yaml_budget::{check_expansion, ExpansionError};

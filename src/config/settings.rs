@@ -16,7 +16,7 @@ pub const DEFAULT_SETTINGS_FILE: &str = "config/sluice.toml";
 
 /// Top-level keys that `SLUICE_*` variables may set; others (such as `SLUICE_CONFIG`) are left
 /// alone instead of failing the unknown-field check.
-const ENV_KEYS: [&str; 16] = [
+const ENV_KEYS: [&str; 17] = [
     "listen",
     "envoy",
     "authz",
@@ -33,6 +33,7 @@ const ENV_KEYS: [&str; 16] = [
     "log",
     "shutdown_grace",
     "worker_threads",
+    "tracing",
 ];
 
 /// Settings are invalid; the message names the key.
@@ -82,6 +83,8 @@ pub struct Settings {
     /// [`Settings::load`], never read from a file.
     #[serde(skip)]
     pub file: Option<PathBuf>,
+    /// OpenTelemetry trace export (OTLP); off unless `tracing.endpoint` is set.
+    pub tracing: super::TracingSettings,
 }
 
 /// Most worker threads accepted.
@@ -107,6 +110,7 @@ impl Default for Settings {
             files: FileLimits::default(),
             policies_allow_empty: false,
             file: None,
+            tracing: Default::default(),
         }
     }
 }
@@ -457,6 +461,7 @@ impl Settings {
         }
         self.authz.validate()?;
         self.envoy.validate()?;
+        self.tracing.validate()?;
         super::log_level::validate(&self.log.level)
             .map_err(|reason| SettingsError(format!("log.level: {reason}")))?;
         Ok(())

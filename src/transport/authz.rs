@@ -25,6 +25,7 @@ use super::wire::{self, CheckReply, ErrorReply};
 use crate::check::{CheckRequest, CheckService};
 use crate::config::{AuthzSettings, ControlHeader, OriginalFrom};
 use crate::limit::Descriptors;
+use crate::telemetry::CheckSpan;
 
 const DESCRIPTOR_PREFIX: &str = "x-sluice-descriptor-";
 
@@ -35,8 +36,10 @@ pub async fn authz(
     method: Method,
     uri: Uri,
     headers: HeaderMap,
+    span: Option<&CheckSpan>,
 ) -> Response {
     let bad_request = |reason: String| {
+        super::traced::refused(span, "bad_request");
         error_response((
             StatusCode::BAD_REQUEST,
             ErrorReply::new("bad_request", reason),
@@ -50,9 +53,13 @@ pub async fn authz(
         Ok(status) => status,
         Err(reason) => return bad_request(reason),
     };
-    match service.check(&request).await {
-        Err(error) => error_response(ErrorReply::from_check_error(&error)),
+    match super::traced::scope(span, service.check(&request)).await {
+        Err(error) => {
+            super::traced::check_error(span, &error);
+            error_response(ErrorReply::from_check_error(&error))
+        }
         Ok(verdict) => {
+            super::traced::verdict(span, &verdict);
             let (mut status, reply) = CheckReply::from_verdict(&verdict);
             if status == StatusCode::TOO_MANY_REQUESTS {
                 status = deny_status.unwrap_or(status);

@@ -16,10 +16,10 @@ use prometheus::Histogram;
 use serde::de::DeserializeOwned;
 
 use super::wire::{self, BatchBody, BatchReply, CheckBody, CheckReply, ErrorReply};
-use super::Transport;
+use super::{traced, Transport};
 use crate::check::CheckService;
 use crate::config::{AuthzSettings, RequestLimits};
-use crate::telemetry::Metrics;
+use crate::telemetry::{CheckSpan, Metrics};
 
 /// Shared by every request (axum clones the state per request: keep that one Arc).
 type Ctx = Arc<Shared>;
@@ -66,11 +66,20 @@ pub fn router(
 async fn check(State(ctx): State<Ctx>, request: Request) -> Response {
     let started = Instant::now();
     let (parts, body) = request.into_parts();
+    let span = ctx.span("sluice.check", &parts.headers);
+    let span = span.as_ref();
     let response = match read_json::<CheckBody>(&parts.headers, body, ctx.service.limits()).await {
-        Err(response) => response,
-        Ok(body) => match ctx.service.check(&body.into()).await {
-            Err(error) => error_response(ErrorReply::from_check_error(&error)),
+        Err(response) => {
+            traced::unread(span, response.status());
+            response
+        }
+        Ok(body) => match traced::scope(span, ctx.service.check(&body.into())).await {
+            Err(error) => {
+                traced::check_error(span, &error);
+                error_response(ErrorReply::from_check_error(&error))
+            }
             Ok(verdict) => {
+                traced::verdict(span, &verdict);
                 let (status, reply) = CheckReply::from_verdict(&verdict);
                 (status, wire::headers(&verdict), Json(reply)).into_response()
             }
@@ -97,7 +106,16 @@ async fn report(State(ctx): State<Ctx>, request: Request) -> Response {
 
 async fn authz(State(ctx): State<Ctx>, method: Method, uri: Uri, headers: HeaderMap) -> Response {
     let started = Instant::now();
-    let response = super::authz::authz(&ctx.service, &ctx.authz, method, uri, headers).await;
+    let span = ctx.span("sluice.authz", &headers);
+    let response = super::authz::authz(
+        &ctx.service,
+        &ctx.authz,
+        method,
+        uri,
+        headers,
+        span.as_ref(),
+    )
+    .await;
     ctx.observe(started, &response);
     response
 }
@@ -105,16 +123,35 @@ async fn authz(State(ctx): State<Ctx>, method: Method, uri: Uri, headers: Header
 async fn batch(State(ctx): State<Ctx>, request: Request) -> Response {
     let started = Instant::now();
     let (parts, body) = request.into_parts();
+    let span = ctx
+        .span("sluice.check_batch", &parts.headers)
+        .map(|span| span.with_items(ctx.metrics.tracing()));
+    let span = span.as_ref();
     let response = match read_json::<BatchBody>(&parts.headers, body, ctx.service.limits()).await {
-        Err(response) => response,
+        Err(response) => {
+            traced::unread(span, response.status());
+            response
+        }
         Ok(body) => match body.requests() {
-            Err(reason) => error_response((
-                StatusCode::BAD_REQUEST,
-                ErrorReply::new("bad_request", format!("invalid JSON body: {reason}")),
-            )),
-            Ok(requests) => match ctx.service.check_batch(requests).await {
-                Err(error) => error_response(ErrorReply::from_check_error(&error)),
+            Err(reason) => {
+                traced::refused(span, "bad_request");
+                error_response((
+                    StatusCode::BAD_REQUEST,
+                    ErrorReply::new("bad_request", format!("invalid JSON body: {reason}")),
+                ))
+            }
+            Ok(requests) => match traced::scope(span, ctx.service.check_batch(requests)).await {
+                Err(error) => {
+                    traced::check_error(span, &error);
+                    error_response(ErrorReply::from_check_error(&error))
+                }
                 Ok(verdicts) => {
+                    if let Some(span) = span {
+                        span.count("sluice.batch.checks", verdicts.len());
+                        for (index, verdict) in verdicts.iter().enumerate() {
+                            traced::verdict(span.item(index).as_ref(), verdict);
+                        }
+                    }
                     let results = verdicts
                         .iter()
                         .map(|v| CheckReply::from_verdict(v).1)
@@ -130,6 +167,13 @@ async fn batch(State(ctx): State<Ctx>, request: Request) -> Response {
 }
 
 impl Shared {
+    /// A span for this request when tracing is on (`headers` are not read otherwise).
+    fn span(&self, name: &'static str, headers: &HeaderMap) -> Option<CheckSpan> {
+        self.metrics
+            .tracing()
+            .check_span(name, traced::span_transport(self.transport), headers)
+    }
+
     fn observe(&self, started: Instant, response: &Response) {
         self.duration.observe(started.elapsed().as_secs_f64());
         self.metrics

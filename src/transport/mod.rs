@@ -11,6 +11,7 @@ pub mod report;
 pub mod request_caps;
 pub mod serve;
 pub mod top;
+mod traced;
 pub mod uds;
 pub mod wire;
 

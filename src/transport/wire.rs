@@ -318,7 +318,7 @@ impl ErrorReply {
     }
 }
 
-fn code_of(error: &CheckError) -> &'static str {
+pub(crate) fn code_of(error: &CheckError) -> &'static str {
     match error {
         CheckError::Invalid(_) => "bad_request",
         CheckError::UnknownPolicy(_) => "unknown_policy",

@@ -37,6 +37,7 @@ use super::scripts::{
 };
 use crate::limit::{Algorithm, Decision};
 use crate::store::StoreError;
+use crate::telemetry::Tracing;
 
 /// Batching limits.
 #[derive(Debug, Clone, Copy)]
@@ -77,12 +78,15 @@ pub struct Job {
     commit: Commit,
     deadline: Duration,
     reply: oneshot::Sender<Reply>,
+    /// The sampled check span it was submitted in (tracing on only).
+    trace: Option<opentelemetry::trace::SpanContext>,
 }
 
 /// The handle callers submit checks to.
 #[derive(Clone)]
 pub struct Batcher {
     tx: mpsc::Sender<Job>,
+    tracing: Tracing,
 }
 
 /// What the dispatcher shares with its calls.
@@ -96,6 +100,8 @@ struct Dispatch {
     progress: AtomicU64,
     /// Missed deadlines, one per stall.
     stalls: Stalls,
+    /// A span per call that serves a sampled check.
+    tracing: Tracing,
 }
 
 /// Longest a call past its deadline keeps waiting while Redis answers other calls (see `send`).
@@ -109,6 +115,7 @@ impl Batcher {
         config: BatchConfig,
         metrics: BatchMetrics,
         health: Arc<Health>,
+        tracing: Tracing,
     ) -> Self {
         let (tx, rx) = mpsc::channel(config.queue.max(1));
         let dispatch = Dispatch {
@@ -118,9 +125,10 @@ impl Batcher {
             health,
             progress: AtomicU64::new(0),
             stalls: Stalls::new(),
+            tracing: tracing.clone(),
         };
         tokio::spawn(dispatch.run(rx, conn));
-        Self { tx }
+        Self { tx, tracing }
     }
 
     /// Queues a check (waiting while the queue is full); the receiver yields its decisions.
@@ -137,6 +145,7 @@ impl Batcher {
             commit: commit.into(),
             deadline,
             reply,
+            trace: self.tracing.current(),
         };
         self.tx
             .send(job)
@@ -277,6 +286,9 @@ impl Dispatch {
             .max()
             .unwrap_or_default();
         let started = Instant::now();
+        let span = self
+            .tracing
+            .store_span(jobs.iter().filter_map(|job| job.trace.as_ref()), jobs.len());
         self.metrics.calls.with_label_values(&[via.scope()]).inc();
         let mut reply = self.send(&mut conn, &jobs, Send::Sha, via, deadline).await;
         if matches!(&reply, Err(error) if error.kind() == Some(ErrorKind::Noscript)) {
@@ -289,6 +301,14 @@ impl Dispatch {
         self.metrics
             .call_duration
             .observe(started.elapsed().as_secs_f64());
+        if let Some(span) = span {
+            span.end(
+                reply
+                    .as_ref()
+                    .err()
+                    .map(|e| e.kind().map_or("other", ErrorKind::as_str)),
+            );
+        }
         // The breaker counts calls, not checks: one slow call of 50 checks is one failure.
         let value = match reply {
             Ok(value) => {

@@ -67,6 +67,8 @@ pub struct RedisOptions {
     pub backoff: Backoff,
     /// In a Cluster of Redis >= 7.0: one call per node rather than one per hash slot.
     pub node_calls: bool,
+    /// Spans for batch calls (off unless `[tracing]` is set).
+    pub tracing: crate::telemetry::Tracing,
 }
 
 /// Counters in Redis.
@@ -147,6 +149,7 @@ impl RedisStore {
             options.batch,
             metrics.batch,
             Arc::clone(&health),
+            options.tracing,
         );
         Ok(Self {
             cluster,

@@ -26,7 +26,7 @@ use proto::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
-use super::Transport;
+use super::{traced, Transport};
 
 /// The fully qualified service name (for health checks and reflection-less clients).
 pub const SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
@@ -69,16 +69,24 @@ impl RateLimitService for Rls {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let started = Instant::now();
+        let span = self.metrics.tracing().check_span(
+            "sluice.should_rate_limit",
+            crate::telemetry::SpanTransport::Grpc,
+            request.metadata(),
+        );
+        let span = span.as_ref();
         let request = request.into_inner();
         let items = match question::items(&request, self.service.limits()) {
             Ok(items) => items,
             Err(reason) => {
+                traced::refused(span, "invalid_argument");
                 self.count("invalid_argument", started);
                 return Err(Status::invalid_argument(reason));
             }
         };
-        match self.service.check_group(&items).await {
+        match traced::scope(span, self.service.check_group(&items)).await {
             Ok(verdict) => {
+                traced::verdict(span, &verdict.overall);
                 let response = answer::response(&verdict, self.with_headers);
                 let code = if response.overall_code == 1 {
                     "ok"
@@ -89,6 +97,7 @@ impl RateLimitService for Rls {
                 Ok(Response::new(response))
             }
             Err(error) => {
+                traced::check_error(span, &error);
                 self.count("invalid_argument", started);
                 Err(Status::invalid_argument(error.to_string()))
             }
