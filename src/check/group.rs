@@ -85,7 +85,8 @@ impl CheckService {
             };
             let dry_run = item.request.dry_run;
             let parts = if dry_run { &mut probe } else { &mut spend };
-            let planned = plan::plan_selected(self.tiers.as_ref(), &item.request, applicable, false);
+            let planned =
+                plan::plan_selected(self.tiers.as_ref(), &item.request, applicable, false);
             for mut part in planned.await? {
                 if let Some(quota) = item.quota_override {
                     // The override replaces the whole quota: one window, no local limit.

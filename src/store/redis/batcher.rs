@@ -533,7 +533,8 @@ fn single_command(scripts: &Scripts, job: &Job, send: Send) -> Cmd {
         Algorithm::SlidingLog(l) => cmd.arg(l.limit()).arg(l.period_us()),
         Algorithm::FixedWindow(w) => cmd.arg(w.limit()).arg(w.period_us()),
     };
-    cmd.arg(item.cost).arg(u8::from(job.commit == Commit::IfAllowed));
+    cmd.arg(item.cost)
+        .arg(u8::from(job.commit == Commit::IfAllowed));
     cmd
 }
 
