@@ -1,10 +1,10 @@
 """Schemathesis hooks for tests/api/openapi.rs: a check that a refused request spends nothing.
 
 Before each call the store's spending is read (script and DEL calls in Redis' INFO commandstats,
-and the daemon's sluice_decisions_total and sluice_reports_total); after a refusal (a 4xx that
-is not a rate-limit denial) it must be the same. A report (POST /v1/report) is never a refusal
-when it answers 200: one that names a policy must have spent (both figures moved), one with
-`policy: null` must not. Requests run one at a time (--workers 1), so nothing else moves the
+Redis' count of writes, and the daemon's sluice_decisions_total and sluice_reports_total);
+after a refusal (a 4xx that is not a rate-limit denial) it must be the same. A report
+(POST /v1/report) is never a refusal when it answers 200: one that names a policy must have
+written to Redis and counted itself, one with `policy: null` must have spent nothing. Requests run one at a time (--workers 1), so nothing else moves the
 figures in between. At the end, the run must have seen both a refusal and a request that did
 spend (on the check listener, a report among them), and, when asked, a /v1/top answer with
 entries, so the checks are not vacuous. Environment: SLUICE_TEST_ADMIN (host:port of the admin
@@ -25,10 +25,11 @@ REDIS_PORT = int(os.environ["SLUICE_TEST_REDIS_PORT"])
 SPENDING_COMMANDS = ("evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro", "del", "unlink")
 
 
-def redis_calls():
-    """Calls of the counter commands, from INFO commandstats (RESP over a raw socket)."""
+def redis_info(section):
+    """`INFO section` as text (RESP over a raw socket, at most 1 MiB)."""
+    name = section.encode()
     with socket.create_connection(("127.0.0.1", REDIS_PORT), timeout=5) as conn:
-        conn.sendall(b"*2\r\n$4\r\nINFO\r\n$12\r\ncommandstats\r\n")
+        conn.sendall(b"*2\r\n$4\r\nINFO\r\n$%d\r\n%s\r\n" % (len(name), name))
         data = b""
         while True:
             chunk = conn.recv(65536)
@@ -39,13 +40,27 @@ def redis_calls():
             if header.startswith(b"$") and len(rest) >= int(header[1:]) + 2:
                 break
             if len(data) > 1 << 20:
-                raise AssertionError("INFO commandstats answer over 1 MiB")
+                raise AssertionError(f"INFO {section} answer over 1 MiB")
+    return data.decode()
+
+
+def redis_calls():
+    """Calls of the counter commands, from INFO commandstats."""
     total = 0
-    for line in data.decode().splitlines():
+    for line in redis_info("commandstats").splitlines():
         name, _, stats = line.partition(":")
         if name.startswith("cmdstat_") and name[len("cmdstat_"):] in SPENDING_COMMANDS:
             total += int(stats.split("calls=")[1].split(",")[0])
     return total
+
+
+def redis_writes():
+    """Keys written since start (INFO persistence's dirty count; the test's Redis never saves)."""
+    for line in redis_info("persistence").splitlines():
+        name, _, value = line.partition(":")
+        if name == "rdb_changes_since_last_save":
+            return int(value)
+    raise AssertionError("INFO persistence has no rdb_changes_since_last_save")
 
 
 def counted(metrics):
@@ -61,7 +76,7 @@ def counted(metrics):
 
 
 def spending():
-    return {"redis counter commands": redis_calls(),
+    return {"redis counter commands": redis_calls(), "redis writes": redis_writes(),
             **counted(("sluice_decisions_total", "sluice_reports_total"))}
 
 
@@ -136,7 +151,7 @@ class nothing_spent_by_a_refusal:
                     f"before {before}, after {after}"
                 )
             return
-        unmoved = [name for name in ("redis counter commands", "sluice_reports_total")
+        unmoved = [name for name in ("redis writes", "sluice_reports_total")
                    if after[name] == before[name]]
         if unmoved:
             raise AssertionError(
