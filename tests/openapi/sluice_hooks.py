@@ -137,8 +137,9 @@ class nothing_spent_by_a_refusal:
         elif after != before:
             self.spenders.add(case.id)
         if case.path == "/v1/top" and response.status_code == 200:
-            body = json_body(response) or {}
-            self.top_entries |= any(p.get("entries") for p in body.get("policies", []))
+            body = json_body(response)
+            lists = body.get("policies", []) if isinstance(body, dict) else []
+            self.top_entries |= any(isinstance(p, dict) and p.get("entries") for p in lists)
 
     def report_spent(self, case, response, before, after):
         """A 200 report spent on the policies it names, or on none when `policy` is null."""
@@ -169,4 +170,6 @@ class nothing_spent_by_a_refusal:
         if not self.reports and os.environ.get("SLUICE_TEST_EXPECT_SPENDING") == "1":
             raise AssertionError("no report spent anything: POST /v1/report was not exercised")
         if not self.top_entries and os.environ.get("SLUICE_TEST_EXPECT_TOP_ENTRIES") == "1":
-            raise AssertionError("no GET /v1/top answer listed a partition: its entries went unchecked")
+            raise AssertionError(
+                "no GET /v1/top answer listed a partition: its entries went unchecked"
+            )
