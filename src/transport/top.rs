@@ -39,10 +39,15 @@ struct TopQuery {
 /// Answers `GET /v1/top`.
 pub async fn top(service: &CheckService, request: Request) -> Response {
     if request.method() != Method::GET {
-        return error_response((
+        let mut response = error_response((
             StatusCode::METHOD_NOT_ALLOWED,
             ErrorReply::new("method_not_allowed", "use GET"),
         ));
+        // RFC 9110: a 405 lists the methods the resource takes.
+        response
+            .headers_mut()
+            .insert(header::ALLOW, header::HeaderValue::from_static("GET"));
+        return response;
     }
     let query = match parse(request.uri().query().unwrap_or_default()) {
         Ok(query) => query,

@@ -1,8 +1,9 @@
 //! The published API (`docs/openapi.json`): served as is on the admin listener, OpenAPI 3.1, and
 //! kept true by schemathesis fuzzing a real `sluice serve` (on Redis) on both listeners: every
 //! answer matches the document (status codes, content types, schemas, headers), no 5xx, and a
-//! refused request spends nothing (`tests/openapi/sluice_hooks.py` compares Redis' counter
-//! commands and `sluice_decisions_total` before and after each one).
+//! refused request spends nothing while a report that names a policy does spend
+//! (`tests/openapi/sluice_hooks.py` compares Redis' counter commands, `sluice_decisions_total`
+//! and `sluice_reports_total` before and after each one).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -41,6 +42,7 @@ async fn the_admin_listener_serves_the_document_in_the_repository() {
     for path in [
         "/v1/check",
         "/v1/check/batch",
+        "/v1/report",
         "/v1/authz",
         "/livez",
         "/readyz",
@@ -48,6 +50,7 @@ async fn the_admin_listener_serves_the_document_in_the_repository() {
         "/v1/policies",
         "/v1/explain",
         "/v1/counters",
+        "/v1/top",
         "/v1/openapi.json",
     ] {
         assert!(paths.contains_key(path), "{path} is documented");
@@ -71,8 +74,31 @@ fn wait_ready(admin: &str, log: &Path) {
     }
 }
 
+/// Spends `login` past its limit for one IP and checks it, so that the admin run's `GET /v1/top`
+/// has an entry to match against the document (whatever the check run happened to deny).
+fn deny_one_partition(http: &str) {
+    let target = sluice::client::Target::Tcp(http.parse().expect("address"));
+    let ip = serde_json::json!({"policy": "login", "descriptors": {"ip": "198.51.100.23"}});
+    let mut report = ip.clone();
+    report["cost"] = 25.into();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let spent = crate::helpers::post(&target, "/v1/report", report.to_string().into()).await;
+        assert_eq!(spent.status, 200, "report: {:?}", spent.body);
+        let denied = crate::helpers::post(&target, "/v1/check", ip.to_string().into()).await;
+        assert_eq!(
+            denied.status, 429,
+            "check after the report: {:?}",
+            denied.body
+        );
+    });
+}
+
 /// One schemathesis run against `base_url` over the operations tagged `tag`.
-fn schemathesis(base_url: &str, tag: &str, admin: &str, redis_port: u16, spends: bool) -> Outcome {
+fn schemathesis(base_url: &str, tag: &str, admin: &str, redis_port: u16, check: bool) -> Outcome {
     let dir = tempfile::tempdir().expect("tempdir");
     let document = dir.path().join("openapi.json");
     std::fs::write(&document, DOCUMENT).expect("write document");
@@ -93,9 +119,10 @@ fn schemathesis(base_url: &str, tag: &str, admin: &str, redis_port: u16, spends:
         .env("SCHEMATHESIS_HOOKS", "sluice_hooks")
         .env("SLUICE_TEST_ADMIN", admin)
         .env("SLUICE_TEST_REDIS_PORT", redis_port.to_string())
+        .env("SLUICE_TEST_EXPECT_SPENDING", if check { "1" } else { "0" })
         .env(
-            "SLUICE_TEST_EXPECT_SPENDING",
-            if spends { "1" } else { "0" },
+            "SLUICE_TEST_EXPECT_TOP_ENTRIES",
+            if check { "0" } else { "1" },
         )
         .env("NO_COLOR", "1")
         .env_remove("HTTP_PROXY")
@@ -151,13 +178,16 @@ fn schemathesis_finds_every_answer_as_documented_and_refusals_spend_nothing() {
     let _daemon = ChildGuard(Some(command.spawn().expect("spawn sluice serve")));
     wait_ready(&admin, &log);
 
-    for (listener, tag, spends) in [(&http, "check", true), (&admin, "admin", false)] {
+    for (listener, tag, check) in [(&http, "check", true), (&admin, "admin", false)] {
+        if !check {
+            deny_one_partition(&http);
+        }
         let outcome = schemathesis(
             &format!("http://{listener}"),
             tag,
             &admin,
             redis.port,
-            spends,
+            check,
         );
         assert_eq!(
             outcome.code,
