@@ -10,7 +10,9 @@
 //! `requests_per_unit: 0` ([`StandIn::Blocked`]) denies its group without the store spending;
 //! in shadow mode, or asked by a probe, it has a fixed answer (a limit of 0) and no counter.
 //! A policy that applies to one descriptor drops the policies it `replaces` from every other
-//! (an overridden descriptor takes no part), before anything is planned.
+//! (an overridden descriptor takes no part), before anything is planned. A descriptor with a
+//! limit override that selects its domain's [`StandIn::Override`] is checked against that
+//! policy alone, counted per descriptor (upstream uses no other limit for it).
 
 use std::sync::Arc;
 
@@ -28,7 +30,8 @@ pub struct GroupItem {
     /// reports what is left (as if its cost were 0) without ever denying the group.
     pub request: CheckRequest,
     /// A quota to use instead of the selected policies' own (Envoy's descriptor `limit`); it
-    /// counts in its own partition, so that changing it does not inherit another quota's state.
+    /// counts in its own partition per window length, so that it never reads another quota's
+    /// state, and overrides of one unit share a count.
     pub quota_override: Option<Algorithm>,
 }
 
@@ -79,10 +82,19 @@ impl CheckService {
         let (mut spend, mut probe) = (Parts::default(), Parts::default());
         let mut fixed: Vec<(usize, PolicyDecision)> = Vec::new();
         for (index, item) in items.iter().enumerate() {
-            let applicable = match selected.next() {
+            let mut applicable = match selected.next() {
                 Some(applicable) => applicable,
                 None => plan::select(&policies, &self.limits, &item.request)?,
             };
+            if item.quota_override.is_some() {
+                let standing_in = |a: &Applicable| StandIn::of(a.policy.name());
+                if let Some(at) = applicable
+                    .iter()
+                    .position(|a| standing_in(a) == Some(StandIn::Override))
+                {
+                    applicable = vec![applicable.swap_remove(at)];
+                }
+            }
             let dry_run = item.request.dry_run;
             let parts = if dry_run { &mut probe } else { &mut spend };
             let planned =
@@ -93,7 +105,7 @@ impl CheckService {
                     if part.window.is_some_and(|window| window > 0) {
                         continue;
                     }
-                    override_quota(&mut part, quota)?;
+                    override_quota(&mut part, quota, &item.request)?;
                 } else if let Some(answer) = fixed_answer(&part, dry_run) {
                     fixed.push((index, answer));
                     continue;
@@ -276,8 +288,13 @@ fn as_probe(part: &mut PolicyDecision) {
 }
 
 /// Replaces a planned check's quota, refusing where the policy forbids overrides or the cost can
-/// never fit the new quota.
-fn override_quota(part: &mut Planned, quota: Algorithm) -> Result<(), CheckError> {
+/// never fit the new quota. A domain's override policy counts per descriptor: every descriptor
+/// of `request` (its entries and pseudo-descriptors, names and values) is in the partition.
+fn override_quota(
+    part: &mut Planned,
+    quota: Algorithm,
+    request: &CheckRequest,
+) -> Result<(), CheckError> {
     let name = part.policy.name();
     if !part.policy.parts().limit_override {
         return Err(CheckError::Invalid(format!(
@@ -291,10 +308,21 @@ fn override_quota(part: &mut Planned, quota: Algorithm) -> Result<(), CheckError
             limit: quota.limit(),
         });
     }
-    let marker = format!("override={}/{}us", quota.limit(), quota.period_us());
-    let partition = part.check.key.partition();
-    // The partition is already escaped; escaping it again as one value keeps keys injective.
-    part.check.key = Key::new(Arc::from(name), [partition, marker.as_str()]);
+    // The window's length, not the limit: overrides of one unit share a count, as upstream's
+    // (a limit raised within a window keeps what was spent; the algorithm is always the same).
+    let marker = format!("override={}us", quota.period_us());
+    part.check.key = if StandIn::of(name) == Some(StandIn::Override) {
+        let entries = request
+            .descriptors
+            .iter()
+            .flat_map(|(descriptor, value)| [descriptor.as_str(), value.as_str()]);
+        Key::new(Arc::from(name), entries.chain([marker.as_str()]))
+    } else {
+        let partition = part.check.key.partition();
+        // The partition is already escaped; escaping it again as one value keeps keys
+        // injective.
+        Key::new(Arc::from(name), [partition, marker.as_str()])
+    };
     part.check.algorithm = quota;
     part.tier = None;
     part.window = None;

@@ -18,7 +18,7 @@ use sluice::transport::grpc::proto::envoy::extensions::common::ratelimit::v3::Ra
 use tonic::Code;
 
 use crate::envoy_upstream::{daemon, fixture, replay, Case, RawCase, Want};
-use crate::grpc_client::{ask, descriptor, request, with_override, GrpcApp, OK};
+use crate::grpc_client::{ask, descriptor, request, with_override, GrpcApp, OK, OVER_LIMIT};
 use crate::redis_server::RedisServer;
 
 #[derive(Deserialize)]
@@ -156,11 +156,66 @@ async fn limit_override(app: &GrpcApp) -> usize {
     4
 }
 
+/// Upstream's `GetLimit` applies a descriptor's override before it looks at the descriptor's
+/// entries: any descriptor of a known domain, whatever limit (or none, `unlimited`, a
+/// whitelisted value) its entries would select, counted per descriptor.
+async fn override_on_any_descriptor(app: &GrpcApp) {
+    // A day's window: a test never straddles its end in practice (a minute's could).
+    const DAY: i32 = 4;
+    let asked = |entries: &[(&str, &str)]| with_override(descriptor(entries), 3, DAY);
+    // No limit of the domain selects these entries.
+    let none = [("key9", "x")];
+    for left in [2, 1, 0] {
+        let answer = first(app, "test-domain", asked(&none)).await;
+        assert_eq!(answer, (OK, 3, Unit::Day, left), "key9=x, {left} left");
+    }
+    let over = first(app, "test-domain", asked(&none)).await;
+    assert_eq!(over, (OVER_LIMIT, 3, Unit::Day, 0));
+    // Another value, and the same entries in another order: counters of their own.
+    let other = first(app, "test-domain", asked(&[("key9", "y")])).await;
+    assert_eq!(other, (OK, 3, Unit::Day, 2));
+    let two = [("key9", "x"), ("key10", "z")];
+    let swapped = [("key10", "z"), ("key9", "x")];
+    assert_eq!(
+        first(app, "test-domain", asked(&two)).await,
+        (OK, 3, Unit::Day, 2)
+    );
+    assert_eq!(
+        first(app, "test-domain", asked(&swapped)).await,
+        (OK, 3, Unit::Day, 2)
+    );
+    // Overrides of one unit share a count, whatever their limit (upstream's key has the unit).
+    let shared = |per_unit| with_override(descriptor(&[("key11", "x")]), per_unit, DAY);
+    assert_eq!(
+        first(app, "test-domain", shared(3)).await,
+        (OK, 3, Unit::Day, 2)
+    );
+    assert_eq!(
+        first(app, "test-domain", shared(5)).await,
+        (OK, 5, Unit::Day, 3)
+    );
+    assert_eq!(
+        first(app, "test-domain", shared(3)).await,
+        (OK, 3, Unit::Day, 0)
+    );
+    // `unlimited` and a whitelisted value: the override applies.
+    for entries in [[("key6", "v")], [("key2", "value3")]] {
+        let answer = first(app, "test-domain", asked(&entries)).await;
+        assert_eq!(answer, (OK, 3, Unit::Day, 2), "{entries:?}");
+    }
+    // Without the override, those are answered as before: no limit.
+    let plain = first(app, "test-domain", descriptor(&[("key9", "x")])).await;
+    assert_eq!(plain, (OK, 0, Unit::Unknown, 0));
+    let unlimited = first(app, "test-domain", descriptor(&[("key6", "v")])).await;
+    assert_eq!(unlimited, (OK, 0, Unit::Unknown, u32::MAX));
+}
+
 #[tokio::test]
 async fn upstream_limit_override_on_the_embedded_store() {
     let probe = basic_probe();
     let app = daemon(&fixture("basic_config.yaml"), None, &probe).await;
     assert_eq!(limit_override(&app).await, 4);
+    override_on_any_descriptor(&app).await;
 }
 
 #[tokio::test]
@@ -174,6 +229,7 @@ async fn upstream_limit_override_on_redis() {
     .await;
     // Per-second windows (the configured limit read at the end) follow Redis's clock.
     assert_eq!(limit_override(&app).await, 4);
+    override_on_any_descriptor(&app).await;
 }
 
 /// A limited lookup of `basic_config.yaml` (the Redis readiness probe).

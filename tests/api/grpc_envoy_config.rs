@@ -297,7 +297,7 @@ fn config_convert_prints_the_policies_that_are_loaded() {
     ));
     assert_eq!(checked.code, Some(0), "{}", checked.stderr);
     assert!(
-        checked.stdout.contains("ok, 14 policies"),
+        checked.stdout.contains("ok, 22 policies"),
         "{}",
         checked.stdout
     );

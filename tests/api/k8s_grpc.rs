@@ -130,7 +130,9 @@ fn the_central_service_is_a_deployment_a_service_and_a_pdb_that_agree() {
     let outcome = config_check(container, &dir.path().display().to_string(), &redis);
     assert_eq!(outcome.code, Some(0), "{outcome:?}");
     assert!(
-        outcome.stdout.contains("edge_api_key, login"),
+        outcome
+            .stdout
+            .contains("edge_api_key, rls-override-edge, login"),
         "{}",
         outcome.stdout
     );

@@ -1,7 +1,8 @@
 //! Leaves turned into sluice policies: one group per domain and key path, so that the most
 //! specific match applies; unlimited leaves become no-op policies (shadow, never limiting), and
 //! exempt ones too where a limited sibling would otherwise apply to their values; `replaces`
-//! names resolved to the policies of the limits so named in the domain.
+//! names resolved to the policies of the limits so named in the domain; each domain's limit
+//! overrides get a policy of their own.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -9,7 +10,7 @@ use serde::Serialize;
 
 use super::schema::Rule;
 use super::walk::{shown, Leaf};
-use super::{entry_name, StandIn, ENTRIES_DESCRIPTOR};
+use super::{entry_name, StandIn, ENTRIES_DESCRIPTOR, OVERRIDE_DESCRIPTOR};
 
 /// A converted policy, in the policy file's own syntax.
 #[derive(Serialize)]
@@ -30,9 +31,12 @@ pub(super) struct OutPolicy {
     replaces: Vec<String>,
 }
 
-/// The policies for `leaves`, in their order, or every `replaces` entry that names no limit of
-/// its domain.
-pub(super) fn to_policies(leaves: &[Leaf]) -> Result<Vec<OutPolicy>, Vec<String>> {
+/// The policies for `leaves`, in their order, then one [`StandIn::Override`] per domain of
+/// `domains`; or every `replaces` entry that names no limit of its domain.
+pub(super) fn to_policies(
+    domains: &[String],
+    leaves: &[Leaf],
+) -> Result<Vec<OutPolicy>, Vec<String>> {
     let mut taken = BTreeSet::new();
     let mut policies = Vec::new();
     // (domain, upstream `name`) -> the policies of the limits so named (names need not be
@@ -139,10 +143,43 @@ pub(super) fn to_policies(leaves: &[Leaf]) -> Result<Vec<OutPolicy>, Vec<String>
             }
         }
     }
-    if problems.is_empty() {
-        Ok(policies)
-    } else {
-        Err(problems)
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    for domain in domains {
+        policies.push(override_policy(domain, &mut taken));
+    }
+    Ok(policies)
+}
+
+/// The policy of `domain`'s limit overrides: it matches only a descriptor with a `limit` (any
+/// entries), enforced, in a group of its own; the check's group gives it the override's quota
+/// and a counter per descriptor.
+fn override_policy(domain: &str, taken: &mut BTreeSet<String>) -> OutPolicy {
+    let leaf = Leaf {
+        domain: domain.to_owned(),
+        path: Vec::new(),
+        rule: Rule::Unlimited,
+        name: None,
+        replaces: Vec::new(),
+        shadow: false,
+    };
+    OutPolicy {
+        name: unique_name(&leaf, Some(StandIn::Override), taken),
+        description: format!(
+            "envoyproxy/ratelimit {}: domain `{domain}`, any descriptor with a `limit`",
+            StandIn::Override.as_str()
+        ),
+        domain: domain.to_owned(),
+        conditions: BTreeMap::from([(OVERRIDE_DESCRIPTOR.to_owned(), "1".to_owned())]),
+        // Not an `rls:` group: no key path is ever named so.
+        group: format!("rls-override:{domain}"),
+        key: vec![ENTRIES_DESCRIPTOR.into()],
+        algorithm: "fixed_window",
+        limit: super::NO_LIMIT,
+        period: "1s",
+        shadow: false,
+        replaces: Vec::new(),
     }
 }
 
@@ -253,6 +290,7 @@ mod tests {
         let named: Vec<&str> = set
             .iter()
             .filter(|p| p.name() != replacer.name())
+            .filter(|p| StandIn::of(p.name()) != Some(StandIn::Override))
             .map(|p| p.name())
             .collect();
         assert_eq!(replacer.replaces(), named.as_slice(), "{converted}");

@@ -26,7 +26,11 @@
 //!   [`StandIn::Blocked`] policy: the check's group denies every request it selects; with
 //!   `shadow_mode`, [`StandIn::ShadowBlocked`]: OK with a limit of 0, counted as a shadow denial;
 //! - `replaces` becomes the policy's `replaces`: the policies of the limits of its domain with
-//!   that `name` (a `name` that no limit has is refused, where upstream ignores it).
+//!   that `name` (a `name` that no limit has is refused, where upstream ignores it);
+//! - each domain gets one [`StandIn::Override`] policy, selected only by a descriptor carrying a
+//!   limit override ([`OVERRIDE_DESCRIPTOR`]): upstream applies the override to any descriptor of
+//!   a known domain, whatever its entries, with a counter per descriptor, and uses no other limit
+//!   for it.
 //!
 //! What sluice cannot express is refused with a reason naming the field: `quota_mode`, keys
 //! outside `[A-Za-z0-9_.-]`.
@@ -49,6 +53,9 @@ use schema::RawConfig;
 pub const DOMAIN_DESCRIPTOR: &str = "rls.domain";
 /// Pseudo-descriptor carrying a gRPC descriptor's entry keys in order, joined by `,`.
 pub const ENTRIES_DESCRIPTOR: &str = "rls.entries";
+/// Pseudo-descriptor the gRPC adapter adds to a descriptor with a limit override (value `1`);
+/// only a domain's [`StandIn::Override`] policy matches on it.
+pub const OVERRIDE_DESCRIPTOR: &str = "rls.override";
 /// Deepest nesting converted (their files rarely go past 3 levels).
 pub const MAX_DEPTH: usize = 8;
 /// Longest entry key.
@@ -70,9 +77,9 @@ pub fn entry_name(key: &str, occurrence: usize) -> Cow<'_, str> {
     }
 }
 
-/// A converted policy that stands for a rule sluice's limits cannot say: a shadow policy that
-/// wins its group and never limits by itself; the check's group and the gRPC answer give it
-/// upstream's meaning.
+/// A converted policy that stands for a rule sluice's limits cannot say: a policy that never
+/// limits by itself (a shadow one that wins its group, or the override one no request selects
+/// without an override); the check's group and the gRPC answer give it upstream's meaning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StandIn {
     /// `unlimited: true`: OK, no `current_limit`, the largest `limit_remaining`.
@@ -85,15 +92,19 @@ pub enum StandIn {
     /// [`StandIn::Blocked`] with `shadow_mode`: OK with `current_limit` 0 per unit, a shadow
     /// denial in the metrics and the shadow log.
     ShadowBlocked,
+    /// A domain's limit overrides: selected only by a descriptor with a `limit`, whose quota it
+    /// takes (enforced, a counter per descriptor); the descriptor's other policies take no part.
+    Override,
 }
 
 impl StandIn {
     /// Every kind.
-    pub const ALL: [Self; 4] = [
+    pub const ALL: [Self; 5] = [
         Self::Unlimited,
         Self::Exempt,
         Self::Blocked,
         Self::ShadowBlocked,
+        Self::Override,
     ];
 
     /// The kind's name.
@@ -103,6 +114,7 @@ impl StandIn {
             Self::Exempt => "exempt",
             Self::Blocked => "blocked",
             Self::ShadowBlocked => "shadow_blocked",
+            Self::Override => "limit_override",
         }
     }
 
@@ -113,6 +125,7 @@ impl StandIn {
             Self::Exempt => "rls-exempt-",
             Self::Blocked => "rls-blocked-",
             Self::ShadowBlocked => "rls-shadow-blocked-",
+            Self::Override => "rls-override-",
         }
     }
 
@@ -281,6 +294,6 @@ pub fn convert_sources(
     if !problems.is_empty() {
         return Err(problems);
     }
-    let policies = emit::to_policies(&leaves)?;
+    let policies = emit::to_policies(&order, &leaves)?;
     serde_yaml::to_string(&OutFile { policies }).map_err(|e| vec![e.to_string()])
 }

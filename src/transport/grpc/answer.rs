@@ -66,7 +66,7 @@ fn status(item: &Verdict) -> DescriptorStatus {
     if let (Some(kind), Outcome::Allowed) = (no_limit.filter(|k| k.is_no_limit()), item.outcome) {
         status.limit_remaining = match kind {
             StandIn::Unlimited => u32::MAX,
-            StandIn::Exempt | StandIn::Blocked | StandIn::ShadowBlocked => 0,
+            StandIn::Exempt | StandIn::Blocked | StandIn::ShadowBlocked | StandIn::Override => 0,
         };
         return status;
     }

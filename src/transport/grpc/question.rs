@@ -1,10 +1,13 @@
 //! A `RateLimitRequest` turned into the check service's question: one group item per
 //! descriptor, its entries as descriptors plus the pseudo-descriptors that select converted
 //! envoyproxy/ratelimit limits and domain policies (a repeated key named by its occurrence, an
-//! empty value as [`EMPTY_VALUE`]). Malformed requests are refused with a reason.
+//! empty value as [`EMPTY_VALUE`], a limit override marked by [`OVERRIDE_DESCRIPTOR`]).
+//! Malformed requests are refused with a reason.
 
 use crate::check::{CheckRequest, GroupItem};
-use crate::config::envoy::{entry_name, DOMAIN_DESCRIPTOR, EMPTY_VALUE, ENTRIES_DESCRIPTOR};
+use crate::config::envoy::{
+    entry_name, DOMAIN_DESCRIPTOR, EMPTY_VALUE, ENTRIES_DESCRIPTOR, OVERRIDE_DESCRIPTOR,
+};
 use crate::config::RequestLimits;
 use crate::limit::{Algorithm, Descriptors, FixedWindow};
 
@@ -93,6 +96,9 @@ pub(super) fn items(
                 .map(quota)
                 .transpose()
                 .map_err(here)?;
+            if quota_override.is_some() {
+                descriptors.insert(OVERRIDE_DESCRIPTOR.into(), "1".into());
+            }
             Ok(GroupItem {
                 request: CheckRequest {
                     policy: None,
