@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # The sluice daemon image: built with the Rust toolchain, run from distroless (glibc, CA bundle,
 # no shell, no package manager) as the non-root user 65532, on a read-only root file system.
-# Build, try and push (README: Deployment):
+# Build, try and push (docs/kubernetes.md: "Kubernetes in 5 minutes"):
 #   docker build -t ghcr.io/sluice-rs/sluice:0.1.0 .
 #   docker run --rm --read-only --tmpfs /tmp -e SLUICE_LISTEN__HTTP=0.0.0.0:7070 -p 7070:7070 \
 #     ghcr.io/sluice-rs/sluice:0.1.0

@@ -16,7 +16,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const KEYS: usize = 2_000_000;
 const MIB: usize = 1 << 20;
-/// What the process may hold beyond `memory.max_bytes` (README: the embedded store).
+/// What the process may hold beyond `memory.max_bytes` (docs/operations.md: `memory.max_bytes`).
 const FIXED_OVERHEAD: usize = 32 * MIB;
 
 fn resident_bytes() -> usize {

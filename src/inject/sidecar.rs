@@ -96,8 +96,8 @@ pub const DEFAULT_MEMORY_REQUEST: &str = "32Mi";
 pub const DEFAULT_MEMORY_LIMIT: &str = "128Mi";
 
 /// Where the release workflow (`.github/workflows/release.yml`) pushes the image: the one place
-/// that names it. The manifests and README carry `<this>:<version>` (tests/api/image_name.rs
-/// keeps them equal).
+/// that names it. The manifests and docs/kubernetes.md carry `<this>:<version>`
+/// (tests/api/image_name.rs keeps them equal).
 pub const IMAGE_REPOSITORY: &str = "ghcr.io/sluice-rs/sluice";
 
 /// `<IMAGE_REPOSITORY>:<version of this binary>`: the image a tag `v<version>` publishes.

@@ -1,5 +1,5 @@
 //! The check API's JSON bodies and rate-limit headers: the stable wire contract that clients in
-//! other languages rely on (README: the check API).
+//! other languages rely on (docs/api.md).
 
 use axum::http::header::{CACHE_CONTROL, RETRY_AFTER};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};

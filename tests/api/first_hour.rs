@@ -138,12 +138,16 @@ async fn unmatched_traffic_is_counted() {
     );
 }
 
-/// The README's examples run against the shipped files: the explain request hits a shipped
-/// policy, the PodMonitor names the port the manifests name, and the quick start's socket path
-/// follows `TMPDIR` like the daemon's default.
+/// The examples of the README and `docs/` run against the shipped files: the explain request
+/// hits a shipped policy, the PodMonitor names the port the manifests name, and the quick
+/// start's socket path follows `TMPDIR` like the daemon's default.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readme_agrees_with_the_shipped_files() {
-    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README");
+    let readme: String = crate::helpers::doc_files()
+        .iter()
+        .map(|doc| std::fs::read_to_string(doc).expect("a doc"))
+        .collect::<Vec<_>>()
+        .join("\n");
     let explain = readme
         .lines()
         .find(|line| line.contains("/v1/explain") && line.starts_with("curl"))

@@ -1,7 +1,7 @@
 //! A gRPC C-core client (Python grpcio) over the Unix socket: C-core (and Ruby, C++, PHP,
 //! grpc-java) sends the socket path as `:authority`, which the h2 crate under hyper refuses
 //! (`PROTOCOL_ERROR`, hyperium/h2#487); with `grpc.default_authority` set to `localhost`, as
-//! the README says, it is answered; without it the stream is reset. Raw bytes both ways (no protobuf package on the Python side).
+//! docs/envoy.md says, it is answered; without it the stream is reset. Raw bytes both ways (no protobuf package on the Python side).
 //! Skipped outside CI when grpcio is missing; `.ci/run` installs it.
 
 use std::process::Command;
@@ -81,7 +81,7 @@ async fn a_c_core_client_over_the_socket_needs_the_localhost_authority() {
     assert_eq!(answer.statuses[0].limit_remaining, 149);
     // Without it the stream is reset (PROTOCOL_ERROR, seen by grpcio as INTERNAL): h2 checks
     // `:authority` as a URI authority with no option to relax it. If this starts to pass, h2
-    // accepts the path: update the README's paragraph.
+    // accepts the path: update docs/envoy.md's paragraph.
     let without = ask(target, "").await;
     assert!(
         without.starts_with("error ") && without.contains("RST_STREAM"),

@@ -299,6 +299,19 @@ pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The project's documentation: README.md, then every `docs/*.md` in name order.
+pub fn doc_files() -> Vec<PathBuf> {
+    let root = repo_root();
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
+        .expect("docs/")
+        .map(|entry| entry.expect("a docs/ entry").path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
+        .collect();
+    docs.sort();
+    docs.insert(0, root.join("README.md"));
+    docs
+}
+
 /// A `sluice` command with no inherited `SLUICE_*` variables, run in `cwd`.
 pub fn sluice_command(cwd: &Path, args: &[&str]) -> Command {
     let mut command = Command::new(sluice_bin());

@@ -1,4 +1,4 @@
-//! One image name: every `…sluice:<version>` in the manifests, the README, the Dockerfile and the
+//! One image name: every `…sluice:<version>` in the manifests, the docs, the Dockerfile and the
 //! release workflow is `sluice inject`'s default (`IMAGE_REPOSITORY:<Cargo.toml version>`), so
 //! the name in the docs is the name the tag pushes and the injector injects.
 
@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use sluice::inject::sidecar::{default_image, IMAGE_REPOSITORY};
 
-use crate::helpers::repo_root;
+use crate::helpers::{doc_files, repo_root};
 
 /// Every `<registry/path/>sluice:<tag starting with a digit>` in `text`, with its line. A name
 /// built from a shell variable (`$REGISTRY/sluice:…`) is the reader's own and is skipped.
@@ -59,7 +59,8 @@ fn every_named_image_is_the_default_and_the_release_workflow_pushes_it() {
         IMAGE_REPOSITORY.split('/').count() == 3 && IMAGE_REPOSITORY.contains('.'),
         "registry-qualified: {IMAGE_REPOSITORY}"
     );
-    let mut files = vec![root.join("README.md"), root.join("Dockerfile")];
+    let mut files = doc_files();
+    files.push(root.join("Dockerfile"));
     yaml_files(&root.join("deploy"), &mut files);
     yaml_files(&root.join(".github"), &mut files);
     let mut found = Vec::new();
@@ -80,7 +81,7 @@ fn every_named_image_is_the_default_and_the_release_workflow_pushes_it() {
     }
     assert!(wrong.is_empty(), "not {expected}:\n{}", wrong.join("\n"));
     for must in [
-        "README.md",
+        "docs/kubernetes.md",
         "Dockerfile",
         "deploy/k8s/base/example-app.yaml",
         "deploy/k8s/injector/core/injector.yaml",

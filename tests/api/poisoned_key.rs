@@ -230,7 +230,7 @@ fn oversized_values_fail_their_own_check_after_bounded_work() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acl_user_without_getrange_still_reads_values_whole() {
     let redis = RedisServer::start();
-    let older: Vec<String> = crate::redis_acl::readme_acl("sluice", "pw")
+    let older: Vec<String> = crate::redis_acl::documented_acl("sluice", "pw")
         .into_iter()
         .filter(|word| word != "+getrange")
         .collect();

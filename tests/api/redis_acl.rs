@@ -1,4 +1,4 @@
-//! ACL users against a real `redis-server`: the README's `ACL SETUSER` line (read from README.md,
+//! ACL users against a real `redis-server`: the docs' `ACL SETUSER` line (read from docs/redis.md,
 //! so the documented line is the tested one) gives exactly what sluice needs; credentials from
 //! the URL or from `redis.username` / `redis.password`; a user without the key pattern is refused
 //! (counted as `auth`) while the failure mode answers; a counter reset (DEL, PUBLISH) and its
@@ -22,13 +22,13 @@ policies:
 
 const WAIT: Duration = Duration::from_secs(20);
 
-/// The README's ACL line, with its placeholder password replaced.
-pub fn readme_acl(user: &str, password: &str) -> Vec<String> {
-    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README.md");
-    let line = readme
+/// The ACL line of docs/redis.md, with its placeholder password replaced.
+pub fn documented_acl(user: &str, password: &str) -> Vec<String> {
+    let doc = std::fs::read_to_string(repo_root().join("docs/redis.md")).expect("docs/redis.md");
+    let line = doc
         .lines()
         .find(|l| l.starts_with("ACL SETUSER sluice "))
-        .expect("README gives an `ACL SETUSER sluice ...` line");
+        .expect("docs/redis.md gives an `ACL SETUSER sluice ...` line");
     line.split_whitespace()
         .skip(2)
         .map(|word| match word {
@@ -92,7 +92,7 @@ async fn wait_connected(app: &TestApp) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readme_acl_line_is_enough_with_credentials_in_the_url() {
     let redis = RedisServer::start();
-    set_user(&redis, &readme_acl("sluice", "pw-in-url"));
+    set_user(&redis, &documented_acl("sluice", "pw-in-url"));
     let app = spawn(
         format!("redis://sluice:pw-in-url@127.0.0.1:{}", redis.port),
         |_| {},
@@ -136,7 +136,7 @@ async fn the_readme_acl_line_is_enough_with_credentials_in_the_url() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn username_and_password_settings_override_the_url() {
     let redis = RedisServer::start();
-    set_user(&redis, &readme_acl("rl-app", "from-a-secret"));
+    set_user(&redis, &documented_acl("rl-app", "from-a-secret"));
     // The URL carries no credentials (or stale ones); the settings (a Secret's env vars) win.
     let url = format!("redis://old:stale@127.0.0.1:{}", redis.port);
     let app = spawn(url, |s| {
@@ -154,8 +154,8 @@ async fn username_and_password_settings_override_the_url() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_without_the_acl_line_is_refused() {
     let redis = RedisServer::start();
-    // The README line, but for other keys than sluice's prefix.
-    let mut narrow = readme_acl("narrow", "pw");
+    // The documented line, but for other keys than sluice's prefix.
+    let mut narrow = documented_acl("narrow", "pw");
     for word in &mut narrow {
         if word == "~rl:*" {
             *word = "~app:*".into();

@@ -95,7 +95,7 @@ fn serve(dir: &Path, url: &str, env: &[(&str, String)]) -> Served {
 async fn serve_takes_tls_and_acl_credentials_from_the_environment() {
     let pki = TestPki::generate();
     let redis = TlsRedis::start(&pki, false, &[]);
-    let args = crate::redis_acl::readme_acl("sluice", PASSWORD);
+    let args = crate::redis_acl::documented_acl("sluice", PASSWORD);
     let _: () = redis::cmd("ACL")
         .arg("SETUSER")
         .arg(args)

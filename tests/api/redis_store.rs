@@ -235,7 +235,7 @@ async fn shipped_policies_work_on_redis() {
     assert_eq!(json_of(&app.check_tcp(&enterprise).await)["limit"], 1500);
 }
 
-/// Redis memory per key for each algorithm (`MEMORY USAGE`), printed for the README and bounded
+/// Redis memory per key for each algorithm (`MEMORY USAGE`), printed for docs/redis.md and bounded
 /// loosely so that a layout regression shows up. Run with `--nocapture` to see the figures.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_per_key() {

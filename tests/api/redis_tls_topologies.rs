@@ -1,6 +1,6 @@
 //! TLS to a Redis Cluster (`--tls-cluster yes`: nodes found through the slot map are reached over
 //! TLS with the same CA) and to Sentinel (TLS to the Sentinel and to the primary it names), with
-//! the README's ACL user (plus `+cluster|slots` or `+role`) on the data nodes; real `redis-server` processes, certificates generated per test.
+//! the ACL user of docs/redis.md (plus `+cluster|slots` or `+role`) on the data nodes; real `redis-server` processes, certificates generated per test.
 
 use std::time::{Duration, Instant};
 
@@ -35,9 +35,9 @@ async fn assert_enforced(app: &crate::helpers::TestApp, ips: usize) {
     }
 }
 
-/// The README's ACL line for user `sluice` (password `pw`) plus `extra`.
+/// The ACL line of docs/redis.md for user `sluice` (password `pw`) plus `extra`.
 fn set_user(conn: &mut redis::Connection, extra: &str) {
-    let mut args = crate::redis_acl::readme_acl("sluice", "pw");
+    let mut args = crate::redis_acl::documented_acl("sluice", "pw");
     args.push(extra.to_owned());
     let _: () = redis::cmd("ACL")
         .arg("SETUSER")

@@ -128,7 +128,7 @@ fn local_limits_below_the_shared_rate_are_warned_about() {
 
 #[test]
 fn the_readme_examples_of_windows_and_local_limits_are_valid() {
-    let readme = include_str!("../../../README.md");
+    let readme = include_str!("../../../docs/policies.md");
     let blocks: Vec<&str> = readme
         .split("```yaml\n")
         .skip(1)
