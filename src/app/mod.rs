@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 mod banner;
+mod bind;
 mod grpc_listeners;
 mod stores;
 
@@ -94,60 +95,31 @@ impl App {
         policies: PolicySet,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, StartError> {
-        settings
+        let resolved = settings
             .validate()
             .map_err(|e| StartError::Config(e.to_string()))?;
         let tracing =
             crate::telemetry::Tracing::start(&settings.tracing).map_err(StartError::Config)?;
         let metrics = Metrics::new().with_tracing(tracing);
-        let (service, memory) = stores::service(settings, policies, clock, &metrics)?;
+        let (service, memory) =
+            stores::service(settings, resolved.redis.as_ref(), policies, clock, &metrics)?;
         let service = Arc::new(service.with_unmatched_log(settings.log.unmatched));
-        let bind_err = |what: &str, target: &dyn std::fmt::Display, e: std::io::Error| {
-            StartError::Bind(format!("cannot bind {what} {target}: {e}"))
-        };
-        let http = match settings
-            .http_addr()
-            .map_err(|e| StartError::Config(e.to_string()))?
-        {
-            None => None,
-            Some(addr) => {
-                warn_if_exposed("listen.http", addr);
-                let listener = TcpListener::bind(addr)
-                    .await
-                    .map_err(|e| bind_err("listen.http", &addr, e))?;
-                let local = listener
-                    .local_addr()
-                    .map_err(|e| bind_err("listen.http", &addr, e))?;
-                Some((listener, local))
-            }
-        };
-        let socket = match settings.socket_path() {
-            None => None,
-            Some(path) => {
-                let mode = settings
-                    .socket_mode_bits()
-                    .map_err(|e| StartError::Config(e.to_string()))?;
-                let group = settings.listen.socket_group.as_ref().map(|g| g.gid);
-                let listener = uds::bind(&path, mode, group, settings.listen.trust_socket_dir)
-                    .map_err(|e| bind_err("listen.socket", &path.display(), e))?;
-                Some((listener, path))
-            }
-        };
-        let grpc = grpc_listeners::GrpcListeners::bind(settings).await?;
-        let admin_addr = settings
-            .admin_addr()
-            .map_err(|e| StartError::Config(e.to_string()))?;
-        warn_if_exposed("listen.admin", admin_addr);
-        let admin = TcpListener::bind(admin_addr)
-            .await
-            .map_err(|e| bind_err("listen.admin", &admin_addr, e))?;
-        let admin_local = admin
-            .local_addr()
-            .map_err(|e| bind_err("listen.admin", &admin_addr, e))?;
+        let addrs = &resolved.listen;
+        let http = addrs
+            .http
+            .map(|addr| bind::tcp("listen.http", addr, bind::STD_BACKLOG))
+            .transpose()?;
+        let socket = addrs
+            .socket
+            .as_deref()
+            .map(|path| bind::uds("listen.socket", path, addrs.socket_mode, &settings.listen))
+            .transpose()?;
+        let grpc = grpc_listeners::GrpcListeners::bind(settings, addrs)?;
+        let admin = bind::tcp("listen.admin", addrs.admin, bind::STD_BACKLOG)?;
         Ok(Self {
             http,
             socket,
-            admin: (admin, admin_local),
+            admin,
             grpc,
             memory,
             service,
@@ -320,11 +292,5 @@ async fn sweep(stores: Vec<Arc<MemoryStore>>, stop: impl Future<Output = ()>) {
                 }
             }
         }
-    }
-}
-
-fn warn_if_exposed(key: &str, addr: SocketAddr) {
-    if !addr.ip().is_loopback() {
-        tracing::warn!(%addr, key, "listening beyond loopback: anything that reaches this address can use it");
     }
 }
