@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use axum::serve::ListenerExt;
 use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::{bind, StartError};
@@ -18,6 +17,7 @@ use crate::config::{ListenAddrs, Settings};
 use crate::telemetry::Metrics;
 use crate::transport::grpc;
 use crate::transport::grpc::connection::{self, ConnectionBounds};
+use crate::transport::serve::Drain;
 
 /// Connections the kernel completes and queues for the gRPC TCP listener while
 /// `limits.max_connections` are open (std's default is 128): Envoy opens one per worker at once,
@@ -77,7 +77,7 @@ impl GrpcListeners {
         tasks: &mut JoinSet<()>,
         service: Arc<CheckService>,
         metrics: Metrics,
-        drain: watch::Receiver<bool>,
+        drain: Drain,
         grace: Duration,
     ) {
         let mut bounds = self.bounds;

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use axum::serve::ListenerExt;
 use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 mod banner;
@@ -28,7 +27,7 @@ use crate::limit::PolicySet;
 use crate::reload::Reloader;
 use crate::store::MemoryStore;
 use crate::telemetry::Metrics;
-use crate::transport::serve::{serve, Peers};
+use crate::transport::serve::{serve, Drain, Peers};
 use crate::transport::{admin, http, uds, Transport};
 
 /// How long the admin listener's last requests get once the check listeners are closed.
@@ -168,11 +167,11 @@ impl App {
     /// accepting, in-flight checks are answered (for up to the grace period), the socket file is
     /// removed and the admin listener closes last.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) {
-        let (drain_tx, drain_rx) = watch::channel(false);
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let until = |mut rx: watch::Receiver<bool>| async move {
-            let _ = rx.wait_for(|stop| *stop).await;
-        };
+        // The check listeners drain first; the admin listener and the background tasks stop
+        // once they are done.
+        let (start_drain, drain) = Drain::new();
+        let (start_stop, stop) = Drain::new();
+        let until = |stop: Drain| async move { stop.signaled().await };
 
         let mut checks = JoinSet::new();
         let router = |transport| {
@@ -194,7 +193,7 @@ impl App {
             checks.spawn(serve(
                 listener,
                 app,
-                drain_rx.clone(),
+                drain.clone(),
                 grace,
                 max_connections,
                 Peers::Ignore,
@@ -207,7 +206,7 @@ impl App {
             checks.spawn(serve(
                 listener,
                 app,
-                drain_rx.clone(),
+                drain.clone(),
                 grace,
                 max_connections,
                 Peers::Ignore,
@@ -219,7 +218,7 @@ impl App {
                 &mut checks,
                 self.service.clone(),
                 self.metrics.clone(),
-                drain_rx.clone(),
+                drain.clone(),
                 self.grace,
             )
             .await;
@@ -235,16 +234,16 @@ impl App {
         let admin_task = tokio::spawn(serve(
             admin_listener,
             admin_app,
-            stop_rx.clone(),
+            stop.clone(),
             ADMIN_GRACE,
             self.max_connections,
             // Counter resets are logged with who asked.
             Peers::Record,
         ));
-        let sweeper = tokio::spawn(sweep(self.memory.clone(), until(stop_rx.clone())));
+        let sweeper = tokio::spawn(sweep(self.memory.clone(), until(stop.clone())));
         let reloader = self
             .reloader
-            .map(|(reloader, poll)| tokio::spawn(reloader.run(poll, until(stop_rx.clone()))));
+            .map(|(reloader, poll)| tokio::spawn(reloader.run(poll, until(stop.clone()))));
         let banner = &self.banner;
         tracing::info!(
             version = env!("CARGO_PKG_VERSION"),
@@ -258,7 +257,7 @@ impl App {
         shutdown.await;
         tracing::info!("shutting down: draining in-flight checks");
         self.ready.store(false, Ordering::SeqCst);
-        let _ = drain_tx.send(true);
+        start_drain.signal();
         // Each listener closes its own leftover connections once the grace period is over.
         while let Some(result) = checks.join_next().await {
             if let Err(error) = result {
@@ -268,7 +267,7 @@ impl App {
         for path in socket_path.iter().chain(grpc_socket.iter()) {
             uds::remove(path);
         }
-        let _ = stop_tx.send(true);
+        start_stop.signal();
         let _ = tokio::time::timeout(Duration::from_secs(1), admin_task).await;
         let _ = sweeper.await;
         if let Some(reloader) = reloader {
