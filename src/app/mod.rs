@@ -129,7 +129,7 @@ impl App {
             authz: settings.authz.clone(),
             max_connections: settings.limits.max_connections,
             admin_resets: settings.listen.admin_resets,
-            banner: banner::Banner::new(settings),
+            banner: banner::Banner::new(settings, resolved.redis.as_ref()),
         })
     }
 
