@@ -154,8 +154,8 @@ fn fail(code: u8, message: impl std::fmt::Display) -> ExitCode {
 }
 
 fn serve(config: Option<&Path>) -> ExitCode {
-    // `App::build` takes the settings as written (tests build them by hand) and parses them
-    // itself; here they are only checked, to refuse bad ones before the runtime starts.
+    // Bad settings are refused here, before the runtime starts; `App::build` parses them again
+    // itself, as it also builds from settings made in code (tests).
     let settings = match Settings::load(config) {
         Ok((settings, _)) => settings,
         Err(error) => return fail(EXIT_CONFIG, format_args!("invalid settings: {error}")),

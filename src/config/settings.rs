@@ -1,5 +1,7 @@
 //! Daemon settings: named defaults, then a TOML file, then `SLUICE_*` environment variables
-//! (`__` for nesting), extracted and validated before anything is bound.
+//! (`__` for nesting), extracted and validated before anything is bound; validation parses the
+//! values that are more than strings and numbers (addresses, socket mode, where Redis is) once,
+//! into [`Resolved`].
 
 use std::path::{Path, PathBuf};
 
@@ -255,7 +257,8 @@ pub enum LogFormat {
 
 impl Settings {
     /// Loads defaults, then `file` (or [`DEFAULT_SETTINGS_FILE`] if present), then the
-    /// environment, and validates the result ([`Settings::validate`]).
+    /// environment, and validates the result: the settings as written and what
+    /// [`Settings::validate`] parsed of them.
     pub fn load(file: Option<&Path>) -> Result<(Self, Resolved), SettingsError> {
         let mut figment = Figment::from(Serialized::defaults(Settings::default()));
         let mut read = None;
