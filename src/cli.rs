@@ -154,8 +154,10 @@ fn fail(code: u8, message: impl std::fmt::Display) -> ExitCode {
 }
 
 fn serve(config: Option<&Path>) -> ExitCode {
+    // Bad settings are refused here, before the runtime starts; `App::build` parses them again
+    // itself, as it also builds from settings made in code (tests).
     let settings = match Settings::load(config) {
-        Ok(settings) => settings,
+        Ok((settings, _)) => settings,
         Err(error) => return fail(EXIT_CONFIG, format_args!("invalid settings: {error}")),
     };
     crate::telemetry::init_tracing(&settings.log);
@@ -322,14 +324,12 @@ fn target(args: &CheckArgs) -> Result<Target, String> {
 }
 
 fn default_target(config: Option<&Path>) -> Result<Target, String> {
-    let settings = Settings::load(config).map_err(|e| format!("invalid settings: {e}"))?;
-    if let Some(path) = settings.socket_path() {
-        return Ok(Target::Unix(path));
-    }
-    match settings.http_addr() {
-        Ok(Some(addr)) => Ok(Target::Tcp(addr)),
-        Ok(None) => Err("no listener configured; pass --socket or --http".into()),
-        Err(error) => Err(error.to_string()),
+    let (_, resolved) = Settings::load(config).map_err(|e| format!("invalid settings: {e}"))?;
+    let listen = resolved.listen;
+    match (listen.socket, listen.http) {
+        (Some(path), _) => Ok(Target::Unix(path)),
+        (None, Some(addr)) => Ok(Target::Tcp(addr)),
+        (None, None) => Err("no listener configured; pass --socket or --http".into()),
     }
 }
 
@@ -355,12 +355,12 @@ fn summarize(status: u16, json: &serde_json::Value) -> String {
 fn config_check(file: &Path) -> ExitCode {
     let is_settings = file.extension().is_some_and(|ext| ext == "toml");
     let (policy_file, limits, replicas) = if is_settings {
-        let settings = match Settings::load(Some(file)) {
-            Ok(settings) => settings,
+        let (settings, resolved) = match Settings::load(Some(file)) {
+            Ok(loaded) => loaded,
             Err(error) => return fail(EXIT_CONFIG, format_args!("{}: {error}", file.display())),
         };
         // The same checks `serve` makes before it connects (TLS files, URLs, clients).
-        if let Err(error) = crate::app::check_redis(&settings.redis) {
+        if let Err(error) = crate::app::check_redis(&settings.redis, resolved.redis.as_ref()) {
             return fail(EXIT_CONFIG, format_args!("{}: {error}", file.display()));
         }
         (settings.policies, settings.files, settings.local.replicas)

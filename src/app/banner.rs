@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::config::{mask_url, RedisSettings, Settings};
+use crate::config::{mask_url, RedisTarget, Settings};
 
 /// The ready line's fields, taken from the settings at build time.
 #[derive(Debug, Clone)]
@@ -17,14 +17,15 @@ pub(super) struct Banner {
 }
 
 impl Banner {
-    pub(super) fn new(settings: &Settings) -> Self {
+    /// `redis` is where the settings say Redis is (`None`: the embedded store).
+    pub(super) fn new(settings: &Settings, redis: Option<&RedisTarget>) -> Self {
         Self {
             settings: settings.file.as_deref().map_or_else(
                 || "none (defaults and SLUICE_* variables)".to_owned(),
                 shown,
             ),
             policies: policies(&settings.policies),
-            store: store(&settings.redis),
+            store: store(redis),
         }
     }
 }
@@ -44,38 +45,43 @@ fn policies(path: &Path) -> String {
 
 /// `embedded`, `redis single <url>`, `redis cluster [<seeds>]` or `redis sentinel <master>
 /// [<sentinels>]`; passwords in URLs are masked (a separate `redis.password` is never shown).
-pub(super) fn store(redis: &RedisSettings) -> String {
+pub(super) fn store(redis: Option<&RedisTarget>) -> String {
     let masked = |urls: &[String]| urls.iter().map(|u| mask_url(u)).collect::<Vec<_>>();
-    if let Some(url) = redis.url.as_deref().filter(|u| !u.is_empty()) {
-        format!("redis single {}", mask_url(url))
-    } else if !redis.cluster.is_empty() {
-        format!("redis cluster [{}]", masked(&redis.cluster).join(", "))
-    } else if !redis.sentinel.nodes.is_empty() {
-        format!(
+    match redis {
+        None => "embedded".to_owned(),
+        Some(RedisTarget::Single(url)) => format!("redis single {}", mask_url(url)),
+        Some(RedisTarget::Cluster(seeds)) => {
+            format!("redis cluster [{}]", masked(seeds).join(", "))
+        }
+        Some(RedisTarget::Sentinel(sentinel)) => format!(
             "redis sentinel {} [{}]",
-            redis.sentinel.master,
-            masked(&redis.sentinel.nodes).join(", ")
-        )
-    } else {
-        "embedded".to_owned()
+            sentinel.master,
+            masked(&sentinel.nodes).join(", ")
+        ),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::RedisSettings;
+
+    /// The banner's store for `redis`, through the settings' own parse.
+    fn store_of(redis: &RedisSettings) -> String {
+        store(redis.target().expect("valid").as_ref())
+    }
 
     #[test]
     fn every_store_kind_is_named_and_passwords_masked() {
         let mut redis = RedisSettings::default();
-        assert_eq!(store(&redis), "embedded");
+        assert_eq!(store_of(&redis), "embedded");
         redis.url = Some("redis://app:s3cret@10.0.0.5:6380/0".into());
-        let single = store(&redis);
+        let single = store_of(&redis);
         assert!(single.starts_with("redis single redis://app:"), "{single}");
         assert!(!single.contains("s3cret"), "{single}");
         redis.url = None;
         redis.cluster = vec!["redis://:s3cret@a:7000".into(), "redis://b:7001".into()];
-        let cluster = store(&redis);
+        let cluster = store_of(&redis);
         assert!(cluster.starts_with("redis cluster ["), "{cluster}");
         assert!(
             !cluster.contains("s3cret") && cluster.contains("b:7001"),
@@ -84,7 +90,7 @@ mod tests {
         redis.cluster.clear();
         redis.sentinel.nodes = vec!["redis://:s3cret@s1:26379".into()];
         redis.sentinel.master = "mymaster".into();
-        let sentinel = store(&redis);
+        let sentinel = store_of(&redis);
         assert!(
             sentinel.starts_with("redis sentinel mymaster ["),
             "{sentinel}"

@@ -8,33 +8,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::serve::ListenerExt;
-use tokio::net::{TcpListener, TcpSocket, UnixListener};
-use tokio::sync::watch;
+use tokio::net::{TcpListener, UnixListener};
 use tokio::task::JoinSet;
 
-use super::StartError;
+use super::{bind, StartError};
 use crate::check::CheckService;
-use crate::config::Settings;
+use crate::config::{ListenAddrs, Settings};
 use crate::telemetry::Metrics;
+use crate::transport::grpc;
 use crate::transport::grpc::connection::{self, ConnectionBounds};
-use crate::transport::{grpc, uds};
+use crate::transport::serve::Drain;
 
 /// Connections the kernel completes and queues for the gRPC TCP listener while
 /// `limits.max_connections` are open (std's default is 128): Envoy opens one per worker at once,
 /// and a queued client past the cap waits its turn instead of being dropped.
 const TCP_BACKLOG: u32 = 1_024;
-
-/// Binds `addr` with [`TCP_BACKLOG`] (and `SO_REUSEADDR`, as std does).
-fn bind_tcp(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    let socket = if addr.is_ipv4() {
-        TcpSocket::new_v4()?
-    } else {
-        TcpSocket::new_v6()?
-    };
-    socket.set_reuseaddr(true)?;
-    socket.bind(addr)?;
-    socket.listen(TCP_BACKLOG)
-}
 
 /// The bound gRPC listeners (each optional) and how answers are made.
 pub(super) struct GrpcListeners {
@@ -49,32 +37,23 @@ pub(super) struct GrpcListeners {
 
 impl GrpcListeners {
     /// Binds `listen.grpc` and `listen.grpc_socket` when set.
-    pub(super) async fn bind(settings: &Settings) -> Result<Self, StartError> {
-        let config = |e: crate::config::SettingsError| StartError::Config(e.to_string());
-        let bind_err = |what: &str, target: &dyn std::fmt::Display, e: std::io::Error| {
-            StartError::Bind(format!("cannot bind {what} {target}: {e}"))
-        };
-        let tcp = match settings.grpc_addr().map_err(config)? {
-            None => None,
-            Some(addr) => {
-                super::warn_if_exposed("listen.grpc", addr);
-                let listener = bind_tcp(addr).map_err(|e| bind_err("listen.grpc", &addr, e))?;
-                let local = listener
-                    .local_addr()
-                    .map_err(|e| bind_err("listen.grpc", &addr, e))?;
-                Some((listener, local))
-            }
-        };
-        let socket = match settings.grpc_socket_path() {
-            None => None,
-            Some(path) => {
-                let mode = settings.socket_mode_bits().map_err(config)?;
-                let group = settings.listen.socket_group.as_ref().map(|g| g.gid);
-                let listener = uds::bind(&path, mode, group, settings.listen.trust_socket_dir)
-                    .map_err(|e| bind_err("listen.grpc_socket", &path.display(), e))?;
-                Some((listener, path))
-            }
-        };
+    pub(super) fn bind(settings: &Settings, addrs: &ListenAddrs) -> Result<Self, StartError> {
+        let tcp = addrs
+            .grpc
+            .map(|addr| bind::tcp("listen.grpc", addr, TCP_BACKLOG))
+            .transpose()?;
+        let socket = addrs
+            .grpc_socket
+            .as_deref()
+            .map(|path| {
+                bind::uds(
+                    "listen.grpc_socket",
+                    path,
+                    addrs.socket_mode,
+                    &settings.listen,
+                )
+            })
+            .transpose()?;
         Ok(Self {
             tcp,
             socket,
@@ -98,7 +77,7 @@ impl GrpcListeners {
         tasks: &mut JoinSet<()>,
         service: Arc<CheckService>,
         metrics: Metrics,
-        drain: watch::Receiver<bool>,
+        drain: Drain,
         grace: Duration,
     ) {
         let mut bounds = self.bounds;

@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use axum::serve::ListenerExt;
 use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 mod banner;
+mod bind;
 mod grpc_listeners;
 mod stores;
 
@@ -27,7 +27,7 @@ use crate::limit::PolicySet;
 use crate::reload::Reloader;
 use crate::store::MemoryStore;
 use crate::telemetry::Metrics;
-use crate::transport::serve::{serve, Peers};
+use crate::transport::serve::{serve, Drain, Peers};
 use crate::transport::{admin, http, uds, Transport};
 
 /// How long the admin listener's last requests get once the check listeners are closed.
@@ -94,60 +94,31 @@ impl App {
         policies: PolicySet,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, StartError> {
-        settings
+        let resolved = settings
             .validate()
             .map_err(|e| StartError::Config(e.to_string()))?;
         let tracing =
             crate::telemetry::Tracing::start(&settings.tracing).map_err(StartError::Config)?;
         let metrics = Metrics::new().with_tracing(tracing);
-        let (service, memory) = stores::service(settings, policies, clock, &metrics)?;
+        let (service, memory) =
+            stores::service(settings, resolved.redis.as_ref(), policies, clock, &metrics)?;
         let service = Arc::new(service.with_unmatched_log(settings.log.unmatched));
-        let bind_err = |what: &str, target: &dyn std::fmt::Display, e: std::io::Error| {
-            StartError::Bind(format!("cannot bind {what} {target}: {e}"))
-        };
-        let http = match settings
-            .http_addr()
-            .map_err(|e| StartError::Config(e.to_string()))?
-        {
-            None => None,
-            Some(addr) => {
-                warn_if_exposed("listen.http", addr);
-                let listener = TcpListener::bind(addr)
-                    .await
-                    .map_err(|e| bind_err("listen.http", &addr, e))?;
-                let local = listener
-                    .local_addr()
-                    .map_err(|e| bind_err("listen.http", &addr, e))?;
-                Some((listener, local))
-            }
-        };
-        let socket = match settings.socket_path() {
-            None => None,
-            Some(path) => {
-                let mode = settings
-                    .socket_mode_bits()
-                    .map_err(|e| StartError::Config(e.to_string()))?;
-                let group = settings.listen.socket_group.as_ref().map(|g| g.gid);
-                let listener = uds::bind(&path, mode, group, settings.listen.trust_socket_dir)
-                    .map_err(|e| bind_err("listen.socket", &path.display(), e))?;
-                Some((listener, path))
-            }
-        };
-        let grpc = grpc_listeners::GrpcListeners::bind(settings).await?;
-        let admin_addr = settings
-            .admin_addr()
-            .map_err(|e| StartError::Config(e.to_string()))?;
-        warn_if_exposed("listen.admin", admin_addr);
-        let admin = TcpListener::bind(admin_addr)
-            .await
-            .map_err(|e| bind_err("listen.admin", &admin_addr, e))?;
-        let admin_local = admin
-            .local_addr()
-            .map_err(|e| bind_err("listen.admin", &admin_addr, e))?;
+        let addrs = &resolved.listen;
+        let http = addrs
+            .http
+            .map(|addr| bind::tcp("listen.http", addr, bind::STD_BACKLOG))
+            .transpose()?;
+        let socket = addrs
+            .socket
+            .as_deref()
+            .map(|path| bind::uds("listen.socket", path, addrs.socket_mode, &settings.listen))
+            .transpose()?;
+        let grpc = grpc_listeners::GrpcListeners::bind(settings, addrs)?;
+        let admin = bind::tcp("listen.admin", addrs.admin, bind::STD_BACKLOG)?;
         Ok(Self {
             http,
             socket,
-            admin: (admin, admin_local),
+            admin,
             grpc,
             memory,
             service,
@@ -158,7 +129,7 @@ impl App {
             authz: settings.authz.clone(),
             max_connections: settings.limits.max_connections,
             admin_resets: settings.listen.admin_resets,
-            banner: banner::Banner::new(settings),
+            banner: banner::Banner::new(settings, resolved.redis.as_ref()),
         })
     }
 
@@ -196,11 +167,11 @@ impl App {
     /// accepting, in-flight checks are answered (for up to the grace period), the socket file is
     /// removed and the admin listener closes last.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) {
-        let (drain_tx, drain_rx) = watch::channel(false);
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let until = |mut rx: watch::Receiver<bool>| async move {
-            let _ = rx.wait_for(|stop| *stop).await;
-        };
+        // The check listeners drain first; the admin listener and the background tasks stop
+        // once they are done.
+        let (start_drain, drain) = Drain::new();
+        let (start_stop, stop) = Drain::new();
+        let until = |stop: Drain| async move { stop.signaled().await };
 
         let mut checks = JoinSet::new();
         let router = |transport| {
@@ -222,7 +193,7 @@ impl App {
             checks.spawn(serve(
                 listener,
                 app,
-                drain_rx.clone(),
+                drain.clone(),
                 grace,
                 max_connections,
                 Peers::Ignore,
@@ -235,7 +206,7 @@ impl App {
             checks.spawn(serve(
                 listener,
                 app,
-                drain_rx.clone(),
+                drain.clone(),
                 grace,
                 max_connections,
                 Peers::Ignore,
@@ -247,7 +218,7 @@ impl App {
                 &mut checks,
                 self.service.clone(),
                 self.metrics.clone(),
-                drain_rx.clone(),
+                drain.clone(),
                 self.grace,
             )
             .await;
@@ -263,16 +234,16 @@ impl App {
         let admin_task = tokio::spawn(serve(
             admin_listener,
             admin_app,
-            stop_rx.clone(),
+            stop.clone(),
             ADMIN_GRACE,
             self.max_connections,
             // Counter resets are logged with who asked.
             Peers::Record,
         ));
-        let sweeper = tokio::spawn(sweep(self.memory.clone(), until(stop_rx.clone())));
+        let sweeper = tokio::spawn(sweep(self.memory.clone(), until(stop.clone())));
         let reloader = self
             .reloader
-            .map(|(reloader, poll)| tokio::spawn(reloader.run(poll, until(stop_rx.clone()))));
+            .map(|(reloader, poll)| tokio::spawn(reloader.run(poll, until(stop.clone()))));
         let banner = &self.banner;
         tracing::info!(
             version = env!("CARGO_PKG_VERSION"),
@@ -286,7 +257,7 @@ impl App {
         shutdown.await;
         tracing::info!("shutting down: draining in-flight checks");
         self.ready.store(false, Ordering::SeqCst);
-        let _ = drain_tx.send(true);
+        start_drain.signal();
         // Each listener closes its own leftover connections once the grace period is over.
         while let Some(result) = checks.join_next().await {
             if let Err(error) = result {
@@ -296,7 +267,7 @@ impl App {
         for path in socket_path.iter().chain(grpc_socket.iter()) {
             uds::remove(path);
         }
-        let _ = stop_tx.send(true);
+        start_stop.signal();
         let _ = tokio::time::timeout(Duration::from_secs(1), admin_task).await;
         let _ = sweeper.await;
         if let Some(reloader) = reloader {
@@ -320,11 +291,5 @@ async fn sweep(stores: Vec<Arc<MemoryStore>>, stop: impl Future<Output = ()>) {
                 }
             }
         }
-    }
-}
-
-fn warn_if_exposed(key: &str, addr: SocketAddr) {
-    if !addr.ip().is_loopback() {
-        tracing::warn!(%addr, key, "listening beyond loopback: anything that reaches this address can use it");
     }
 }

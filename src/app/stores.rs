@@ -8,11 +8,11 @@ use std::time::Duration;
 use super::StartError;
 use crate::check::{CheckService, HotKeys, LocalShare};
 use crate::clock::Clock;
-use crate::config::{RedisSettings, Settings};
+use crate::config::{RedisSettings, RedisTarget, Settings};
 use crate::limit::PolicySet;
 use crate::store::redis::access::{Access, TlsFiles, TlsOptions};
 use crate::store::redis::batcher::BatchConfig;
-use crate::store::redis::conn::{RedisTarget, SentinelTarget, Timeouts};
+use crate::store::redis::conn::Timeouts;
 use crate::store::redis::prober::Backoff;
 use crate::store::redis::resets::ResetEvent;
 use crate::store::redis::{RedisOptions, RedisStore};
@@ -29,6 +29,7 @@ const LOCAL_LIMIT_BYTES_PER_KEY: usize = 256;
 /// `local` failure mode and for the policies' local limits.
 pub(super) fn service(
     settings: &Settings,
+    redis: Option<&RedisTarget>,
     policies: PolicySet,
     clock: Arc<dyn Clock>,
     metrics: &Metrics,
@@ -65,10 +66,10 @@ pub(super) fn service(
             timeout,
         )
     };
-    let service = if settings.redis.enabled() {
+    let service = if let Some(target) = redis {
         let options = RedisOptions {
             tracing: metrics.tracing().clone(),
-            ..redis_options(&settings.redis).map_err(StartError::Config)?
+            ..redis_options(&settings.redis, target.clone()).map_err(StartError::Config)?
         };
         let redis = RedisStore::start(options, metrics.registry())
             .map_err(|e| StartError::Config(format!("redis: {e}")))?;
@@ -132,18 +133,20 @@ pub(super) fn service(
 }
 
 /// Checks the Redis settings the way `serve` uses them (TLS files read and parsed, URLs and
-/// clients built, nothing connected), for `sluice config check`.
-pub fn check_redis(settings: &RedisSettings) -> Result<(), String> {
-    if !settings.enabled() {
+/// clients built, nothing connected), for `sluice config check`; `target` is where the settings
+/// say Redis is (`None`: the embedded store, nothing to check).
+pub fn check_redis(settings: &RedisSettings, target: Option<&RedisTarget>) -> Result<(), String> {
+    let Some(target) = target else {
         return Ok(());
-    }
-    let options = redis_options(settings)?;
+    };
+    let options = redis_options(settings, target.clone())?;
     crate::store::redis::conn::validate(&options.target, &options.access)
         .map_err(|e| format!("redis: {e}"))
 }
 
-/// The Redis store's options: the target, credentials and TLS material (files read here, once).
-fn redis_options(settings: &RedisSettings) -> Result<RedisOptions, String> {
+/// The Redis store's options for `target`: credentials and TLS material (files read here,
+/// once), deadlines, batching and the breaker.
+fn redis_options(settings: &RedisSettings, target: RedisTarget) -> Result<RedisOptions, String> {
     let tls = &settings.tls;
     let files = TlsFiles {
         ca: tls.ca_file.as_deref(),
@@ -157,17 +160,6 @@ fn redis_options(settings: &RedisSettings) -> Result<RedisOptions, String> {
             skip_hostname: !tls.verify_hostname,
             ..TlsOptions::load(files, tls.insecure, settings.uses_tls())?
         },
-    };
-    let sentinel = &settings.sentinel;
-    let target = match &settings.url {
-        Some(url) if !url.is_empty() => RedisTarget::Single(url.clone()),
-        _ if !sentinel.nodes.is_empty() => RedisTarget::Sentinel(SentinelTarget {
-            nodes: sentinel.nodes.clone(),
-            master: sentinel.master.clone(),
-            username: sentinel.username.clone(),
-            password: sentinel.password.clone(),
-        }),
-        _ => RedisTarget::Cluster(settings.cluster.clone()),
     };
     Ok(RedisOptions {
         target,

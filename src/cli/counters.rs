@@ -105,11 +105,8 @@ pub(super) fn admin_target(
     {
         return Target::parse_http(&url).map_err(|e| format!("SLUICE_ADMIN_URL: {e}"));
     }
-    let settings = Settings::load(config).map_err(|e| format!("invalid settings: {e}"))?;
-    settings
-        .admin_addr()
-        .map(Target::Tcp)
-        .map_err(|e| e.to_string())
+    let (_, resolved) = Settings::load(config).map_err(|e| format!("invalid settings: {e}"))?;
+    Ok(Target::Tcp(resolved.listen.admin))
 }
 
 /// One line for people.

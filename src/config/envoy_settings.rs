@@ -1,14 +1,10 @@
-//! Settings of Envoy's rate limit service API (`[envoy]`, and the `listen.grpc*` addresses):
-//! how it answers and the bounds of its HTTP/2 connections (streams, handshake, idle time,
-//! keepalive, age), on top of the `limits.*` every check listener shares.
-
-use std::net::SocketAddr;
-use std::path::PathBuf;
+//! Settings of Envoy's rate limit service API (`[envoy]`; its addresses are `listen.grpc*`): how
+//! it answers and the bounds of its HTTP/2 connections (streams, handshake, idle time, keepalive,
+//! age), on top of the `limits.*` every check listener shares.
 
 use serde::{Deserialize, Serialize};
 
-use super::settings::parse_addr;
-use super::{HumanDuration, Settings, SettingsError};
+use super::{HumanDuration, SettingsError};
 
 /// Default most concurrent streams (in-flight checks) per connection.
 pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 256;
@@ -83,24 +79,6 @@ impl EnvoySettings {
             }
         }
         Ok(())
-    }
-}
-
-impl Settings {
-    /// The gRPC TCP address, if enabled.
-    pub fn grpc_addr(&self) -> Result<Option<SocketAddr>, SettingsError> {
-        if self.listen.grpc.is_empty() {
-            return Ok(None);
-        }
-        parse_addr("listen.grpc", &self.listen.grpc).map(Some)
-    }
-
-    /// The gRPC Unix socket path, if enabled.
-    pub fn grpc_socket_path(&self) -> Option<PathBuf> {
-        self.listen
-            .grpc_socket
-            .clone()
-            .filter(|path| !path.as_os_str().is_empty())
     }
 }
 

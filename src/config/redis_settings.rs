@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::HumanDuration;
+use super::{HumanDuration, SettingsError};
 
 /// Redis connection settings. None of `url`, `cluster`, `sentinel.nodes`: the embedded store.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -64,17 +64,68 @@ impl Default for RedisSettings {
     }
 }
 
-impl RedisSettings {
-    /// Whether Redis is configured at all.
-    pub fn enabled(&self) -> bool {
-        self.sources() > 0
-    }
+/// Where Redis is: the one of `redis.url`, `redis.cluster` and `redis.sentinel` that is set, from
+/// [`RedisSettings::target`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    /// One primary: `redis://[user:password@]host:port[/db]`.
+    Single(String),
+    /// Seed nodes of a Cluster.
+    Cluster(Vec<String>),
+    /// A Sentinel set watching a primary.
+    Sentinel(SentinelTarget),
+}
 
-    /// How many of `url`, `cluster`, `sentinel.nodes` are set.
-    pub(crate) fn sources(&self) -> usize {
-        usize::from(self.url.as_ref().is_some_and(|url| !url.is_empty()))
+/// The Sentinels, the name of the primary they watch, and the primary's credentials.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentinelTarget {
+    /// Sentinel URLs.
+    pub nodes: Vec<String>,
+    /// The monitored primary's name (`sentinel monitor <name> ...`).
+    pub master: String,
+    /// Username for the data nodes, if any.
+    pub username: Option<String>,
+    /// Password for the data nodes, if any.
+    pub password: Option<String>,
+}
+
+impl RedisSettings {
+    /// Where Redis is, `None` for the embedded store; refuses several sources at once, a
+    /// Sentinel set without the primary's name, and credentials or TLS settings that contradict
+    /// the URLs.
+    pub fn target(&self) -> Result<Option<RedisTarget>, SettingsError> {
+        let url = self.url.as_ref().filter(|url| !url.is_empty());
+        let sentinel = &self.sentinel;
+        let sources = usize::from(url.is_some())
             + usize::from(!self.cluster.is_empty())
-            + usize::from(!self.sentinel.nodes.is_empty())
+            + usize::from(!sentinel.nodes.is_empty());
+        if sources > 1 {
+            return Err(SettingsError(
+                "redis: set one of redis.url (one primary), redis.cluster (seed nodes) or \
+                 redis.sentinel.nodes (Sentinels), not several"
+                    .into(),
+            ));
+        }
+        self.validate_access().map_err(SettingsError)?;
+        if !sentinel.nodes.is_empty() && sentinel.master.is_empty() {
+            return Err(SettingsError(
+                "redis.sentinel.master: name the primary the Sentinels watch".into(),
+            ));
+        }
+        Ok(if let Some(url) = url {
+            Some(RedisTarget::Single(url.clone()))
+        } else if !sentinel.nodes.is_empty() {
+            Some(RedisTarget::Sentinel(SentinelTarget {
+                nodes: sentinel.nodes.clone(),
+                master: sentinel.master.clone(),
+                username: sentinel.username.clone(),
+                password: sentinel.password.clone(),
+            }))
+        } else if !self.cluster.is_empty() {
+            Some(RedisTarget::Cluster(self.cluster.clone()))
+        } else {
+            None
+        })
     }
 
     /// Every URL sluice connects to: the primary, the Cluster seeds or the Sentinels.
@@ -94,7 +145,7 @@ impl RedisSettings {
 
     /// Checks credentials and TLS settings against the URLs (no I/O: the files are read when the
     /// store is built, by `serve` and `config check` alike).
-    pub fn validate_access(&self) -> Result<(), String> {
+    fn validate_access(&self) -> Result<(), String> {
         let sentinel = &self.sentinel;
         if (self.username.is_some() && sentinel.username.is_some())
             || (self.password.is_some() && sentinel.password.is_some())

@@ -1,40 +1,20 @@
 //! Daemon settings: named defaults, then a TOML file, then `SLUICE_*` environment variables
-//! (`__` for nesting), extracted and validated before anything is bound.
+//! (`__` for nesting), extracted and validated before anything is bound; validation parses the
+//! values that are more than strings and numbers (addresses, socket mode, where Redis is) once,
+//! into [`Resolved`].
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 
-use super::redis_settings::RedisSettings;
+use super::listen_settings::{Listen, ListenAddrs};
+use super::redis_settings::{RedisSettings, RedisTarget};
 use super::{AuthzSettings, FileLimits, HumanDuration};
 
 /// The settings file used when none is given and it exists.
 pub const DEFAULT_SETTINGS_FILE: &str = "config/sluice.toml";
-
-/// Top-level keys that `SLUICE_*` variables may set; others (such as `SLUICE_CONFIG`) are left
-/// alone instead of failing the unknown-field check.
-const ENV_KEYS: [&str; 17] = [
-    "listen",
-    "envoy",
-    "authz",
-    "files",
-    "policies_allow_empty",
-    "policies",
-    "policies_poll",
-    "tenants",
-    "local_layer",
-    "redis",
-    "memory",
-    "local",
-    "limits",
-    "log",
-    "shutdown_grace",
-    "worker_threads",
-    "tracing",
-];
 
 /// Settings are invalid; the message names the key.
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +67,16 @@ pub struct Settings {
     pub tracing: super::TracingSettings,
 }
 
+/// What [`Settings::validate`] parsed, in the types the daemon uses: nothing downstream parses an
+/// address or works out where Redis is again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    /// Where each listener binds.
+    pub listen: ListenAddrs,
+    /// Where Redis is; `None`: the embedded store.
+    pub redis: Option<RedisTarget>,
+}
+
 /// Most worker threads accepted.
 pub const MAX_WORKER_THREADS: usize = 64;
 
@@ -113,83 +103,6 @@ impl Default for Settings {
             tracing: Default::default(),
         }
     }
-}
-
-/// Listener addresses; an empty string disables the check listener it names.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Listen {
-    /// Check API over TCP.
-    pub http: String,
-    /// Check API over a Unix socket; unset means `$TMPDIR/sluice/sluice.sock`.
-    pub socket: Option<PathBuf>,
-    /// Permission bits of the socket file, octal.
-    #[serde(deserialize_with = "octal_mode")]
-    pub socket_mode: String,
-    /// The group the Unix sockets (check API and gRPC) are given, a name or a numeric id,
-    /// resolved at load: with mode `0660`, members of it (nginx workers as `www-data`) may
-    /// connect. Unset: the group sluice runs as. sluice's user must be in the group (or root).
-    pub socket_group: Option<super::SocketGroup>,
-    /// Admin listener (probes, metrics, policy dump).
-    pub admin: String,
-    /// Envoy's rate limit service (gRPC) over TCP; empty (the default) disables it. Its
-    /// conventional address is `127.0.0.1:8081`.
-    pub grpc: String,
-    /// Envoy's rate limit service (gRPC) over a Unix socket (Envoy's `pipe` address); unset
-    /// disables it.
-    pub grpc_socket: Option<PathBuf>,
-    /// Bind the socket even if its directory is writable by others or owned by another user:
-    /// only for a directory no one else can reach (a Kubernetes `emptyDir` shared by the pod's
-    /// containers). Otherwise such a directory is refused: its other writers could replace
-    /// the socket with their own.
-    pub trust_socket_dir: bool,
-    /// Who may reset counters (`DELETE /v1/counters`) on the admin listener.
-    pub admin_resets: AdminResets,
-}
-
-/// Who may reset counters on the admin listener. The admin listener often binds the pod's
-/// address (probes, metrics): a reset lifts a limit, so by default only a client on loopback
-/// (`kubectl port-forward`, `kubectl exec`) may ask.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AdminResets {
-    /// Clients connected from a loopback address.
-    #[default]
-    Loopback,
-    /// Any client that reaches the admin listener.
-    Any,
-    /// Nobody: `DELETE /v1/counters` is refused.
-    Off,
-}
-
-impl Default for Listen {
-    fn default() -> Self {
-        Self {
-            http: "127.0.0.1:7070".into(),
-            socket: None,
-            socket_mode: "0660".into(),
-            socket_group: None,
-            admin: "127.0.0.1:7071".into(),
-            grpc: String::new(),
-            grpc_socket: None,
-            trust_socket_dir: false,
-            admin_resets: AdminResets::Loopback,
-        }
-    }
-}
-
-/// Accepts `"0660"` or, as environment values arrive as numbers, `660`.
-fn octal_mode<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Mode {
-        Text(String),
-        Number(u64),
-    }
-    Ok(match Mode::deserialize(deserializer)? {
-        Mode::Text(text) => text,
-        Mode::Number(n) => n.to_string(),
-    })
 }
 
 /// The per-tenant tier table.
@@ -343,8 +256,10 @@ pub enum LogFormat {
 }
 
 impl Settings {
-    /// Loads defaults, then `file` (or [`DEFAULT_SETTINGS_FILE`] if present), then the environment.
-    pub fn load(file: Option<&Path>) -> Result<Self, SettingsError> {
+    /// Loads defaults, then `file` (or [`DEFAULT_SETTINGS_FILE`] if present), then the
+    /// environment, and validates the result: the settings as written and what
+    /// [`Settings::validate`] parsed of them.
+    pub fn load(file: Option<&Path>) -> Result<(Self, Resolved), SettingsError> {
         let mut figment = Figment::from(Serialized::defaults(Settings::default()));
         let mut read = None;
         match file {
@@ -364,45 +279,28 @@ impl Settings {
             }
             None => {}
         }
-        let env = Env::prefixed("SLUICE_").split("__").filter(|key| {
+        // Only variables naming a key: others (such as `SLUICE_CONFIG`) are left alone instead
+        // of failing the unknown-field check.
+        let keys = super::field_names::of::<Settings>();
+        let env = Env::prefixed("SLUICE_").split("__").filter(move |key| {
             let top = key.as_str().split('.').next().unwrap_or("");
-            ENV_KEYS.iter().any(|known| known.eq_ignore_ascii_case(top))
+            keys.iter().any(|known| known.eq_ignore_ascii_case(top))
         });
         let mut settings: Settings = figment
             .merge(env)
             .extract()
             .map_err(|e| SettingsError(super::settings_errors::describe(e)))?;
         settings.file = read;
-        settings.validate()?;
-        Ok(settings)
+        let resolved = settings.validate()?;
+        Ok((settings, resolved))
     }
 
-    /// Checks everything that extraction cannot: addresses, modes, ranges.
-    pub fn validate(&self) -> Result<(), SettingsError> {
-        self.http_addr()?;
-        self.grpc_addr()?;
-        self.admin_addr()?;
-        self.socket_mode_bits()?;
-        if self.http_addr()?.is_none() && self.socket_path().is_none() {
-            return Err(SettingsError(
-                "listen: both listen.http and listen.socket are disabled; enable at least one"
-                    .into(),
-            ));
-        }
+    /// Checks everything that extraction cannot (addresses, modes, ranges, where Redis is) and
+    /// returns what it parsed.
+    pub fn validate(&self) -> Result<Resolved, SettingsError> {
+        let listen = self.listen.parse()?;
         let redis = &self.redis;
-        if redis.sources() > 1 {
-            return Err(SettingsError(
-                "redis: set one of redis.url (one primary), redis.cluster (seed nodes) or \
-                 redis.sentinel.nodes (Sentinels), not several"
-                    .into(),
-            ));
-        }
-        redis.validate_access().map_err(SettingsError)?;
-        if !redis.sentinel.nodes.is_empty() && redis.sentinel.master.is_empty() {
-            return Err(SettingsError(
-                "redis.sentinel.master: name the primary the Sentinels watch".into(),
-            ));
-        }
+        let target = redis.target()?;
         if redis.breaker.probe_min.0 == 0 || redis.breaker.probe_min > redis.breaker.probe_max {
             return Err(SettingsError(
                 "redis.breaker: need 0 < probe_min <= probe_max".into(),
@@ -464,51 +362,11 @@ impl Settings {
         self.tracing.validate()?;
         super::log_level::validate(&self.log.level)
             .map_err(|reason| SettingsError(format!("log.level: {reason}")))?;
-        Ok(())
+        Ok(Resolved {
+            listen,
+            redis: target,
+        })
     }
-
-    /// The TCP check address, `None` when disabled.
-    pub fn http_addr(&self) -> Result<Option<SocketAddr>, SettingsError> {
-        if self.listen.http.is_empty() {
-            return Ok(None);
-        }
-        parse_addr("listen.http", &self.listen.http).map(Some)
-    }
-
-    /// The admin address.
-    pub fn admin_addr(&self) -> Result<SocketAddr, SettingsError> {
-        parse_addr("listen.admin", &self.listen.admin)
-    }
-
-    /// The Unix socket path, `None` when disabled.
-    pub fn socket_path(&self) -> Option<PathBuf> {
-        match &self.listen.socket {
-            None => Some(std::env::temp_dir().join("sluice").join("sluice.sock")),
-            Some(path) if path.as_os_str().is_empty() => None,
-            Some(path) => Some(path.clone()),
-        }
-    }
-
-    /// The socket file's permission bits.
-    pub fn socket_mode_bits(&self) -> Result<u32, SettingsError> {
-        let text = &self.listen.socket_mode;
-        u32::from_str_radix(text, 8)
-            .ok()
-            .filter(|mode| *mode <= 0o777)
-            .ok_or_else(|| {
-                SettingsError(format!(
-                    "listen.socket_mode: {text:?} is not an octal permission such as \"0660\""
-                ))
-            })
-    }
-}
-
-pub(super) fn parse_addr(key: &str, text: &str) -> Result<SocketAddr, SettingsError> {
-    text.parse().map_err(|_| {
-        SettingsError(format!(
-            "{key}: {text:?} is not an address such as \"127.0.0.1:7070\""
-        ))
-    })
 }
 
 #[cfg(test)]
@@ -518,15 +376,15 @@ mod tests {
     #[test]
     fn defaults_follow_the_wire_contract() {
         let s = Settings::default();
-        s.validate().expect("defaults are valid");
+        let listen = s.validate().expect("defaults are valid").listen;
         assert_eq!(s.listen.http, "127.0.0.1:7070");
         assert_eq!(s.listen.admin, "127.0.0.1:7071");
         assert_eq!(s.policies, PathBuf::from("config/policies.yaml"));
-        assert!(s
-            .socket_path()
+        assert!(listen
+            .socket
             .expect("enabled")
             .ends_with("sluice/sluice.sock"));
-        assert_eq!(s.socket_mode_bits().expect("valid"), 0o660);
+        assert_eq!(listen.socket_mode, 0o660);
     }
 
     #[test]
@@ -557,5 +415,32 @@ mod tests {
             .starts_with("listen.socket_mode"));
         let err = toml_settings("[listen]\nhtpp = \"x\"\n").unwrap_err();
         assert!(err.contains("htpp"), "{err}");
+    }
+
+    #[test]
+    fn variables_may_set_every_key_a_file_may() {
+        let keys = crate::config::field_names::of::<Settings>();
+        for key in [
+            "listen",
+            "redis",
+            "worker_threads",
+            "tracing",
+            "policies_allow_empty",
+        ] {
+            assert!(keys.contains(&key), "{key} missing from {keys:?}");
+        }
+        // Set by `load` only.
+        assert!(!keys.contains(&"file"), "{keys:?}");
+        let written = serde_json::to_value(Settings::default()).expect("serializes");
+        let mut written: Vec<&str> = written
+            .as_object()
+            .expect("a table")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let mut keys = keys.to_vec();
+        written.sort_unstable();
+        keys.sort_unstable();
+        assert_eq!(written, keys);
     }
 }

@@ -17,7 +17,6 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 
 use super::metrics::InjectorMetrics;
 use super::mutate::{mutate, Mutation, Outcome};
@@ -27,7 +26,7 @@ use crate::app::StartError;
 use crate::config::{HumanDuration, RequestLimits};
 use crate::inject::Options;
 use crate::transport::http::{error_response, read_json};
-use crate::transport::serve::{serve, Peers};
+use crate::transport::serve::{serve, Drain, Peers};
 use crate::transport::wire::ErrorReply;
 
 /// Largest AdmissionReview body: the API server caps an object near 1.5 MiB, and a review
@@ -135,8 +134,8 @@ impl Injector {
     /// Serves until `shutdown` resolves; then readiness turns false, the webhook stops accepting
     /// and finishes its reviews (up to the grace period), and the admin listener closes last.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) {
-        let (drain_tx, drain_rx) = watch::channel(false);
-        let (stop_tx, stop_rx) = watch::channel(false);
+        let (start_drain, drain) = Drain::new();
+        let (start_stop, stop) = Drain::new();
         let limits = RequestLimits {
             max_body_bytes: MAX_REVIEW_BYTES,
             body_read_timeout: BODY_READ_TIMEOUT,
@@ -152,7 +151,7 @@ impl Injector {
         let webhook_task = tokio::spawn(serve(
             listener,
             webhook,
-            drain_rx,
+            drain,
             self.config.shutdown_grace,
             self.config.max_connections,
             Peers::Ignore,
@@ -164,7 +163,7 @@ impl Injector {
         let admin_task = tokio::spawn(serve(
             self.admin,
             admin,
-            stop_rx.clone(),
+            stop.clone(),
             ADMIN_GRACE,
             self.config.max_connections,
             Peers::Ignore,
@@ -175,7 +174,7 @@ impl Injector {
             self.stamps,
             self.config.reload_interval,
             self.metrics.clone(),
-            stop_rx,
+            stop,
         ));
         tracing::info!(
             webhook = %self.webhook_addr,
@@ -186,11 +185,11 @@ impl Injector {
         shutdown.await;
         tracing::info!("shutting down: finishing in-flight reviews");
         self.ready.store(false, Ordering::SeqCst);
-        let _ = drain_tx.send(true);
+        start_drain.signal();
         if let Err(error) = webhook_task.await {
             tracing::warn!(%error, "webhook listener task failed");
         }
-        let _ = stop_tx.send(true);
+        start_stop.signal();
         let _ = tokio::time::timeout(ADMIN_GRACE * 2, admin_task).await;
         let _ = watcher.await;
         tracing::info!("sluice injector stopped");

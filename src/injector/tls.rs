@@ -23,13 +23,13 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::{Accept, TlsAcceptor};
 
 use super::metrics::{InjectorMetrics, Reload};
 use crate::config::bounded_read::{self, FileStamp};
 use crate::config::{FileLimits, HumanDuration};
+use crate::transport::serve::Drain;
 
 /// Bounds on reading the PEM files (a certificate chain is a few KiB).
 const PEM_LIMITS: FileLimits = FileLimits {
@@ -125,18 +125,18 @@ pub fn acceptor(cert: Arc<ServingCert>) -> TlsAcceptor {
 }
 
 /// Polls the files' metadata every `interval` (not reading them unless it changed) and swaps a
-/// new valid pair in, until `stop` turns true.
+/// new valid pair in, until `stop`.
 pub async fn watch_files(
     files: CertFiles,
     serving: Arc<ServingCert>,
     mut seen: Stamps,
     interval: Duration,
     metrics: InjectorMetrics,
-    mut stop: watch::Receiver<bool>,
+    stop: Drain,
 ) {
     loop {
         tokio::select! {
-            _ = stop.wait_for(|stop| *stop) => return,
+            () = stop.signaled() => return,
             () = tokio::time::sleep(interval) => {}
         }
         let now = files.stamps().await;

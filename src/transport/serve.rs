@@ -37,12 +37,43 @@ pub enum Peers {
     Ignore,
 }
 
-/// Serves `router` on `listener` until `drain` turns true, with at most `max_connections` open;
-/// then waits up to `grace` for open connections to finish and closes the rest.
+/// The signal that ends serving, shared by every listener and task that stops with it: once its
+/// [`DrainSignal`] is given (or dropped), [`Drain::signaled`] resolves on every clone, at once for
+/// one cloned after. Cheap to clone (one `watch` channel underneath).
+#[derive(Debug, Clone)]
+pub struct Drain(watch::Receiver<bool>);
+
+/// What starts a [`Drain`]; held by whoever decides when serving ends.
+#[derive(Debug)]
+pub struct DrainSignal(watch::Sender<bool>);
+
+impl Drain {
+    /// A drain not yet started, and the signal that starts it.
+    pub fn new() -> (DrainSignal, Self) {
+        let (signal, drain) = watch::channel(false);
+        (DrainSignal(signal), Self(drain))
+    }
+
+    /// Resolves once the drain has started (or its signal is gone).
+    pub async fn signaled(&self) {
+        let mut drain = self.0.clone();
+        let _ = drain.wait_for(|started| *started).await;
+    }
+}
+
+impl DrainSignal {
+    /// Starts the drain: every [`Drain`] of it resolves.
+    pub fn signal(&self) {
+        let _ = self.0.send(true);
+    }
+}
+
+/// Serves `router` on `listener` until `drain`, with at most `max_connections` open; then waits
+/// up to `grace` for open connections to finish and closes the rest.
 pub async fn serve<L: Listener>(
     listener: L,
     router: Router,
-    drain: watch::Receiver<bool>,
+    drain: Drain,
     grace: Duration,
     max_connections: usize,
     peers: Peers,
@@ -53,7 +84,7 @@ pub async fn serve<L: Listener>(
         grace,
         max_connections,
     };
-    accept_loop(listener, drain, bounds, move |io, peer, mut drain| {
+    accept_loop(listener, drain, bounds, move |io, peer, drain| {
         let service = Capped(WithPeer {
             inner: TowerToHyperService::new(router.clone()),
             peer: (peers == Peers::Record).then_some(peer),
@@ -67,7 +98,7 @@ pub async fn serve<L: Listener>(
             tokio::pin!(conn);
             tokio::select! {
                 _ = conn.as_mut() => {}
-                _ = drained(&mut drain) => {
+                () = drain.signaled() => {
                     conn.as_mut().graceful_shutdown();
                     let _ = conn.await;
                 }
@@ -92,26 +123,26 @@ pub struct Bounds {
 /// `bounds.grace` and are then closed.
 pub async fn accept_loop<L, F, Fut>(
     mut listener: L,
-    mut drain: watch::Receiver<bool>,
+    drain: Drain,
     bounds: Bounds,
     mut connection: F,
 ) where
     L: Listener,
-    F: FnMut(L::Io, L::Addr, watch::Receiver<bool>) -> Fut,
+    F: FnMut(L::Io, L::Addr, Drain) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let mut connections = JoinSet::new();
     let slots = Arc::new(Semaphore::new(bounds.max_connections));
     loop {
         let slot = tokio::select! {
-            _ = drained(&mut drain) => break,
+            () = drain.signaled() => break,
             slot = slots.clone().acquire_owned() => slot,
             // Reap finished connections so the set does not grow with the daemon's age.
             Some(_) = connections.join_next(), if !connections.is_empty() => continue,
         };
         let Ok(slot) = slot else { break };
         tokio::select! {
-            _ = drained(&mut drain) => break,
+            () = drain.signaled() => break,
             (io, peer) = listener.accept() => {
                 let served = connection(io, peer, drain.clone());
                 connections.spawn(async move {
@@ -158,9 +189,4 @@ where
         }
         self.inner.call(request)
     }
-}
-
-/// Resolves once `drain` turns true (or its sender is gone).
-pub async fn drained(drain: &mut watch::Receiver<bool>) {
-    let _ = drain.wait_for(|stop| *stop).await;
 }

@@ -24,29 +24,8 @@ use redis::{
 use super::access::{install_crypto_provider, Access};
 use super::slot_map::{NodeCalls, SlotMap};
 
-/// Where Redis is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RedisTarget {
-    /// One primary: `redis://[user:password@]host:port[/db]`.
-    Single(String),
-    /// Seed nodes of a Cluster.
-    Cluster(Vec<String>),
-    /// A Sentinel set watching a primary.
-    Sentinel(SentinelTarget),
-}
-
-/// The Sentinels, the name of the primary they watch, and the primary's credentials.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SentinelTarget {
-    /// Sentinel URLs.
-    pub nodes: Vec<String>,
-    /// The monitored primary's name (`sentinel monitor <name> ...`).
-    pub master: String,
-    /// Username for the data nodes, if any.
-    pub username: Option<String>,
-    /// Password for the data nodes, if any.
-    pub password: Option<String>,
-}
+// Where Redis is, as parsed from the settings (the one place its rules are checked).
+pub use crate::config::{RedisTarget, SentinelTarget};
 
 /// A live connection of either kind; cheap to clone (both multiplex one socket per node).
 #[derive(Clone)]
@@ -412,12 +391,7 @@ pub fn validate(target: &RedisTarget, access: &Access) -> Result<(), String> {
     let urls = match target {
         RedisTarget::Single(url) => std::slice::from_ref(url),
         RedisTarget::Cluster(nodes) => nodes.as_slice(),
-        RedisTarget::Sentinel(sentinel) => {
-            if sentinel.master.is_empty() {
-                return Err("redis.sentinel.master names no primary".into());
-            }
-            sentinel.nodes.as_slice()
-        }
+        RedisTarget::Sentinel(sentinel) => sentinel.nodes.as_slice(),
     };
     for url in urls {
         let info = url

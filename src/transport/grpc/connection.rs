@@ -16,14 +16,13 @@ use axum::serve::Listener;
 use hyper::server::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::stream::{StreamLimits, Streams};
 use crate::config::Settings;
 use crate::telemetry::Metrics;
 use crate::transport::request_caps::MAX_HEADER_BYTES;
-use crate::transport::serve::{accept_loop, drained, Bounds};
+use crate::transport::serve::{accept_loop, Bounds, Drain};
 
 /// The client's connection preface (24 bytes) and the SETTINGS frame's header (9 bytes): once
 /// this much has arrived, the handshake is in.
@@ -86,8 +85,8 @@ pub struct Served {
     pub routes: tonic::service::Routes,
     /// Where refusals made before tonic (stalled, oversized, malformed streams) are counted.
     pub metrics: Metrics,
-    /// Turns true when the listener is to drain.
-    pub drain: watch::Receiver<bool>,
+    /// When the listener is to drain.
+    pub drain: Drain,
     /// Every bound.
     pub bounds: ConnectionBounds,
 }
@@ -130,7 +129,7 @@ async fn connection<IO>(
     io: IO,
     service: impl FnOnce(Arc<Activity>) -> Streams + Send + 'static,
     bounds: ConnectionBounds,
-    mut drain: watch::Receiver<bool>,
+    drain: Drain,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -165,7 +164,7 @@ async fn connection<IO>(
         }
         tokio::select! {
             _ = conn.as_mut() => return,
-            _ = drained(&mut drain) => break Close::Drain,
+            () = drain.signaled() => break Close::Drain,
             () = tokio::time::sleep_until(next) => {
                 let now = Instant::now();
                 if !activity.shaken() && now >= handshake_by {

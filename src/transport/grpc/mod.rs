@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use prometheus::Histogram;
-use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
 use crate::check::CheckService;
@@ -26,6 +25,7 @@ use proto::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
+use super::serve::Drain;
 use super::{traced, Transport};
 
 /// The fully qualified service name (for health checks and reflection-less clients).
@@ -107,16 +107,12 @@ impl RateLimitService for Rls {
 
 /// The gRPC routes: the rate limit service and the health service (`""` and [`SERVICE_NAME`]
 /// serving until `drain`); request messages up to `max_message_bytes` (`limits.max_body_bytes`).
-pub async fn routes(
-    rls: Rls,
-    max_message_bytes: usize,
-    mut drain: watch::Receiver<bool>,
-) -> tonic::service::Routes {
+pub async fn routes(rls: Rls, max_message_bytes: usize, drain: Drain) -> tonic::service::Routes {
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_serving::<RateLimitServiceServer<Rls>>().await;
     // Tell health-checking Envoys to move away while the listener drains.
     tokio::spawn(async move {
-        let _ = drain.wait_for(|stop| *stop).await;
+        drain.signaled().await;
         reporter
             .set_not_serving::<RateLimitServiceServer<Rls>>()
             .await;
