@@ -27,15 +27,7 @@ async fn spawn(redis: &RedisServer, local_layer: bool) -> TestApp {
     settings.tenants.refresh = HumanDuration(200_000);
     settings.local_layer.enabled = local_layer;
     let app = spawn_app_in(dir, settings, POLICIES).await;
-    let started = Instant::now();
-    let probe = json!({"policy": "hot", "descriptors": {"user": "probe"}, "dry_run": true});
-    while json_of(&app.check_tcp(&probe).await)["mode"] != "enforced" {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "never reached Redis"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    app.wait_for_store().await;
     app
 }
 
