@@ -12,6 +12,7 @@ use sluice::config::Settings;
 use crate::helpers::{metric_value, repo_root, TestApp};
 use crate::redis_server::RedisServer;
 use crate::redis_tls::spawn_on_redis;
+use crate::wait::eventually_within;
 
 const POLICIES: &str = "
 policies:
@@ -104,11 +105,11 @@ async fn the_readme_acl_line_is_enough_with_credentials_in_the_url() {
         [200, 200, 429, 200, 200, 200, 200, 200, 429]
     );
     // A reset: DEL, PUBLISH on the reset channel, which this daemon follows (SUBSCRIBE).
-    let started = Instant::now();
-    while crate::counters::numsub(&mut redis.connection()) < 1 {
-        assert!(started.elapsed() < WAIT, "never subscribed as the ACL user");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_within("subscribed as the ACL user", WAIT, || {
+        let subscribed = crate::counters::numsub(&mut redis.connection()) >= 1;
+        async move { subscribed }
+    })
+    .await;
     let path = sluice::client::counters_path(
         "login",
         &[("ip".to_owned(), "203.0.113.9".to_owned())].into(),
@@ -196,14 +197,9 @@ async fn a_user_without_the_acl_line_is_refused() {
         |_| {},
     )
     .await;
-    let started = Instant::now();
-    while metric_value(
-        &app.metrics().await,
-        "sluice_redis_errors_total",
-        &[("kind", "auth")],
-    ) < 1.0
-    {
-        assert!(started.elapsed() < WAIT, "a wrong password was not counted");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_within("a wrong password is counted", WAIT, || async {
+        let metrics = app.metrics().await;
+        metric_value(&metrics, "sluice_redis_errors_total", &[("kind", "auth")]) >= 1.0
+    })
+    .await;
 }
