@@ -49,15 +49,15 @@ impl Served {
 
     /// Waits until the log contains `text`.
     async fn wait_for_log(&self, text: &str) {
-        let started = Instant::now();
-        while !self.log().contains(text) {
-            assert!(
-                started.elapsed() < WAIT,
-                "log never said {text:?}:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let what = format!("the log says {text:?}");
+        crate::wait::until(&what, WAIT, || async {
+            let log = self.log();
+            match log.contains(text) {
+                true => Ok(()),
+                false => Err(log),
+            }
+        })
+        .await;
     }
 }
 
