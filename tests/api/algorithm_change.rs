@@ -136,18 +136,15 @@ async fn spawn(redis: impl FnOnce(&mut sluice::config::Settings), prefix: &str) 
     settings.redis.timeout = HumanDuration(2_000_000);
     redis(&mut settings);
     let app = spawn_served(dir, settings).await;
-    let started = Instant::now();
-    loop {
+    crate::wait::until("the daemon enforces", WAIT, || async {
         let (_, _, _, mode, _, _) = ask(&app, "multi", "warmup").await;
-        if mode == "enforced" {
-            return app;
+        match mode == "enforced" {
+            true => Ok(()),
+            false => Err(mode),
         }
-        assert!(
-            started.elapsed() < WAIT,
-            "the daemon never enforced (mode {mode})"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
+    app
 }
 
 /// Whether the daemon serves the policies after the swap.

@@ -51,11 +51,10 @@ pub async fn spawn_on_redis(policies: &str, tweak: impl FnOnce(&mut Settings)) -
 /// Checks `login` until Redis answers (200 or 429, not the fail-closed 503); returns the statuses
 /// of four checks of one IP after that.
 async fn enforced_statuses(app: &TestApp) -> Vec<u16> {
-    let started = Instant::now();
-    while app.check_tcp(&login("198.51.100.1")).await.status != 200 {
-        assert!(started.elapsed() < WAIT, "never connected over TLS");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::wait::eventually_within("connected over TLS", WAIT, || async {
+        app.check_tcp(&login("198.51.100.1")).await.status == 200
+    })
+    .await;
     let mut statuses = Vec::new();
     for _ in 0..4 {
         statuses.push(app.check_tcp(&login("198.51.100.2")).await.status.as_u16());
