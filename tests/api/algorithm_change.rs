@@ -207,14 +207,10 @@ async fn change_under_load(app: TestApp) {
     };
     wait_sent(40).await;
     swap_file(&app.dir.path().join("policies.yaml"), &policies(true));
-    let started = Instant::now();
-    while !swapped(&app).await {
-        assert!(
-            started.elapsed() < WAIT,
-            "the new policy file was never loaded"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    crate::wait::eventually_within("the new policy file is loaded", WAIT, || async {
+        swapped(&app).await
+    })
+    .await;
     let at_swap = sent.load(Ordering::Relaxed);
     wait_sent(at_swap + 80).await;
     stop.store(true, Ordering::Relaxed);
