@@ -11,7 +11,7 @@ use axum::http::Method;
 use serde_json::Value;
 use sluice::client::{self, Target};
 
-use crate::helpers::TestApp;
+use crate::helpers::{ChildGuard, TestApp};
 
 /// Longest a test waits for a background event (a connection, a reload, a subscription).
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -109,6 +109,34 @@ pub async fn wait_enforced(check: &Target, probe: &Value) {
             match answer["mode"] == "enforced" {
                 true => Ok(()),
                 false => Err(answer.to_string()),
+            }
+        }
+    })
+    .await;
+}
+
+/// Waits (bounded by `within`) until `GET path` on `admin` answers 200, failing at once if
+/// `child` exits first; `log` says what the process wrote, for the failure message.
+pub async fn wait_answering(
+    admin: &Target,
+    path: &str,
+    child: &mut ChildGuard,
+    within: Duration,
+    log: impl Fn() -> String,
+) {
+    let what = format!("{admin} answers {path}");
+    until(&what, within, || {
+        let exited = child.0.as_mut().map(|c| c.try_wait().expect("try_wait"));
+        assert!(
+            exited.is_some_and(|status| status.is_none()),
+            "the process exited; log:\n{}",
+            log()
+        );
+        async {
+            match client::request(admin, Method::GET, path, None).await {
+                Ok(reply) if reply.status == 200 => Ok(()),
+                Ok(reply) => Err(format!("status {}; log:\n{}", reply.status, log())),
+                Err(error) => Err(format!("{error}; log:\n{}", log())),
             }
         }
     })
