@@ -106,7 +106,9 @@ on_stores! {
 /// A request denied by one descriptor spends nothing from the others (envoyproxy/ratelimit
 /// would spend them: its #1060); each descriptor gets its own status, in order; the HTTP check
 /// API spends from the same counter.
-async fn descriptors_are_all_or_nothing(daemon: &GrpcApp) via spawn, on [memory, redis, cluster] {
+async fn descriptors_are_all_or_nothing(daemon: &GrpcApp)
+    via spawn, on [memory, redis, cluster]
+{
     let mut client = daemon.tcp().await;
     let both = || {
         request(
@@ -158,7 +160,9 @@ async fn descriptors_are_all_or_nothing(daemon: &GrpcApp) via spawn, on [memory,
 on_stores! {
 /// `hits_addend` spends that many units; a descriptor's own `hits_addend` of 0 checks without
 /// spending.
-async fn hits_addend_spends_and_zero_only_checks(daemon: &GrpcApp) via spawn, on [memory, redis, cluster] {
+async fn hits_addend_spends_and_zero_only_checks(daemon: &GrpcApp)
+    via spawn, on [memory, redis, cluster]
+{
     let mut client = daemon.tcp().await;
     let mut three = request("d", vec![descriptor(&[("user", "h")])]);
     three.hits_addend = 3;

@@ -171,9 +171,9 @@ macro_rules! backend {
 pub(crate) use backend;
 
 /// One scenario, one test per listed backend: `on_stores! { async fn name(app: &T) via spawn,
-/// on [memory, redis, cluster] { body } }` makes a module `name` holding the body as `run` and a test
-/// per backend (`name::memory`, `name::redis`, ...). `spawn(backend, prefix)` (found from the
-/// calling module) builds the daemon; the prefix is unique to the test.
+/// on [memory, redis, cluster] { body } }` makes a module `name` holding the body as `run` and
+/// a test per backend (`name::memory`, `name::redis`, ...). `spawn(backend, prefix)` (found from
+/// the calling module) builds the daemon; the prefix is unique to the test.
 macro_rules! on_stores {
     (
         $(#[$meta:meta])*
