@@ -497,10 +497,6 @@ fn info(server: &RedisServer, section: &str) -> String {
         .unwrap_or_default()
 }
 
-fn wait_for(mut condition: impl FnMut() -> bool, what: &str) {
-    let started = Instant::now();
-    while !condition() {
-        assert!(started.elapsed() < WAIT, "timed out waiting: {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+fn wait_for(condition: impl FnMut() -> bool, what: &str) {
+    crate::wait::eventually_blocking(what, WAIT, condition);
 }

@@ -1,5 +1,6 @@
 //! Waiting for something the daemon does in the background, bounded: [`eventually`] polls a
-//! condition a bounded number of times within a bounded time, and [`wait_for_store`] waits until
+//! condition a bounded number of times within a bounded time ([`eventually_blocking`] off the
+//! async runtime), and [`wait_for_store`] waits until
 //! a daemon's store takes calls (the Redis connection is made in the background, after start),
 //! [`wait_enforced`] until a check is decided by it.
 
@@ -63,6 +64,34 @@ where
         async move { look.await.then_some(()).ok_or("no") }
     })
     .await;
+}
+
+/// [`until`] for code off the async runtime (or before one): the same bounds, sleeping the
+/// thread between looks.
+pub fn until_blocking<T, E: Debug>(
+    what: &str,
+    within: Duration,
+    mut attempt: impl FnMut() -> Result<T, E>,
+) -> T {
+    let started = Instant::now();
+    let tries = within.as_millis() / POLL_EVERY.as_millis() + 1;
+    let mut last = None;
+    for _ in 0..tries {
+        match attempt() {
+            Ok(value) => return value,
+            Err(not_yet) => last = Some(not_yet),
+        }
+        if started.elapsed() >= within {
+            break;
+        }
+        std::thread::sleep(POLL_EVERY);
+    }
+    panic!("{what}: not within {within:?} (last seen: {last:?})");
+}
+
+/// [`eventually_within`] off the async runtime.
+pub fn eventually_blocking(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    until_blocking(what, within, || done().then_some(()).ok_or("no"));
 }
 
 /// The store health `/readyz` on `admin` reports now: `None` for the embedded store (which is
