@@ -136,18 +136,15 @@ async fn spawn(redis: impl FnOnce(&mut sluice::config::Settings), prefix: &str) 
     settings.redis.timeout = HumanDuration(2_000_000);
     redis(&mut settings);
     let app = spawn_served(dir, settings).await;
-    let started = Instant::now();
-    loop {
+    crate::wait::until("the daemon enforces", WAIT, || async {
         let (_, _, _, mode, _, _) = ask(&app, "multi", "warmup").await;
-        if mode == "enforced" {
-            return app;
+        match mode == "enforced" {
+            true => Ok(()),
+            false => Err(mode),
         }
-        assert!(
-            started.elapsed() < WAIT,
-            "the daemon never enforced (mode {mode})"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
+    app
 }
 
 /// Whether the daemon serves the policies after the swap.
@@ -210,14 +207,10 @@ async fn change_under_load(app: TestApp) {
     };
     wait_sent(40).await;
     swap_file(&app.dir.path().join("policies.yaml"), &policies(true));
-    let started = Instant::now();
-    while !swapped(&app).await {
-        assert!(
-            started.elapsed() < WAIT,
-            "the new policy file was never loaded"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    crate::wait::eventually_within("the new policy file is loaded", WAIT, || async {
+        swapped(&app).await
+    })
+    .await;
     let at_swap = sent.load(Ordering::Relaxed);
     wait_sent(at_swap + 80).await;
     stop.store(true, Ordering::Relaxed);

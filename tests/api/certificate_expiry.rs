@@ -3,7 +3,6 @@
 //! renewed certificate is re-read.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use sluice::inject::Options;
 
@@ -53,16 +52,18 @@ async fn the_injector_exports_seconds_until_its_certificate_expires() {
         std::fs::copy(renewed.path().join(file), &staged).expect("copy");
         std::fs::rename(&staged, served.path().join(file)).expect("rename");
     }
-    let started = Instant::now();
-    let mut now = expiry(&injector).await;
-    while now > 11.0 * DAY {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "the renewed certificate's expiry is not exported: {now} s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        now = expiry(&injector).await;
-    }
+    let now = crate::wait::until(
+        "the renewed certificate's expiry is exported",
+        crate::wait::WAIT,
+        || async {
+            let now = expiry(&injector).await;
+            match now > 11.0 * DAY {
+                false => Ok(now),
+                true => Err(format!("{now} s")),
+            }
+        },
+    )
+    .await;
     assert!(
         (10.0 * DAY - 600.0..=10.0 * DAY).contains(&now),
         "a 10-day certificate: {now} s"

@@ -1,13 +1,20 @@
 //! `POST /v1/check` against the shipped example policies: login (sliding log) and public_api
-//! (token bucket with an enterprise tier), requests no policy matches, and dry runs.
+//! (token bucket with an enterprise tier), requests no policy matches, and dry runs. The
+//! scenarios that need no manual clock run on every store too.
 
 use serde_json::{json, Value};
 use sluice::client::Reply;
 
 use crate::helpers::{
-    check_on, connect, header, json_of, metric_value, remaining, spawn_app, RATE_LIMIT_HEADERS,
-    SEC_US,
+    check_on, connect, header, json_of, metric_value, remaining, spawn_app, TestApp,
+    RATE_LIMIT_HEADERS, SEC_US, SHIPPED_POLICIES,
 };
+use crate::stores::{on_stores, spawn_on, Backend, OnStore};
+
+/// A daemon enforcing the shipped policies on `backend`.
+async fn spawn(backend: Backend, prefix: &str) -> OnStore<TestApp> {
+    spawn_on(backend, SHIPPED_POLICIES, prefix).await
+}
 
 fn login(ip: &str) -> Value {
     json!({"descriptors": {"path": "/login", "ip": ip}})
@@ -236,9 +243,9 @@ async fn enterprise_tier_gets_ten_times_the_burst() {
     assert_allowed(&app.check_tcp(&gold).await, "public_api", 150, 149);
 }
 
-#[tokio::test]
-async fn counters_are_per_tenant_and_api_key() {
-    let app = spawn_app().await;
+on_stores! {
+/// A token bucket refilling every 60 ms: the denials follow the spends within milliseconds.
+async fn counters_are_per_tenant_and_api_key(app: &TestApp) via spawn, on [memory, redis, cluster] {
     let spend_all = json!({"descriptors": {"tenant": "a", "api_key": "shared"}, "cost": 150});
     assert_allowed(&app.check_tcp(&spend_all).await, "public_api", 150, 0);
     assert_denied(&app.check_tcp(&api("a", "shared")).await, "public_api");
@@ -268,10 +275,12 @@ async fn counters_are_per_tenant_and_api_key() {
     );
     assert_denied(&app.check_tcp(&api("x:y", "z")).await, "public_api");
 }
+}
 
-#[tokio::test]
-async fn no_matching_policy_is_allowed_with_null_policy_and_no_limit_headers() {
-    let app = spawn_app().await;
+on_stores! {
+async fn no_matching_policy_is_allowed_with_null_policy_and_no_limit_headers(app: &TestApp)
+    via spawn, on [memory, redis, cluster]
+{
     let unmatched = [
         json!({}),
         json!({"descriptors": {}}),
@@ -300,7 +309,9 @@ async fn no_matching_policy_is_allowed_with_null_policy_and_no_limit_headers() {
         }
     }
 }
+}
 
+/// Embedded only: its last step advances the manual clock past the window.
 #[tokio::test]
 async fn dry_run_never_consumes() {
     let app = spawn_app().await;

@@ -3,7 +3,6 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use axum::http::Method;
 use serde_json::json;
@@ -490,29 +489,8 @@ async fn serve_runs_answers_and_stops_cleanly_on_sigterm() {
     let mut child = ChildGuard(Some(command.spawn().expect("spawn sluice serve")));
 
     let admin = Target::Tcp(format!("127.0.0.1:{admin_port}").parse().expect("addr"));
-    let deadline = Instant::now() + STOP_TIMEOUT;
-    loop {
-        if let Ok(reply) = client::request(&admin, Method::GET, "/livez", None).await {
-            assert_eq!(reply.status, 200);
-            break;
-        }
-        let log = std::fs::read_to_string(dir.path().join("log")).unwrap_or_default();
-        assert!(
-            Instant::now() < deadline,
-            "daemon never came up; log:\n{log}"
-        );
-        assert!(
-            child
-                .0
-                .as_mut()
-                .expect("child")
-                .try_wait()
-                .expect("try_wait")
-                .is_none(),
-            "daemon exited; log:\n{log}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let log = || std::fs::read_to_string(dir.path().join("log")).unwrap_or_default();
+    crate::wait::wait_answering(&admin, "/livez", &mut child, STOP_TIMEOUT, log).await;
     let ready = client::request(&admin, Method::GET, "/readyz", None)
         .await
         .expect("readyz");

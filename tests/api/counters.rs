@@ -5,7 +5,7 @@
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::http::Method;
 use serde_json::{json, Value};
@@ -18,6 +18,8 @@ use crate::helpers::{
     test_settings, ChildGuard, TestApp,
 };
 use crate::redis_server::{spawn_sentinel, wait_until, RedisCluster, RedisServer};
+use crate::stores::{on_stores, spawn_on, Backend, OnStore};
+use crate::wait::{eventually, wait_enforced, wait_for_store};
 
 /// 3 per hour: a denial is remembered for up to an hour, far longer than any test runs.
 const POLICIES: &str = "
@@ -25,9 +27,6 @@ policies:
   - {name: login, key: [ip], algorithm: sliding_log, limit: 3, period: 1h, failure_mode: closed}
   - {name: api, key: [tenant], algorithm: token_bucket, limit: 10, period: 1m, burst: 5, tiers: {descriptor: tier, levels: {gold: {limit: 100, burst: 50}}}}
 ";
-
-/// Longest wait for a daemon, a subscription or an announcement.
-const WAIT: Duration = Duration::from_secs(20);
 
 fn ip(value: &str) -> Descriptors {
     [("ip".to_owned(), value.to_owned())].into_iter().collect()
@@ -149,9 +148,14 @@ async fn embedded_counters_are_seen_without_spending_and_reset() {
     );
 }
 
-#[tokio::test]
-async fn bad_counter_questions_are_refused_with_a_reason() {
-    let app = spawn_app_with(POLICIES).await;
+async fn spawn(backend: Backend, prefix: &str) -> OnStore<TestApp> {
+    spawn_on(backend, POLICIES, prefix).await
+}
+
+on_stores! {
+async fn bad_counter_questions_are_refused_with_a_reason(app: &TestApp)
+    via spawn, on [memory, redis, cluster]
+{
     let admin = Target::Tcp(app.admin);
     let get = |path: &'static str| {
         let admin = admin.clone();
@@ -259,6 +263,7 @@ async fn bad_counter_questions_are_refused_with_a_reason() {
     assert!(reason.contains("listen.admin_resets"), "{reason}");
     assert_eq!(request(&admin, Method::GET, path, None).await.status, 200);
 }
+}
 
 /// Where a daemon answers: its check API and its admin listener.
 struct Pod {
@@ -275,33 +280,13 @@ impl Pod {
     }
 }
 
-/// Waits until `pod` decides through Redis (it connects in the background).
-async fn wait_enforced(pod: &Pod) {
-    let probe = json!({"policy": "login", "descriptors": {"ip": "probe"}, "dry_run": true});
-    let started = Instant::now();
-    loop {
-        let reply = client::request(
-            &pod.check,
-            Method::POST,
-            "/v1/check",
-            Some(probe.to_string().into_bytes()),
-        )
-        .await;
-        if reply.is_ok_and(|r| r.status == 200 && r.json()["mode"] == "enforced") {
-            return;
-        }
-        assert!(started.elapsed() < WAIT, "{} never used Redis", pod.check);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Waits (bounded) until `count()` reaches `n`.
 async fn wait_count(what: &str, n: usize, mut count: impl FnMut() -> usize) {
-    let started = Instant::now();
-    while count() < n {
-        assert!(started.elapsed() < WAIT, "{what}: fewer than {n}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(&format!("{what}: fewer than {n}"), || {
+        let enough = count() >= n;
+        async move { enough }
+    })
+    .await;
 }
 
 /// The whole story on two daemons sharing Redis: `b` denies `address` from its local layer;
@@ -342,14 +327,11 @@ async fn reset_reaches_the_other_daemon(
         "{report}"
     );
     assert!(!exists(&key), "the key is gone");
-    let started = Instant::now();
-    while !show(&b.admin, address).await["local_layer_retry_after_ms"].is_null() {
-        assert!(
-            started.elapsed() < WAIT,
-            "b never heard of the reset (it would deny for an hour)"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(
+        "b hears of the reset (it would deny for an hour)",
+        || async move { show(&b.admin, address).await["local_layer_retry_after_ms"].is_null() },
+    )
+    .await;
     let reply = login(&b.check, address).await;
     assert_eq!(reply.status, 200, "{}", json_of(&reply));
     assert_eq!(json_of(&reply)["remaining"], 2);
@@ -407,8 +389,9 @@ async fn a_reset_on_one_daemon_clears_another_daemons_local_layer_also_after_red
             .query(&mut redis_conn(port))
             .expect("EXISTS")
     };
+    let probe = json!({"policy": "login", "descriptors": {"ip": "probe"}});
     for pod in [&a, &b] {
-        wait_enforced(pod).await;
+        wait_for_store(&pod.admin).await;
     }
     wait_count("subscribers", 2, || numsub(&mut redis_conn(port))).await;
     reset_reaches_the_other_daemon(&a, &b, "203.0.113.7", exists).await;
@@ -434,7 +417,7 @@ async fn a_reset_on_one_daemon_clears_another_daemons_local_layer_also_after_red
     // Redis restarts (empty): both daemons subscribe again by themselves.
     redis.restart();
     for pod in [&a, &b] {
-        wait_enforced(pod).await;
+        wait_enforced(&pod.check, &probe).await;
     }
     wait_count("subscribers after the restart", 2, || {
         numsub(&mut redis_conn(port))
@@ -463,7 +446,7 @@ async fn two_daemons(
     let a = spawn(0).await;
     let b = spawn(1).await;
     for app in [&a, &b] {
-        wait_enforced(&Pod::of(app)).await;
+        app.wait_for_store().await;
     }
     (a, b)
 }

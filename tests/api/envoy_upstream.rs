@@ -6,7 +6,6 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::json;
@@ -15,7 +14,6 @@ use sluice::config::{parse_policies, HumanDuration};
 use sluice::transport::grpc::proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 
 use crate::grpc_client::{ask, descriptor, grpc_settings, request, spawn_grpc_in, GrpcApp, OK};
-use crate::helpers::json_of;
 use crate::redis_server::RedisServer;
 
 /// A fixture (upstream's file, see `envoy_upstream/SOURCE.md`).
@@ -179,15 +177,9 @@ pub async fn daemon(
     for (key, value) in entries {
         descriptors.insert(key.clone(), json!(value));
     }
-    let probe = json!({"descriptors": descriptors, "dry_run": true});
-    for _ in 0..200 {
-        let body = json_of(&daemon.app.check_tcp(&probe).await);
-        if body["mode"] == "enforced" {
-            return daemon;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("the daemon never reached Redis");
+    let probe = json!({"descriptors": descriptors});
+    crate::wait::wait_enforced(&daemon.app.tcp, &probe).await;
+    daemon
 }
 
 /// The files upstream loads with their lookups (the merged pair is converted together).

@@ -3,9 +3,6 @@
 //! from it), on the embedded store and on Redis, also once the local layer remembers the denial;
 //! a descriptor's `hits_addend: 0` reports what is left without spending, next to spending ones.
 
-use std::time::Duration;
-
-use serde_json::json;
 use sluice::config::HumanDuration;
 use sluice::transport::grpc::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tonic::transport::Channel;
@@ -13,7 +10,6 @@ use tonic::transport::Channel;
 use crate::grpc_client::{
     ask, descriptor, grpc_settings, request, spawn_grpc, spawn_grpc_in, GrpcApp, OK, OVER_LIMIT,
 };
-use crate::helpers::json_of;
 use crate::redis_server::RedisServer;
 
 /// Five an hour per user, one an hour per IP (an envoyproxy/ratelimit file).
@@ -101,15 +97,6 @@ async fn figures_of_several_descriptors_on_redis_with_the_local_layer() {
     settings.redis.timeout = HumanDuration(1_000_000);
     assert!(settings.local_layer.enabled, "the local layer is on");
     let daemon = spawn_grpc_in(dir, settings, TWO).await;
-    let mut ready = false;
-    for _ in 0..200 {
-        let body = json!({"descriptors": {"rls.domain": "d", "rls.entries": "warmup", "warmup": "w"}, "dry_run": true});
-        if json_of(&daemon.app.check_tcp(&body).await)["mode"] == "enforced" {
-            ready = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert!(ready, "the daemon never reached Redis");
+    daemon.app.wait_for_store().await;
     scenario(&daemon).await;
 }

@@ -116,15 +116,7 @@ async fn readme_example_7_on_redis_with_the_local_layer() {
         let daemon = spawn_grpc_in(dir, settings, &fixture("readme_example7.yaml")).await;
         let probe = json!({"descriptors": {"rls.domain": "example7", "rls.entries": "key_1,user",
             "key_1": "value_1", "user": "bkthomps"}, "dry_run": true});
-        let mut ready = false;
-        for _ in 0..200 {
-            if json_of(&daemon.app.check_tcp(&probe).await)["mode"] == "enforced" {
-                ready = true;
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-        }
-        assert!(ready, "the daemon never reached Redis");
+        crate::wait::wait_enforced(&daemon.app.tcp, &probe).await;
         let started = second();
         let run = tokio::spawn(async move { example7(&daemon).await });
         match run.await {

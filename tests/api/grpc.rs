@@ -1,7 +1,9 @@
 //! Envoy's rate limit service through a real gRPC client against a spawned daemon: the seed's two
 //! routes, the same answers as `/v1/check`, all-or-nothing across descriptors, hits_addend,
-//! limit overrides, shadow mode, health, metrics and bad requests. Redis scenarios are in
-//! `grpc_redis.rs`, converted envoyproxy/ratelimit files in `grpc_envoy_config.rs`.
+//! limit overrides, shadow mode, health, metrics and bad requests. All-or-nothing and
+//! `hits_addend` run on every store (the others advance the manual clock, use windows of a second
+//! or a minute that real time could cross on Redis, or do not touch the store); failure modes
+//! are in `grpc_redis.rs`, converted envoyproxy/ratelimit files in `grpc_envoy_config.rs`.
 
 use serde_json::json;
 use tonic::Code;
@@ -9,10 +11,11 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
 
 use crate::grpc_client::{
-    ask, descriptor, request, response_header, spawn_grpc, tcp_channel, with_override, GrpcApp, OK,
-    OVER_LIMIT,
+    ask, descriptor, request, response_header, spawn_grpc, spawn_grpc_on, tcp_channel,
+    with_override, GrpcApp, OK, OVER_LIMIT,
 };
 use crate::helpers::{json_of, metric_value, SHIPPED_POLICIES};
+use crate::stores::{on_stores, Backend, OnStore};
 use sluice::transport::grpc::proto::envoy::service::ratelimit::v3::RateLimitResponse;
 
 const MINUTE: i32 = 2;
@@ -94,11 +97,18 @@ policies:
   - {name: soft, match: {soft: '*'}, key: [soft], algorithm: fixed_window, limit: 1, period: 1h, shadow: true}
 ";
 
+/// `TWO` on `backend`, for the scenarios every store runs.
+async fn spawn(backend: Backend, prefix: &str) -> OnStore<GrpcApp> {
+    spawn_grpc_on(backend, TWO, prefix).await
+}
+
+on_stores! {
 /// A request denied by one descriptor spends nothing from the others (envoyproxy/ratelimit
-/// would spend them: its #1060); each descriptor gets its own status, in order.
-#[tokio::test]
-async fn descriptors_are_all_or_nothing() {
-    let daemon = spawn_grpc(TWO).await;
+/// would spend them: its #1060); each descriptor gets its own status, in order; the HTTP check
+/// API spends from the same counter.
+async fn descriptors_are_all_or_nothing(daemon: &GrpcApp)
+    via spawn, on [memory, redis, cluster]
+{
     let mut client = daemon.tcp().await;
     let both = || {
         request(
@@ -138,13 +148,21 @@ async fn descriptors_are_all_or_nothing() {
     .await;
     assert_eq!(none.overall_code, OK);
     assert!(none.statuses[0].current_limit.is_none());
+    // The HTTP check API spends from the same counter.
+    let http = daemon
+        .app
+        .check_tcp(&json!({"descriptors": {"user": "u"}}))
+        .await;
+    assert_eq!(json_of(&http)["remaining"], 2);
+}
 }
 
+on_stores! {
 /// `hits_addend` spends that many units; a descriptor's own `hits_addend` of 0 checks without
 /// spending.
-#[tokio::test]
-async fn hits_addend_spends_and_zero_only_checks() {
-    let daemon = spawn_grpc(TWO).await;
+async fn hits_addend_spends_and_zero_only_checks(daemon: &GrpcApp)
+    via spawn, on [memory, redis, cluster]
+{
     let mut client = daemon.tcp().await;
     let mut three = request("d", vec![descriptor(&[("user", "h")])]);
     three.hits_addend = 3;
@@ -180,6 +198,7 @@ async fn hits_addend_spends_and_zero_only_checks() {
         .await
         .expect_err("a cost above the limit is refused");
     assert_eq!(refused.code(), Code::InvalidArgument);
+}
 }
 
 /// A descriptor's `limit` replaces the policy's quota (in its own counter); a policy can forbid

@@ -20,6 +20,7 @@ use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::helpers::{run_app, test_settings, TestApp, START_US};
+use crate::stores::{Backend, OnStore, Store};
 
 /// A daemon with its gRPC listeners.
 pub struct GrpcApp {
@@ -62,6 +63,26 @@ pub async fn spawn_grpc_in(dir: TempDir, settings: Settings, policies_yaml: &str
         app: run_app(app, clock, dir),
         addr,
         socket,
+    }
+}
+
+/// A daemon enforcing `policies_yaml` on the shared store of `backend`, keys under `prefix`,
+/// once the store takes calls.
+pub async fn spawn_grpc_on(
+    backend: Backend,
+    policies_yaml: &str,
+    prefix: &str,
+) -> OnStore<GrpcApp> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut settings = grpc_settings(&dir);
+    let store = Store::shared(backend);
+    store.configure(&mut settings, prefix);
+    let daemon = spawn_grpc_in(dir, settings, policies_yaml).await;
+    daemon.app.wait_for_store().await;
+    OnStore {
+        daemon,
+        store,
+        prefix: prefix.to_owned(),
     }
 }
 

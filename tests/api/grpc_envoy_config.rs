@@ -320,7 +320,7 @@ fn config_convert_prints_the_policies_that_are_loaded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn their_file_is_hot_reloaded_and_validated() {
     use std::sync::Arc;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use sluice::app::App;
     use sluice::clock::ManualClock;
@@ -357,14 +357,11 @@ async fn their_file_is_hot_reloaded_and_validated() {
         }
     };
     let wait = |result: &'static str| async move {
-        let started = Instant::now();
-        while reloads(result).await < 1.0 {
-            assert!(
-                started.elapsed() < Duration::from_secs(5),
-                "no {result} reload"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let what = format!("a {result} reload");
+        crate::wait::eventually_within(&what, Duration::from_secs(5), || async {
+            reloads(result).await >= 1.0
+        })
+        .await;
     };
     std::fs::write(&file, limit(3)).expect("write");
     wait("ok").await;

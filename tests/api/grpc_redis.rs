@@ -1,23 +1,18 @@
-//! The gRPC rate limit service on the Redis store: the same scenarios as on the embedded store
-//! (all-or-nothing across descriptors, the gRPC and HTTP APIs sharing counters), and failure modes
+//! The gRPC rate limit service on the Redis store: the all-or-nothing scenario of `grpc.rs` on
+//! other algorithms (a token bucket and a sliding log), and failure modes
 //! while Redis cannot answer: `open` is OK, `closed` is OVER_LIMIT with `Retry-After: 1`, `local`
 //! enforces this pod's share.
 
-use std::time::Duration;
-
-use serde_json::json;
 use sluice::config::HumanDuration;
 
 use crate::grpc_client::{
     ask, descriptor, grpc_settings, request, response_header, spawn_grpc_in, GrpcApp, OK,
     OVER_LIMIT,
 };
-use crate::helpers::json_of;
 use crate::redis_server::RedisServer;
 
 const POLICIES: &str = "
 policies:
-  - {name: warmup, key: [ip], algorithm: fixed_window, limit: 1000000, period: 1h}
   - {name: per-user, match: {user: '*'}, key: [user], algorithm: token_bucket, limit: 5, period: 1h, failure_mode: open}
   - {name: per-ip, match: {ip: '*'}, key: [ip], algorithm: sliding_log, limit: 1, period: 1h, failure_mode: closed}
   - {name: shared, match: {team: '*'}, key: [team], algorithm: fixed_window, limit: 8, period: 1h, failure_mode: local}
@@ -35,55 +30,13 @@ async fn spawn(url: String, prefix: &str) -> GrpcApp {
     spawn_grpc_in(dir, settings, POLICIES).await
 }
 
-/// Waits until checks are decided by Redis (the connection is made in the background).
-async fn wait_for_redis(daemon: &GrpcApp) {
-    for _ in 0..200 {
-        let body = json!({"policy": "warmup", "descriptors": {"ip": "0"}, "dry_run": true});
-        if json_of(&daemon.app.check_tcp(&body).await)["mode"] == "enforced" {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("the daemon never reached Redis");
-}
-
+/// The all-or-nothing scenario of `grpc.rs`, with a token bucket and a sliding log.
 #[tokio::test]
 async fn descriptors_are_all_or_nothing_on_redis() {
     let redis = RedisServer::start();
     let daemon = spawn(redis.url(), "grpc-aon").await;
-    wait_for_redis(&daemon).await;
-    let mut client = daemon.uds().await;
-    let both = || {
-        request(
-            "d",
-            vec![descriptor(&[("user", "u")]), descriptor(&[("ip", "i")])],
-        )
-    };
-    let first = ask(&mut client, both()).await;
-    assert_eq!(first.overall_code, OK);
-    for _ in 0..3 {
-        let denied = ask(&mut client, both()).await;
-        let codes: Vec<i32> = denied.statuses.iter().map(|s| s.code).collect();
-        assert_eq!(
-            (denied.overall_code, codes),
-            (OVER_LIMIT, vec![OK, OVER_LIMIT])
-        );
-    }
-    let alone = ask(
-        &mut client,
-        request("d", vec![descriptor(&[("user", "u")])]),
-    )
-    .await;
-    assert_eq!(
-        alone.statuses[0].limit_remaining, 3,
-        "denied requests spent nothing"
-    );
-    // The HTTP check API spends from the same counter.
-    let http = daemon
-        .app
-        .check_tcp(&json!({"descriptors": {"user": "u"}}))
-        .await;
-    assert_eq!(json_of(&http)["remaining"], 2);
+    daemon.app.wait_for_store().await;
+    crate::grpc::descriptors_are_all_or_nothing::run(&daemon).await;
 }
 
 #[tokio::test]

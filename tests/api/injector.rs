@@ -10,7 +10,7 @@
 //! against the manifests in injector_manifests.rs, not exercised.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use sluice::client::Target;
@@ -58,33 +58,9 @@ fn warnings(reply: &Value) -> Vec<String> {
 }
 
 async fn wait_ready(admin: std::net::SocketAddr, child: &mut ChildGuard) {
-    let started = Instant::now();
-    loop {
-        let reply = sluice::client::request(
-            &Target::Tcp(admin),
-            axum::http::Method::GET,
-            "/readyz",
-            None,
-        )
-        .await;
-        if reply.is_ok_and(|r| r.status == 200) {
-            return;
-        }
-        assert!(
-            child
-                .0
-                .as_mut()
-                .and_then(|c| c.try_wait().ok())
-                .flatten()
-                .is_none(),
-            "sluice injector exited"
-        );
-        assert!(
-            started.elapsed() < POLL_LIMIT,
-            "the injector never got ready"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let admin = Target::Tcp(admin);
+    let log = || "(the injector's output is not kept)".to_owned();
+    crate::wait::wait_answering(&admin, "/readyz", child, POLL_LIMIT, log).await;
 }
 
 /// The real binary, with the Deployment's own arguments from deploy/k8s/injector (addresses and

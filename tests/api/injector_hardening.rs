@@ -4,7 +4,7 @@
 //! and `sluice injector certs` refusing bad names and existing files.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use sluice::inject::Options;
@@ -13,6 +13,7 @@ use crate::helpers::{metric_value, repo_root, run_async, sluice_command};
 use crate::injector_support::{
     created_pod, https, leaf_der, patched, review, write_certs, TestInjector,
 };
+use crate::wait::eventually_within;
 
 /// Longest a bounded polling loop waits for the injector to notice a change.
 const POLL_LIMIT: Duration = Duration::from_secs(15);
@@ -165,22 +166,6 @@ async fn reloads(injector: &TestInjector, result: &str) -> f64 {
     )
 }
 
-/// Polls (bounded) until `done` holds.
-async fn eventually<F, Fut>(what: &str, mut done: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let started = Instant::now();
-    while !done().await {
-        assert!(
-            started.elapsed() < POLL_LIMIT,
-            "{what}: not within {POLL_LIMIT:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
 #[tokio::test]
 async fn a_rotated_certificate_is_served_without_a_restart() {
     let mount = tempfile::tempdir().expect("tempdir");
@@ -206,13 +191,15 @@ async fn a_rotated_certificate_is_served_without_a_restart() {
     // Written in place, half a file: refused, the loaded pair keeps serving.
     let new_cert = std::fs::read_to_string(second.join("tls.crt")).expect("read");
     std::fs::write(first.join("tls.crt"), &new_cert[..new_cert.len() / 2]).expect("write");
-    eventually("a half-written certificate is rejected", || async {
-        reloads(&injector, "rejected").await >= 1.0
-    })
+    eventually_within(
+        "a half-written certificate is rejected",
+        POLL_LIMIT,
+        || async { reloads(&injector, "rejected").await >= 1.0 },
+    )
     .await;
     // The whole new certificate next to the old key: a mismatched pair, refused too.
     std::fs::write(first.join("tls.crt"), &new_cert).expect("write");
-    eventually("a mismatched pair is rejected", || async {
+    eventually_within("a mismatched pair is rejected", POLL_LIMIT, || async {
         reloads(&injector, "rejected").await >= 2.0
     })
     .await;
@@ -224,7 +211,7 @@ async fn a_rotated_certificate_is_served_without_a_restart() {
 
     // The kubelet's atomic swap to the renewed Secret: served without a restart.
     point_data_at(mount.path(), "..2024_02");
-    eventually("the renewed certificate is served", || async {
+    eventually_within("the renewed certificate is served", POLL_LIMIT, || async {
         https(injector.webhook, &new_ca, "POST", "/mutate", body())
             .await
             .is_ok_and(|reply| reply.peer == leaf_der(&second.join("tls.crt")))

@@ -3,8 +3,6 @@
 //! apart, and Redis is asked only for what the bucket let through (`INFO commandstats`). The
 //! same scenario on the embedded store. Exactness across pods is in `redis_exactness`.
 
-use std::time::Duration;
-
 use serde_json::{json, Value};
 use sluice::config::HumanDuration;
 
@@ -12,6 +10,7 @@ use crate::helpers::{
     header, json_of, metric_value, spawn_app_in, spawn_app_with, test_settings, TestApp,
 };
 use crate::redis_server::RedisServer;
+use crate::wait::{until, WAIT};
 
 const POLICIES: &str = "
 policies:
@@ -108,13 +107,7 @@ async fn a_local_limit_keeps_a_hot_partition_off_redis() {
     settings.redis.url = Some(redis.url());
     settings.redis.timeout = HumanDuration(2_000_000);
     let app = spawn_app_in(dir, settings, POLICIES).await;
-    let probe = json!({"policy": "plain", "descriptors": {"k": "probe"}, "dry_run": true});
-    for _ in 0..200 {
-        if json_of(&app.check_tcp(&probe).await)["mode"] == "enforced" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    app.wait_for_store().await;
     let before = script_calls(&redis);
     assert_eq!(storm(&app, "plain").await, CHECKS);
     let plain = script_calls(&redis) - before;
@@ -149,16 +142,8 @@ policies:
         spawn_app_in(dir, settings, BOTH)
     };
     let (a, b) = (spawn().await, spawn().await);
-    let probe = json!({"policy": "plain", "descriptors": {"k": "probe"}, "dry_run": true});
     for app in [&a, &b] {
-        let started = std::time::Instant::now();
-        while json_of(&app.check_tcp(&probe).await)["mode"] != "enforced" {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "never reached Redis"
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        app.wait_for_store().await;
     }
     let ip: sluice::limit::Descriptors = [("ip".to_owned(), "x".to_owned())].into();
     let path = sluice::client::counters_path("both", &ip, None);
@@ -214,20 +199,16 @@ policies:
         (report["existed"].clone(), report["fleet"].clone()),
         (json!(true), json!("announced"))
     );
-    let started = std::time::Instant::now();
-    loop {
+    let on_b = until("b hears", WAIT, || async {
         let on_b = counter(&b, axum::http::Method::GET).await;
         let forgot = on_b["windows"][0]["local_layer_retry_after_ms"].is_null();
-        if forgot && on_b["local_limit"]["remaining"] == 4 {
-            assert_eq!(on_b["remaining"], 3, "{on_b}");
-            break;
+        match forgot && on_b["local_limit"]["remaining"] == 4 {
+            true => Ok(on_b),
+            false => Err(on_b),
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "b never heard: {on_b}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
+    assert_eq!(on_b["remaining"], 3, "{on_b}");
     let again = json_of(&b.check_tcp(&check).await);
     assert_eq!(
         (again["allowed"].clone(), again["remaining"].clone()),

@@ -9,7 +9,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::helpers::{repo_root, spawn_app_in, test_settings, ChildGuard, SHIPPED_POLICIES};
 use crate::tools;
@@ -147,18 +147,14 @@ async fn start_nginx(sluice: &str) -> Nginx {
             .spawn()
             .expect("spawn nginx"),
     ));
-    let started = Instant::now();
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        assert!(
-            started.elapsed() < START_TIMEOUT,
-            "nginx did not start: {}",
-            std::fs::read_to_string(nginx_dir.path().join("stderr")).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let stderr = nginx_dir.path().join("stderr");
+    crate::wait::until("nginx starts", START_TIMEOUT, || async {
+        match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+            Ok(_) => Ok(()),
+            Err(_) => Err(std::fs::read_to_string(&stderr).unwrap_or_default()),
+        }
+    })
+    .await;
     Nginx {
         port,
         _dir: nginx_dir,

@@ -2,12 +2,13 @@
 //! (tests/observability/run.sh proves the expressions themselves against a real Prometheus.)
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use crate::helpers::{metric_value, spawn_app_in, spawn_app_with, test_settings, TestApp};
 use crate::redis_server::RedisServer;
+use crate::wait::until;
 
 const DASHBOARD: &str = include_str!("../../dashboards/sluice.json");
 const ALERTS: &str = include_str!("../../deploy/prometheus/alerts.yaml");
@@ -109,18 +110,14 @@ fn is_exported(families: &BTreeMap<String, String>, name: &str) -> bool {
 
 /// The admin `/metrics` text once `ready` holds for it, polling for at most 10 s.
 async fn metrics_when(app: &TestApp, what: &str, ready: impl Fn(&str) -> bool) -> String {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    until(what, Duration::from_secs(10), || async {
         let text = app.metrics().await;
-        if ready(&text) {
-            return text;
+        match ready(&text) {
+            true => Ok(text),
+            false => Err(text),
         }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not within 10 s:\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 #[tokio::test]

@@ -7,7 +7,7 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -59,19 +59,13 @@ async fn the_admin_listener_serves_the_document_in_the_repository() {
 
 /// Waits (bounded) until `url` answers 200.
 fn wait_ready(admin: &str, log: &Path) {
-    let started = Instant::now();
-    while std::net::TcpStream::connect(admin).is_err()
-        || !std::fs::read_to_string(log)
-            .unwrap_or_default()
-            .contains("sluice ready")
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "sluice did not start: {}",
-            std::fs::read_to_string(log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    crate::wait::until_blocking("sluice starts", Duration::from_secs(20), || {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        match std::net::TcpStream::connect(admin).is_ok() && text.contains("sluice ready") {
+            true => Ok(()),
+            false => Err(text),
+        }
+    });
 }
 
 /// Spends `login` past its limit for one IP and checks it, so that the admin run's `GET /v1/top`

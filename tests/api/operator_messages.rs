@@ -4,7 +4,7 @@
 //! its tier descriptor. All through the real binary.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -127,18 +127,13 @@ fn ready_log(dir: &Path, settings: &str, env: &[(&str, &str)]) -> String {
         .stdout(log.try_clone().expect("log file"))
         .stderr(log);
     let _daemon = ChildGuard(Some(command.spawn().expect("spawn sluice serve")));
-    let started = Instant::now();
-    loop {
+    crate::wait::until_blocking("the ready line", READY_TIMEOUT, || {
         let text = std::fs::read_to_string(&log_path).unwrap_or_default();
-        if text.contains("sluice ready") {
-            return text;
+        match text.contains("sluice ready") {
+            true => Ok(text),
+            false => Err(text),
         }
-        assert!(
-            started.elapsed() < READY_TIMEOUT,
-            "no ready line within {READY_TIMEOUT:?}: {text}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    })
 }
 
 fn settings_file(dir: &Path, policies: &str) -> String {

@@ -5,7 +5,7 @@
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::Value;
 use serde_json::json;
@@ -85,22 +85,7 @@ async fn a_huge_foreign_sorted_set_fails_only_its_own_check_and_is_logged() {
             .to_string()
             .into_bytes()
     };
-    let started = Instant::now();
-    loop {
-        let live = sluice::client::request(&admin, axum::http::Method::GET, "/livez", None).await;
-        if live.is_ok_and(|reply| reply.status == 200) {
-            let warm = json!({"policy": "login", "descriptors": {"ip": "warm"}, "dry_run": true});
-            let reply = post(&tcp, "/v1/check", warm.to_string().into_bytes()).await;
-            if json_of(&reply)["mode"] == "enforced" {
-                break;
-            }
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "the daemon never enforced"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::wait::wait_for_store(&admin).await;
 
     // Rounds of 9 concurrent checks (so that they share batches): the poisoned partition and 8
     // others, fresh ones each round.
@@ -242,15 +227,7 @@ async fn an_acl_user_without_getrange_still_reads_values_whole() {
     let policies = "policies:\n  - {name: api, key: [k], algorithm: token_bucket, limit: 2, period: 1h, burst: 2, failure_mode: closed}\n  - {name: page, key: [k], algorithm: fixed_window, limit: 2, period: 1h, failure_mode: closed}\n";
     let url = format!("redis://sluice:pw@127.0.0.1:{}", redis.port);
     let app = crate::redis_tls::spawn_on_redis(policies, |s| s.redis.url = Some(url)).await;
-    let started = Instant::now();
-    let probe = json!({"policy": "page", "descriptors": {"k": "probe"}, "dry_run": true});
-    while json_of(&app.check_tcp(&probe).await)["mode"] != "enforced" {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "never connected"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    app.wait_for_store().await;
     let mut statuses = Vec::new();
     for policy in ["api", "page"] {
         for _ in 0..3 {

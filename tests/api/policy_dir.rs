@@ -5,11 +5,12 @@
 //! DIR` says the same as the daemon.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sluice::config::HumanDuration;
 
 use crate::helpers::{json_of, metric_value, run_async, sluice_command, test_settings, TestApp};
+use crate::wait::{eventually_within, until};
 
 fn policy(name: &str, limit: u32) -> String {
     format!(
@@ -48,18 +49,14 @@ async fn names(app: &TestApp) -> Vec<String> {
 
 /// Waits (bounded) until the served policy names are `expected`, in order.
 async fn wait_until_named(app: &TestApp, expected: &[&str]) {
-    let started = Instant::now();
-    loop {
+    until("the names served", Duration::from_secs(5), || async {
         let now = names(app).await;
-        if now == expected {
-            return;
+        match now == expected {
+            true => Ok(()),
+            false => Err(format!("serving {now:?}, not {expected:?}")),
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "serving {now:?}, not {expected:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,19 +101,12 @@ async fn a_configmap_directory_serves_every_file_and_follows_the_data_swap() {
             ("team-c.yaml", head.clone() + &policy("c", 3)),
         ],
     );
-    let started = Instant::now();
-    loop {
+    eventually_within("a refusal counted", Duration::from_secs(5), || async {
         let metrics = app.metrics().await;
         let labels = [("result", "invalid")];
-        if metric_value(&metrics, "sluice_policy_reloads_total", &labels) >= 1.0 {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "no refusal counted"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        metric_value(&metrics, "sluice_policy_reloads_total", &labels) >= 1.0
+    })
+    .await;
     wait_until_named(&app, &["a2", "b", "c"]).await;
 }
 

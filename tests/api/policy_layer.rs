@@ -3,7 +3,7 @@
 //! file, a kubelet-style symlink swap).
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use sluice::client::Target;
@@ -13,6 +13,10 @@ use tempfile::TempDir;
 use crate::helpers::{
     json_of, metric_value, post, spawn_app_in, spawn_app_with, test_settings, TestApp,
 };
+use crate::wait::{eventually_within, until};
+
+/// How long a reload may take to be seen.
+const RELOAD_WITHIN: Duration = Duration::from_secs(5);
 
 const ROUTES: &str = "
 policies:
@@ -174,14 +178,10 @@ async fn the_tenant_tier_file_scales_limits_and_changes_are_picked_up() {
     );
     assert_eq!(limit("other").await, 150);
     std::fs::write(&tenants, "tenants:\n  other: enterprise\n").expect("write");
-    let started = Instant::now();
-    while limit("other").await != 1500 {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "the change was not seen"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_within("the change is seen", RELOAD_WITHIN, || async {
+        limit("other").await == 1500
+    })
+    .await;
     assert_eq!(limit("acme").await, 150);
 }
 
@@ -199,18 +199,14 @@ const TWO: &str =
     "policies:\n  - {name: two, key: [ip], algorithm: fixed_window, limit: 2, period: 1h}\n";
 
 async fn wait_for_policy(app: &TestApp, name: &str) {
-    let started = Instant::now();
-    loop {
+    until(&format!("policy {name} loaded"), RELOAD_WITHIN, || async {
         let dump = json_of(&app.admin_get("/v1/policies").await);
-        if dump["policies"][0]["name"] == name {
-            return;
+        match dump["policies"][0]["name"] == name {
+            true => Ok(()),
+            false => Err(dump),
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "policy {name} never loaded: {dump}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
 }
 
 async fn reloads(app: &TestApp, result: &str) -> f64 {
@@ -246,14 +242,10 @@ async fn edits_reload_and_an_invalid_file_keeps_the_old_policies() {
     )
     .expect("write");
     std::fs::rename(&next, &file).expect("rename");
-    let started = Instant::now();
-    while reloads(&app, "invalid").await < 1.0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "the invalid file was not rejected"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_within("the invalid file is rejected", RELOAD_WITHIN, || async {
+        reloads(&app, "invalid").await >= 1.0
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(
         reloads(&app, "invalid").await,

@@ -4,7 +4,7 @@
 //! (counted as `auth`) while the failure mode answers; a counter reset (DEL, PUBLISH) and its
 //! subscription work under that user.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 use sluice::config::Settings;
@@ -12,6 +12,7 @@ use sluice::config::Settings;
 use crate::helpers::{metric_value, repo_root, TestApp};
 use crate::redis_server::RedisServer;
 use crate::redis_tls::spawn_on_redis;
+use crate::wait::eventually_within;
 
 const POLICIES: &str = "
 policies:
@@ -81,12 +82,11 @@ async fn statuses(app: &TestApp) -> Vec<u16> {
 }
 
 async fn wait_connected(app: &TestApp) {
-    let started = Instant::now();
     let probe = json!({"policy": "page", "descriptors": {"page": "probe"}});
-    while app.check_tcp(&probe).await.status == 503 {
-        assert!(started.elapsed() < WAIT, "never connected as the ACL user");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_within("connected as the ACL user", WAIT, || async {
+        app.check_tcp(&probe).await.status != 503
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,11 +104,11 @@ async fn the_readme_acl_line_is_enough_with_credentials_in_the_url() {
         [200, 200, 429, 200, 200, 200, 200, 200, 429]
     );
     // A reset: DEL, PUBLISH on the reset channel, which this daemon follows (SUBSCRIBE).
-    let started = Instant::now();
-    while crate::counters::numsub(&mut redis.connection()) < 1 {
-        assert!(started.elapsed() < WAIT, "never subscribed as the ACL user");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_within("subscribed as the ACL user", WAIT, || {
+        let subscribed = crate::counters::numsub(&mut redis.connection()) >= 1;
+        async move { subscribed }
+    })
+    .await;
     let path = sluice::client::counters_path(
         "login",
         &[("ip".to_owned(), "203.0.113.9".to_owned())].into(),
@@ -167,8 +167,7 @@ async fn a_user_without_the_acl_line_is_refused() {
         |_| {},
     )
     .await;
-    let started = Instant::now();
-    loop {
+    eventually_within("ACL refusals are counted as auth errors", WAIT, || async {
         let reply = app
             .check_tcp(&json!({"policy": "login", "descriptors": {"ip": "203.0.113.10"}}))
             .await;
@@ -181,29 +180,18 @@ async fn a_user_without_the_acl_line_is_refused() {
             "sluice_redis_errors_total",
             &[("kind", "auth")],
         );
-        if refused >= 2.0 {
-            break;
-        }
-        assert!(
-            started.elapsed() < WAIT,
-            "ACL refusals were not counted as auth errors"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        refused >= 2.0
+    })
+    .await;
     // A wrong password is refused the same way.
     let app = spawn(
         format!("redis://sluice:wrong@127.0.0.1:{}", redis.port),
         |_| {},
     )
     .await;
-    let started = Instant::now();
-    while metric_value(
-        &app.metrics().await,
-        "sluice_redis_errors_total",
-        &[("kind", "auth")],
-    ) < 1.0
-    {
-        assert!(started.elapsed() < WAIT, "a wrong password was not counted");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_within("a wrong password is counted", WAIT, || async {
+        let metrics = app.metrics().await;
+        metric_value(&metrics, "sluice_redis_errors_total", &[("kind", "auth")]) >= 1.0
+    })
+    .await;
 }

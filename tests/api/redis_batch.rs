@@ -270,15 +270,7 @@ async fn the_daemon_answers_a_bad_key_alone_and_stays_healthy() {
     let prefix = settings.redis.key_prefix.clone();
     let app = spawn_app_in(dir, settings, POLICIES).await;
     let api = |k: &str| json!({"policy": "api", "descriptors": {"k": k}});
-    let mut enforced = false;
-    for _ in 0..400 {
-        if json_of(&app.check_tcp(&api("warm")).await)["mode"] == "enforced" {
-            enforced = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    assert!(enforced, "the daemon never reached Redis");
+    app.wait_for_store().await;
     let mut conn = server.connection();
     let _: () = redis::cmd("RPUSH")
         .arg(format!("{prefix}:{{api:poisoned}}"))
@@ -314,12 +306,7 @@ async fn noscript_mid_batch_costs_no_check_and_no_double_spend() {
     settings.redis.timeout = sluice::config::HumanDuration(2_000_000);
     let app = Arc::new(spawn_app_in(dir, settings, POLICIES).await);
     let login = |ip: &str| json!({"policy": "login", "descriptors": {"ip": ip}});
-    for _ in 0..400 {
-        if json_of(&app.check_tcp(&login("warm")).await)["mode"] == "enforced" {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    app.wait_for_store().await;
     let mut conn = server.connection();
     // Concurrent checks on 4 IPs (5 allowed each) while the script cache is flushed repeatedly:
     // every answer is enforced, and exactly 5 per IP pass.
@@ -369,15 +356,7 @@ async fn cluster_daemon(
     settings.redis.cluster_node_calls = node_calls;
     settings.redis.timeout = sluice::config::HumanDuration(2_000_000);
     let app = Arc::new(spawn_app_in(dir, settings, POLICIES).await);
-    let mut ready = false;
-    for _ in 0..400 {
-        if json_of(&app.check_tcp(&login("warm")).await)["mode"] == "enforced" {
-            ready = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    assert!(ready, "the daemon never reached the cluster");
+    app.wait_for_store().await;
     app
 }
 

@@ -13,6 +13,7 @@ use sluice::client::{Connection, Target};
 
 use crate::helpers::{metric_value, sluice_command, ChildGuard};
 use crate::redis_server::{RedisCluster, RedisServer};
+use crate::wait::wait_for_store;
 
 const POLICIES: &str = "
 policies:
@@ -58,27 +59,6 @@ fn start_daemon(dir: &Path, index: usize, redis_toml: &str) -> Daemon {
     }
 }
 
-/// Waits until the daemon answers and decides through Redis (its connection is made in the
-/// background).
-async fn wait_ready(daemon: &Daemon) {
-    let probe = json!({"policy": "log", "descriptors": {"ip": "probe"}, "dry_run": true});
-    let started = Instant::now();
-    loop {
-        if let Ok(mut conn) = Connection::open(&daemon.http).await {
-            if let Ok(reply) = conn.post_json("/v1/check", &probe).await {
-                if reply.status == 200 && reply.json()["mode"] == "enforced" {
-                    return;
-                }
-            }
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "daemon did not become ready"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Every client sends its requests as fast as it can; returns (admitted, elapsed).
 async fn hammer(daemons: &[Daemon], body: serde_json::Value) -> (usize, Duration) {
     let started = Instant::now();
@@ -118,7 +98,7 @@ async fn exact_across_daemons(redis_toml: String, run: &str) {
         .map(|i| start_daemon(dir.path(), i, &redis_toml))
         .collect();
     for daemon in &daemons {
-        wait_ready(daemon).await;
+        wait_for_store(&daemon.admin).await;
     }
     let attempts = DAEMONS * CLIENTS_PER_DAEMON * REQUESTS_PER_CLIENT;
 

@@ -353,16 +353,19 @@ async fn oom_busy_and_auth_errors_are_counted_and_failure_modes_apply() {
         format!("redis://:wrong@127.0.0.1:{}", locked.port),
     ] {
         let app = spawn(Redis::Url(url)).await;
-        let started = Instant::now();
-        while metric(&app, "auth").await < 1.0 {
+        crate::wait::until("auth errors counted", WAIT, || async {
+            if metric(&app, "auth").await >= 1.0 {
+                return Ok(());
+            }
             let metrics = app.metrics().await;
-            let errors: Vec<&str> = metrics
+            let errors: Vec<String> = metrics
                 .lines()
                 .filter(|l| l.starts_with("sluice_redis_errors_total"))
+                .map(str::to_owned)
                 .collect();
-            assert!(started.elapsed() < WAIT, "auth errors counted: {errors:?}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            Err(errors)
+        })
+        .await;
         assert_failure_modes(&app, "u-auth").await;
     }
 }
@@ -494,10 +497,6 @@ fn info(server: &RedisServer, section: &str) -> String {
         .unwrap_or_default()
 }
 
-fn wait_for(mut condition: impl FnMut() -> bool, what: &str) {
-    let started = Instant::now();
-    while !condition() {
-        assert!(started.elapsed() < WAIT, "timed out waiting: {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+fn wait_for(condition: impl FnMut() -> bool, what: &str) {
+    crate::wait::eventually_blocking(what, WAIT, condition);
 }

@@ -27,15 +27,7 @@ async fn spawn(redis: &RedisServer, local_layer: bool) -> TestApp {
     settings.tenants.refresh = HumanDuration(200_000);
     settings.local_layer.enabled = local_layer;
     let app = spawn_app_in(dir, settings, POLICIES).await;
-    let started = Instant::now();
-    let probe = json!({"policy": "hot", "descriptors": {"user": "probe"}, "dry_run": true});
-    while json_of(&app.check_tcp(&probe).await)["mode"] != "enforced" {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "never reached Redis"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    app.wait_for_store().await;
     app
 }
 
@@ -55,10 +47,10 @@ async fn a_tier_changed_in_redis_reaches_every_daemon_within_the_refresh() {
         .expect("HSET");
     let changed = Instant::now();
     for app in &daemons {
-        while json_of(&app.check_tcp(&body).await)["limit"] != 1000 {
-            assert!(changed.elapsed() < Duration::from_secs(5), "not seen");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        crate::wait::eventually_within("seen", Duration::from_secs(5), || async {
+            json_of(&app.check_tcp(&body).await)["limit"] == 1000
+        })
+        .await;
     }
     let seen = changed.elapsed();
     println!("tenant tier changed in Redis: seen by both daemons after {seen:?} (refresh 200 ms)");

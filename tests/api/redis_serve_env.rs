@@ -5,7 +5,7 @@
 
 use std::path::Path;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::http::Method;
 use serde_json::json;
@@ -47,17 +47,28 @@ impl Served {
         .map(|reply| u16::from(reply.status))
     }
 
+    /// Checks `ip` until it is admitted (200: Redis answers; the policy fails closed).
+    async fn wait_admitted(&self, what: &str, ip: &str) {
+        crate::wait::until(&format!("{what}enforced"), WAIT, || async {
+            match self.check(ip).await {
+                Some(200) => Ok(()),
+                _ => Err(self.log()),
+            }
+        })
+        .await;
+    }
+
     /// Waits until the log contains `text`.
     async fn wait_for_log(&self, text: &str) {
-        let started = Instant::now();
-        while !self.log().contains(text) {
-            assert!(
-                started.elapsed() < WAIT,
-                "log never said {text:?}:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let what = format!("the log says {text:?}");
+        crate::wait::until(&what, WAIT, || async {
+            let log = self.log();
+            match log.contains(text) {
+                true => Ok(()),
+                false => Err(log),
+            }
+        })
+        .await;
     }
 }
 
@@ -112,15 +123,7 @@ async fn serve_takes_tls_and_acl_credentials_from_the_environment() {
             ("SLUICE_REDIS__TLS__CA_FILE", ca),
         ],
     );
-    let started = Instant::now();
-    while served.check("192.0.2.1").await != Some(200) {
-        assert!(
-            started.elapsed() < WAIT,
-            "never enforced; log:\n{}",
-            served.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    served.wait_admitted("", "192.0.2.1").await;
     let mut statuses = Vec::new();
     for _ in 0..3 {
         statuses.push(served.check("192.0.2.2").await);
@@ -164,15 +167,7 @@ async fn serve_logs_a_tls_refusal_with_its_reason_and_warns_about_insecure() {
         &[("SLUICE_REDIS__TLS__INSECURE", "true".into())],
     );
     insecure.wait_for_log("redis.tls.insecure is on").await;
-    let started = Instant::now();
-    while insecure.check("192.0.2.4").await != Some(200) {
-        assert!(
-            started.elapsed() < WAIT,
-            "never enforced; log:\n{}",
-            insecure.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    insecure.wait_admitted("", "192.0.2.4").await;
 }
 
 /// With no `redis.tls.ca_file`, `rediss://` trusts what the system trusts: a private CA named
@@ -194,15 +189,9 @@ async fn serve_trusts_a_ca_given_only_by_ssl_cert_file_or_dir() {
     ] {
         let dir = tempfile::tempdir().expect("tempdir");
         let served = serve(dir.path(), &redis.url(), &env);
-        let started = Instant::now();
-        while served.check("192.0.2.5").await != Some(200) {
-            assert!(
-                started.elapsed() < WAIT,
-                "SSL_CERT_{name}: never enforced; log:\n{}",
-                served.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        served
+            .wait_admitted(&format!("SSL_CERT_{name}: "), "192.0.2.5")
+            .await;
         let statuses = [
             served.check(ip).await,
             served.check(ip).await,

@@ -61,6 +61,8 @@ pub fn spawn_server_from(binary: &Path, dir: &TempDir, port: u16, extra: &[&str]
         .unwrap_or_else(|e| panic!("{} runs (install redis-server): {e}", binary.display()))
 }
 
+/// Waits (bounded by [`START_TIMEOUT`]) until `ready` holds, blocking the thread (this file is
+/// also `tests/alloc.rs`'s, so it has no use of the `wait` module).
 pub fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
     let started = Instant::now();
     while !ready() {

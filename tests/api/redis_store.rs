@@ -4,76 +4,23 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sluice::config::HumanDuration;
 
-use crate::helpers::{json_of, remaining, spawn_app_in, test_settings, TestApp, SHIPPED_POLICIES};
-use crate::redis_server::{RedisCluster, RedisServer};
+use crate::helpers::{json_of, remaining, TestApp, SHIPPED_POLICIES};
+use crate::stores::{spawn_on_with, Backend, OnStore, Store};
 
-/// Where the daemon's Redis is, and how to inspect it.
-enum Backend {
-    Single(RedisServer),
-    Cluster(RedisCluster),
-}
-
-impl Backend {
-    /// One connection per primary.
-    fn primaries(&self) -> Vec<redis::Connection> {
-        match self {
-            Self::Single(server) => vec![server.connection()],
-            Self::Cluster(cluster) => cluster.connections(),
-        }
-    }
-
-    /// Every key with the daemon's prefix, with the node connection that holds it.
-    fn keys(&self, prefix: &str) -> Vec<(usize, String)> {
-        let mut found = Vec::new();
-        for (node, mut conn) in self.primaries().into_iter().enumerate() {
-            let keys: Vec<String> = redis::cmd("KEYS")
-                .arg(format!("{prefix}:*"))
-                .query(&mut conn)
-                .expect("KEYS");
-            found.extend(keys.into_iter().map(|k| (node, k)));
-        }
-        found
-    }
-
-    fn flush_scripts(&self) {
-        for mut conn in self.primaries() {
-            let _: () = redis::cmd("SCRIPT")
-                .arg("FLUSH")
-                .query(&mut conn)
-                .expect("SCRIPT FLUSH");
-        }
+/// Losing the script cache: `SCRIPT FLUSH` on every primary.
+fn flush_scripts(store: &Store) {
+    for mut conn in store.primaries() {
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query(&mut conn)
+            .expect("SCRIPT FLUSH");
     }
 }
 
-async fn spawn_on(backend: &Backend, policies: &str, prefix: &str) -> TestApp {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut settings = test_settings(dir.path());
-    match backend {
-        Backend::Single(server) => settings.redis.url = Some(server.url()),
-        Backend::Cluster(cluster) => settings.redis.cluster = cluster.urls(),
-    }
-    settings.redis.key_prefix = prefix.into();
-    // Generous: CI machines are small and shared; timing is the benchmark's job, not the tests'.
-    settings.redis.timeout = HumanDuration(2_000_000);
-    let app = spawn_app_in(dir, settings, policies).await;
-    wait_for_redis(&app).await;
-    app
-}
-
-/// The connection is made in the background; wait until checks are decided by Redis.
-async fn wait_for_redis(app: &TestApp) {
-    for _ in 0..200 {
-        let reply = app
-            .check_tcp(&json!({"policy": "warmup", "descriptors": {"ip": "0"}, "dry_run": true}))
-            .await;
-        if json_of(&reply)["mode"] == "enforced" {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("the daemon never reached Redis");
+/// A daemon on a store of the test's own (these tests flush scripts and count calls).
+async fn spawn_on(store: &Store, policies: &str, prefix: &str) -> OnStore<TestApp> {
+    spawn_on_with(store.clone(), policies, prefix, |_| {}).await
 }
 
 const POLICIES: &str = "
@@ -85,7 +32,7 @@ policies:
   - {name: per_account, match: {path: /login}, key: [account], algorithm: fixed_window, limit: 100, period: 1h, failure_mode: closed}
 ";
 
-async fn scenarios(backend: &Backend) {
+async fn scenarios(backend: &Store) {
     let app = spawn_on(backend, POLICIES, "t1").await;
 
     // Login: 10 in the window, then denied for (almost) the whole window.
@@ -134,7 +81,7 @@ async fn scenarios(backend: &Backend) {
         let reply = app.check_tcp(&body).await;
         assert_eq!(remaining(&reply), 50, "{tenant}/{key} shares a counter");
     }
-    let keys = backend.keys("t1");
+    let keys = backend.keys("t1:*");
     assert!(keys.len() >= 8, "{keys:?}");
     for (_, key) in &keys {
         assert_eq!(key.matches('{').count(), 1, "{key}");
@@ -167,7 +114,7 @@ async fn scenarios(backend: &Backend) {
 }
 
 /// Losing the script cache mid-traffic (restart, failover, SCRIPT FLUSH) costs no check.
-async fn script_flush_mid_traffic(backend: &Backend) {
+async fn script_flush_mid_traffic(backend: &Store) {
     let app = spawn_on(backend, POLICIES, "t2").await;
     let app = std::sync::Arc::new(app);
     let mut load = tokio::task::JoinSet::new();
@@ -184,7 +131,7 @@ async fn script_flush_mid_traffic(backend: &Backend) {
         });
     }
     for _ in 0..5 {
-        backend.flush_scripts();
+        flush_scripts(backend);
         tokio::time::sleep(Duration::from_millis(15)).await;
     }
     let mut answered = 0;
@@ -212,22 +159,21 @@ async fn script_flush_mid_traffic(backend: &Backend) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scenarios_on_single_redis() {
-    let backend = Backend::Single(RedisServer::start());
+    let backend = Store::start(Backend::Redis);
     scenarios(&backend).await;
     script_flush_mid_traffic(&backend).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scenarios_on_redis_cluster() {
-    let backend = Backend::Cluster(RedisCluster::start());
+    let backend = Store::start(Backend::Cluster);
     scenarios(&backend).await;
     script_flush_mid_traffic(&backend).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shipped_policies_work_on_redis() {
-    let server = RedisServer::start();
-    let backend = Backend::Single(server);
+    let backend = Store::start(Backend::Redis);
     let policies = format!("{SHIPPED_POLICIES}\n  - {{name: warmup, key: [ip], algorithm: fixed_window, limit: 1000, period: 1h}}\n");
     let app = spawn_on(&backend, &policies, "t3").await;
     let enterprise =
@@ -239,7 +185,7 @@ async fn shipped_policies_work_on_redis() {
 /// loosely so that a layout regression shows up. Run with `--nocapture` to see the figures.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_per_key() {
-    let backend = Backend::Single(RedisServer::start());
+    let backend = Store::start(Backend::Redis);
     let policies = "
 policies:
   - {name: warmup, key: [ip], algorithm: fixed_window, limit: 1000, period: 1h}
@@ -280,7 +226,7 @@ policies:
 /// dispatcher cannot flush the first check alone before the others are queued.
 #[tokio::test(flavor = "current_thread")]
 async fn a_batch_request_is_one_redis_call() {
-    let backend = Backend::Single(RedisServer::start());
+    let backend = Store::start(Backend::Redis);
     let policies = format!("{SHIPPED_POLICIES}\n  - {{name: warmup, key: [ip], algorithm: fixed_window, limit: 1000, period: 1h}}\n");
     let app = spawn_on(&backend, &policies, "t4").await;
     let calls = |metrics: &str| {

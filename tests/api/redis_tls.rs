@@ -3,7 +3,7 @@
 //! a clear, counted error while the daemon keeps answering by failure mode, mutual TLS required
 //! and given, the `insecure` switch, and `sluice config check` refusing what `serve` would.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 use sluice::config::{HumanDuration, Settings};
@@ -51,11 +51,10 @@ pub async fn spawn_on_redis(policies: &str, tweak: impl FnOnce(&mut Settings)) -
 /// Checks `login` until Redis answers (200 or 429, not the fail-closed 503); returns the statuses
 /// of four checks of one IP after that.
 async fn enforced_statuses(app: &TestApp) -> Vec<u16> {
-    let started = Instant::now();
-    while app.check_tcp(&login("198.51.100.1")).await.status != 200 {
-        assert!(started.elapsed() < WAIT, "never connected over TLS");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::wait::eventually_within("connected over TLS", WAIT, || async {
+        app.check_tcp(&login("198.51.100.1")).await.status == 200
+    })
+    .await;
     let mut statuses = Vec::new();
     for _ in 0..4 {
         statuses.push(app.check_tcp(&login("198.51.100.2")).await.status.as_u16());
@@ -128,8 +127,7 @@ async fn a_server_signed_by_another_ca_is_refused_and_the_failure_mode_answers()
     // The daemon stays up, answers by the failure mode (closed: 503) and counts the refusals.
     let other = pki.path("other-ca.pem");
     let app = spawn(redis.url(), |s| s.redis.tls.ca_file = Some(other)).await;
-    let started = Instant::now();
-    loop {
+    crate::wait::eventually_within("TLS refusals are counted", WAIT, || async {
         let reply = app.check_tcp(&login("198.51.100.3")).await;
         assert_eq!(reply.status, 503, "fail closed while TLS is refused");
         let tls_errors = metric_value(
@@ -137,12 +135,9 @@ async fn a_server_signed_by_another_ca_is_refused_and_the_failure_mode_answers()
             "sluice_redis_errors_total",
             &[("kind", "tls")],
         );
-        if tls_errors >= 2.0 {
-            break;
-        }
-        assert!(started.elapsed() < WAIT, "TLS refusals were not counted");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        tls_errors >= 2.0
+    })
+    .await;
     assert_eq!(app.admin_get("/livez").await.status, 200);
 }
 

@@ -10,6 +10,7 @@ use sluice::config::HumanDuration;
 use tempfile::TempDir;
 
 use crate::helpers::{json_of, metric_value, remaining, test_settings, TestApp};
+use crate::wait::{eventually_within, until};
 
 const ONE: &str =
     "policies:\n  - {name: one, key: [ip], algorithm: fixed_window, limit: 5, period: 1h}\n";
@@ -27,25 +28,28 @@ async fn spawn(dir: TempDir, configure: impl FnOnce(&mut sluice::config::Setting
     crate::helpers::spawn_served(dir, settings).await
 }
 
+/// How long a reload may take to be seen.
+const RELOAD_WITHIN: Duration = Duration::from_secs(5);
+
 /// Waits (bounded) until the invalid-reload count reaches `count`.
 async fn wait_invalid(app: &TestApp, count: f64) {
-    let started = Instant::now();
-    loop {
-        let metrics = app.metrics().await;
-        let invalid = metric_value(
-            &metrics,
-            "sluice_policy_reloads_total",
-            &[("result", "invalid")],
-        );
-        if invalid >= count {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "refusal {count} not counted:\n{metrics}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until(
+        &format!("refusal {count} counted"),
+        RELOAD_WITHIN,
+        || async {
+            let metrics = app.metrics().await;
+            let invalid = metric_value(
+                &metrics,
+                "sluice_policy_reloads_total",
+                &[("result", "invalid")],
+            );
+            match invalid >= count {
+                true => Ok(()),
+                false => Err(metrics),
+            }
+        },
+    )
+    .await;
 }
 
 async fn policy_name(app: &TestApp) -> serde_json::Value {
@@ -85,11 +89,10 @@ async fn unending_and_oversized_policy_files_are_refused_and_the_old_set_serves(
 
     // A good file is taken again.
     replace(&path, TWO.as_bytes());
-    let started = Instant::now();
-    while policy_name(&app).await != "two" {
-        assert!(started.elapsed() < Duration::from_secs(5), "never reloaded");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_within("reloaded", RELOAD_WITHIN, || async {
+        policy_name(&app).await == "two"
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -105,14 +108,12 @@ async fn an_empty_policy_set_is_refused_unless_allowed() {
     let path = dir.path().join("policies.yaml");
     let app = spawn(dir, |s| s.policies_allow_empty = true).await;
     replace(&path, b"policies: []\n");
-    let started = Instant::now();
-    while !json_of(&app.admin_get("/v1/policies").await)["policies"]
-        .as_array()
-        .is_some_and(Vec::is_empty)
-    {
-        assert!(started.elapsed() < Duration::from_secs(5), "never emptied");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_within("emptied", RELOAD_WITHIN, || async {
+        json_of(&app.admin_get("/v1/policies").await)["policies"]
+            .as_array()
+            .is_some_and(Vec::is_empty)
+    })
+    .await;
 }
 
 /// An unchanged file (same inode, size and modification time) is not read again: an in-place

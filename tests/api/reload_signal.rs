@@ -4,12 +4,13 @@
 
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 use sluice::client::Target;
 
 use crate::helpers::{get, json_of, post, sluice_command, ChildGuard};
+use crate::wait::eventually_within;
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -51,17 +52,12 @@ async fn sighup_reloads_and_shadow_blocks_are_logged_without_raw_values() {
         Target::Tcp(format!("127.0.0.1:{http}").parse().expect("addr")),
         Target::Tcp(format!("127.0.0.1:{admin}").parse().expect("addr")),
     );
-    let started = Instant::now();
-    while sluice::client::request(&admin, axum::http::Method::GET, "/livez", None)
-        .await
-        .is_err()
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "daemon did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_within("the daemon starts", Duration::from_secs(10), || async {
+        sluice::client::request(&admin, axum::http::Method::GET, "/livez", None)
+            .await
+            .is_ok()
+    })
+    .await;
 
     let body = json!({"descriptors": {"ip": "203.0.113.99"}})
         .to_string()
@@ -81,14 +77,10 @@ async fn sighup_reloads_and_shadow_blocks_are_logged_without_raw_values() {
         .status()
         .expect("kill");
     assert!(status.success());
-    let started = Instant::now();
-    while json_of(&get(&admin, "/v1/policies").await)["policies"][0]["name"] != "enforced" {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "SIGHUP did not reload"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_within("SIGHUP reloads", Duration::from_secs(5), || async {
+        json_of(&get(&admin, "/v1/policies").await)["policies"][0]["name"] == "enforced"
+    })
+    .await;
     assert_eq!(post(&tcp, "/v1/check", body.clone()).await.status, 200);
     assert_eq!(post(&tcp, "/v1/check", body).await.status, 429);
 

@@ -4,8 +4,6 @@
 //! embedded store and on a real Redis; bad reports are 400s that spend nothing; a store that
 //! cannot take a report gives each policy's failure mode.
 
-use std::time::{Duration, Instant};
-
 use serde_json::{json, Value};
 use sluice::client::Target;
 use sluice::config::HumanDuration;
@@ -242,22 +240,8 @@ async fn on_redis(redis: &RedisServer, prefix: &str) -> TestApp {
     settings.redis.key_prefix = prefix.into();
     settings.redis.timeout = HumanDuration(2_000_000);
     let app = spawn_app_in(dir, settings, POLICIES).await;
-    let started = Instant::now();
-    loop {
-        let (_, body) = check(
-            &app,
-            &json!({"descriptors": {"route": "llm", "user": "warmup"}, "dry_run": true}),
-        )
-        .await;
-        if body["mode"] == "enforced" {
-            return app;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "never enforced: {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    app.wait_for_store().await;
+    app
 }
 
 #[tokio::test]

@@ -14,6 +14,7 @@ use crate::helpers::{
     check_on, connect, is_complete, spawn_app, spawn_app_in, test_settings, TestApp,
     SHIPPED_POLICIES, STOP_TIMEOUT,
 };
+use crate::wait::until;
 
 fn tcp_addr(app: &TestApp) -> SocketAddr {
     match app.tcp {
@@ -59,20 +60,17 @@ async fn start_check(addr: SocketAddr, body: &str) -> TcpStream {
 }
 
 async fn wait_unready(app: &TestApp) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
+    let within = Duration::from_secs(5);
+    let reply = until("readiness turns false while draining", within, || async {
         let reply = app.admin_get("/readyz").await;
-        if reply.status == 503 {
-            let body: Value = serde_json::from_slice(&reply.body).expect("JSON");
-            assert_eq!(body["ready"], false);
-            return;
+        match reply.status == 503 {
+            true => Ok(reply),
+            false => Err(reply.status),
         }
-        assert!(
-            Instant::now() < deadline,
-            "readiness never turned false while draining"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    })
+    .await;
+    let body: Value = serde_json::from_slice(&reply.body).expect("JSON");
+    assert_eq!(body["ready"], false);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,6 @@
 
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use crate::helpers::{run_async, sluice_command, ChildGuard, STOP_TIMEOUT};
 use crate::otlp_receiver::BlackHole;
@@ -46,14 +45,10 @@ async fn tracing_off_sends_nothing_even_with_otel_variables_set() {
         .stderr(Stdio::null());
     let mut child = ChildGuard(Some(command.spawn().expect("spawn sluice serve")));
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-    let started = Instant::now();
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
-        assert!(
-            started.elapsed() < STOP_TIMEOUT,
-            "sluice serve never listened"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    crate::wait::eventually_within("sluice serve listens", STOP_TIMEOUT, || async {
+        tokio::net::TcpStream::connect(addr).await.is_ok()
+    })
+    .await;
     for i in 0..5u64 {
         let parent = traceparent(&format!("{:032x}", 0xdead0 + i), "00f067aa0ba902b7");
         let (status, _) = post_traced(addr, "/v1/check", &public_api_body(), &parent).await;

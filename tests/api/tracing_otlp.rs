@@ -6,7 +6,7 @@
 //! beyond its bound.
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use sluice::config::{HumanDuration, OtlpEndpoint, OtlpProtocol, Settings};
@@ -193,20 +193,8 @@ async fn redis_batch_calls_are_spans_related_to_every_check_they_serve() {
         other => panic!("not TCP: {other}"),
     };
     // The connection is made in the background: until then the failure mode answers.
-    let started = Instant::now();
-    loop {
-        let warmup =
-            json!({"policy": "login", "descriptors": {"ip": "192.0.2.1"}, "dry_run": true});
-        let reply = app.check_tcp(&warmup).await;
-        if crate::helpers::json_of(&reply)["mode"] == "enforced" {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "never reached Redis"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let warmup = json!({"policy": "login", "descriptors": {"ip": "192.0.2.1"}, "dry_run": true});
+    crate::wait::wait_enforced(&app.tcp, &warmup).await;
 
     let traces: Vec<(String, String)> = (0..12u64)
         .map(|i| {

@@ -4,13 +4,12 @@
 //! the counters keep their layout (one window: as before; several: one key per period, in one
 //! Cluster slot).
 
-use std::time::Duration;
-
 use serde_json::{json, Value};
 use sluice::config::HumanDuration;
 
 use crate::helpers::{header, json_of, remaining, spawn_app_in, test_settings, TestApp};
-use crate::redis_server::{RedisCluster, RedisServer};
+use crate::redis_server::RedisServer;
+use crate::stores::{on_stores, spawn_on, Backend, OnStore, Store};
 
 /// Sliding logs (rolling: real time during the test cannot cross a boundary), minutes and hours
 /// (Redis reads its own clock). `short` is decided by its minute, `long` by its hour.
@@ -116,86 +115,67 @@ async fn scenario(app: &TestApp) {
     assert_eq!(json_of(&refused)["error"], "cost_exceeds_limit");
 }
 
-#[tokio::test]
-async fn several_windows_on_the_embedded_store() {
-    let app = crate::helpers::spawn_app_with(POLICIES).await;
-    scenario(&app).await;
-    // The policy dump shows the windows as written.
-    let dump = json_of(&app.admin_get("/v1/policies").await);
-    let short = dump["policies"]
-        .as_array()
-        .and_then(|all| all.iter().find(|p| p["name"] == "short"))
-        .expect("short")
-        .clone();
-    assert_eq!(
-        short["limits"],
-        json!([{"limit": 2, "period": "1m"}, {"limit": 3, "period": "1h"}])
-    );
-}
-
-async fn on_redis(
-    settings_of: impl FnOnce(&mut sluice::config::Settings),
-    prefix: &str,
-) -> TestApp {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut settings = test_settings(dir.path());
-    settings_of(&mut settings);
-    settings.redis.key_prefix = prefix.into();
-    settings.redis.timeout = HumanDuration(2_000_000);
-    let app = spawn_app_in(dir, settings, POLICIES).await;
-    let probe = json!({"policy": "single", "descriptors": {"user": "probe"}, "dry_run": true});
-    for _ in 0..200 {
-        if json_of(&app.check_tcp(&probe).await)["mode"] == "enforced" {
-            return app;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("the daemon never reached Redis");
-}
-
 fn keys(conn: &mut redis::Connection, pattern: &str) -> Vec<String> {
     let mut keys: Vec<String> = redis::cmd("KEYS").arg(pattern).query(conn).expect("KEYS");
     keys.sort();
     keys
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn several_windows_on_redis_keep_one_key_per_period() {
-    let redis = RedisServer::start();
-    let app = on_redis(|s| s.redis.url = Some(redis.url()), "w1").await;
-    scenario(&app).await;
-    let mut conn = redis.connection();
-    assert_eq!(
-        keys(&mut conn, "w1:{short:u}*"),
-        ["w1:{short:u}:1h", "w1:{short:u}:1m"],
-        "one counter per window, named by its period"
-    );
-    assert_eq!(
-        keys(&mut conn, "w1:{single:*"),
-        ["w1:{single:u}"],
-        "one window: the layout of before"
-    );
+async fn spawn(backend: Backend, prefix: &str) -> OnStore<TestApp> {
+    spawn_on(backend, POLICIES, prefix).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn several_windows_on_a_redis_cluster_share_one_slot() {
-    let cluster = RedisCluster::start();
-    let app = on_redis(|s| s.redis.cluster = cluster.urls(), "w2").await;
-    scenario(&app).await;
-    // Both windows of a partition live on one node (one slot): one atomic script call.
-    let mut nodes = cluster.connections();
-    let holders: Vec<Vec<String>> = nodes
-        .iter_mut()
-        .map(|conn| keys(conn, "w2:{long:u}*"))
-        .filter(|found| !found.is_empty())
-        .collect();
-    assert_eq!(
-        holders,
-        [vec![
-            "w2:{long:u}:1h".to_owned(),
-            "w2:{long:u}:1m".to_owned()
-        ]]
-    );
+on_stores! {
+/// The scenario, then what each store keeps: the policy dump (embedded), one key per period
+/// (Redis), both windows of a partition in one slot (Cluster).
+async fn several_windows(app: &OnStore<TestApp>) via spawn, on [memory, redis, cluster] {
+    scenario(app).await;
+    let p = &app.prefix;
+    match &app.store {
+        Store::Memory => {
+            // The policy dump shows the windows as written.
+            let dump = json_of(&app.admin_get("/v1/policies").await);
+            let short = dump["policies"]
+                .as_array()
+                .and_then(|all| all.iter().find(|p| p["name"] == "short"))
+                .expect("short")
+                .clone();
+            assert_eq!(
+                short["limits"],
+                json!([{"limit": 2, "period": "1m"}, {"limit": 3, "period": "1h"}])
+            );
+        }
+        Store::Redis(redis) => {
+            let mut conn = redis.connection();
+            assert_eq!(
+                keys(&mut conn, &format!("{p}:{{short:u}}*")),
+                [format!("{p}:{{short:u}}:1h"), format!("{p}:{{short:u}}:1m")],
+                "one counter per window, named by its period"
+            );
+            assert_eq!(
+                keys(&mut conn, &format!("{p}:{{single:*")),
+                [format!("{p}:{{single:u}}")],
+                "one window: the layout of before"
+            );
+        }
+        Store::Cluster(cluster) => {
+            // Both windows of a partition live on one node (one slot): one atomic script call.
+            let mut nodes = cluster.connections();
+            let holders: Vec<Vec<String>> = nodes
+                .iter_mut()
+                .map(|conn| keys(conn, &format!("{p}:{{long:u}}*")))
+                .filter(|found| !found.is_empty())
+                .collect();
+            assert_eq!(
+                holders,
+                [vec![
+                    format!("{p}:{{long:u}}:1h"),
+                    format!("{p}:{{long:u}}:1m")
+                ]]
+            );
+        }
+    }
+}
 }
 
 /// Random costs on policies of two windows, asked of the embedded store and of Redis side by
@@ -222,13 +202,7 @@ policies:
         // of the first (a denial all the same, but `remaining` as it was then).
         settings.local_layer.enabled = false;
         let app = spawn_app_in(dir, settings, DIFF).await;
-        let probe = json!({"policy": "single", "descriptors": {"user": "probe"}, "dry_run": true});
-        for _ in 0..200 {
-            if json_of(&app.check_tcp(&probe).await)["mode"] == "enforced" {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        app.wait_for_store().await;
         app
     };
     let mut denials_by = [0, 0];
