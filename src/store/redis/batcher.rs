@@ -275,7 +275,7 @@ impl Dispatch {
     /// before running any of it: then the jobs come back, to be resent one call per slot.
     async fn call(&self, mut conn: Conn, jobs: Vec<Job>, via: Via) -> Result<(), Vec<Job>> {
         let via = match (via, &jobs[..]) {
-            (Via::Keys, [job]) if job.items.len() == 1 && job.commit != Commit::Spend => {
+            (Via::Keys, [job]) if job.items.len() == 1 && job.commit != Commit::Report => {
                 Via::Single
             }
             _ => via,
@@ -533,8 +533,7 @@ fn single_command(scripts: &Scripts, job: &Job, send: Send) -> Cmd {
         Algorithm::SlidingLog(l) => cmd.arg(l.limit()).arg(l.period_us()),
         Algorithm::FixedWindow(w) => cmd.arg(w.limit()).arg(w.period_us()),
     };
-    cmd.arg(item.cost)
-        .arg(u8::from(job.commit == Commit::IfAllowed));
+    cmd.arg(item.cost).arg(job.commit.flag());
     cmd
 }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use redis::Value;
 
 use crate::limit::{Algorithm, Decision, Micros, NEVER};
-use crate::store::StoreCheck;
+use crate::store::{Spend, StoreCheck};
 
 const STATE: &str = include_str!("../../../lua/state.lua");
 const TOKEN_BUCKET: &str = include_str!("../../../lua/token_bucket.lua");
@@ -127,14 +127,15 @@ impl Scripts {
         }
     }
 
-    /// The single-algorithm call that decides (and, with `commit`, records) `cost` on `key`;
-    /// the daemon batches instead, this is for baselines and tests. `now` is for tests only.
+    /// The single-algorithm call that decides (and, with [`Spend::Record`], records) `cost` on
+    /// `key`; the daemon batches instead, this is for baselines and tests. `now` is for tests
+    /// only.
     pub fn call(
         &self,
         algorithm: &Algorithm,
         key: String,
         cost: u64,
-        commit: bool,
+        spend: Spend,
         now: Option<Micros>,
     ) -> ScriptCall {
         let mut args = Vec::with_capacity(6);
@@ -143,7 +144,7 @@ impl Scripts {
             Algorithm::SlidingLog(l) => args.extend([l.limit(), l.period_us()]),
             Algorithm::FixedWindow(w) => args.extend([w.limit(), w.period_us()]),
         }
-        args.extend([cost, u64::from(commit)]);
+        args.extend([cost, Commit::from(spend).flag()]);
         args.extend(now);
         ScriptCall {
             script: self.for_algorithm(algorithm).clone(),
@@ -174,34 +175,34 @@ impl Scripts {
     }
 }
 
-/// What a check of the batch script records: its `commit` field (`lua/batch.lua`).
+/// What a check of a script call records: the batch script's `commit` field (`lua/batch.lua`),
+/// and an algorithm script's `commit` argument (a check's two values only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Commit {
-    /// 0: decide only.
+    /// 0: decide only (a check's [`Spend::DryRun`]).
     DryRun,
-    /// 1: record the allowed items if every enforced one allowed (a check).
+    /// 1: record the allowed items if every enforced one allowed (a check's [`Spend::Record`]).
     IfAllowed,
     /// 2: spend every item whatever its decision (a report: the cost was known afterwards).
-    Spend,
+    Report,
 }
 
-impl From<bool> for Commit {
-    /// `true` is a check's [`Commit::IfAllowed`], `false` a dry run.
-    fn from(commit: bool) -> Self {
-        if commit {
-            Self::IfAllowed
-        } else {
-            Self::DryRun
+impl From<Spend> for Commit {
+    fn from(spend: Spend) -> Self {
+        match spend {
+            Spend::Record => Self::IfAllowed,
+            Spend::DryRun => Self::DryRun,
         }
     }
 }
 
 impl Commit {
-    fn wire(self) -> u64 {
+    /// The flag the scripts read: the one place it is written.
+    pub(crate) fn flag(self) -> u64 {
         match self {
             Self::DryRun => 0,
             Self::IfAllowed => 1,
-            Self::Spend => 2,
+            Self::Report => 2,
         }
     }
 }
@@ -283,7 +284,7 @@ impl Packed {
     /// Starts the next check: `items` items follow ([`Packed::item`]), recorded if `commit`.
     pub fn check(&mut self, items: usize, commit: impl Into<Commit>) {
         self.push(items as u64);
-        self.push(commit.into().wire());
+        self.push(commit.into().flag());
     }
 
     /// One item of the current check: `key` is the 1-based index of its key in `KEYS`.
