@@ -2,10 +2,14 @@
 //! functions and `lua/batch.lua`), their SHA-1s, the arguments each takes and how their integer
 //! replies become [`Decision`]s without intermediate vectors.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use redis::Value;
+
+mod command;
+pub(crate) use self::command::{batch_command, single_command};
+use self::command::{batch_keys_and_checks, quota_args, Packed};
+pub use self::command::{Counters, ScriptRef};
 
 use crate::limit::{Algorithm, Decision, Micros, NEVER};
 use crate::store::{Spend, StoreCheck};
@@ -138,12 +142,7 @@ impl Scripts {
         spend: Spend,
         now: Option<Micros>,
     ) -> ScriptCall {
-        let mut args = Vec::with_capacity(6);
-        match algorithm {
-            Algorithm::TokenBucket(b) => args.extend([b.limit(), b.period_us(), b.capacity()]),
-            Algorithm::SlidingLog(l) => args.extend([l.limit(), l.period_us()]),
-            Algorithm::FixedWindow(w) => args.extend([w.limit(), w.period_us()]),
-        }
+        let mut args: Vec<u64> = quota_args(algorithm).collect();
         args.extend([cost, Commit::from(spend).flag()]);
         args.extend(now);
         ScriptCall {
@@ -232,101 +231,6 @@ pub fn batch_arguments<'a, C: Into<Commit>>(
         keys,
         vec![now.unwrap_or(0).to_string().into_bytes(), packed],
     )
-}
-
-/// `KEYS` (each distinct key once) and the packed checks of a batch.
-pub(crate) fn batch_keys_and_checks<'a, C: Into<Commit>>(
-    checks: impl ExactSizeIterator<Item = (C, &'a [Item])>,
-) -> (Vec<&'a str>, Vec<u8>) {
-    // Small batches (most of them at low load) scan; large ones hash.
-    const SCAN: usize = 16;
-    let mut keys: Vec<&str> = Vec::with_capacity(checks.len());
-    let mut index: HashMap<&str, usize> = HashMap::new();
-    let hashed = checks.len() > SCAN;
-    let mut packed = Packed::with_capacity(checks.len() * 12);
-    for (commit, items) in checks {
-        packed.check(items.len(), commit);
-        for item in items {
-            let known = if hashed {
-                index.get(item.key.as_str()).copied()
-            } else {
-                keys.iter().position(|k| *k == item.key).map(|i| i + 1)
-            };
-            let at = known.unwrap_or_else(|| {
-                keys.push(&item.key);
-                if hashed {
-                    index.insert(&item.key, keys.len());
-                }
-                keys.len()
-            });
-            packed.item(at, &item.algorithm, item.cost, item.enforce);
-        }
-    }
-    (keys, packed.finish())
-}
-
-/// The checks of a batch as one MessagePack array of unsigned integers (see `lua/batch.lua`),
-/// encoded as they are appended; the array's 32-bit length is filled in at the end.
-#[derive(Debug)]
-pub struct Packed {
-    bytes: Vec<u8>,
-    len: u32,
-}
-
-impl Packed {
-    /// An empty array with room for about `integers` integers.
-    pub fn with_capacity(integers: usize) -> Self {
-        let mut bytes = Vec::with_capacity(5 + integers * 5);
-        bytes.extend_from_slice(&[0xdd, 0, 0, 0, 0]);
-        Self { bytes, len: 0 }
-    }
-
-    /// Starts the next check: `items` items follow ([`Packed::item`]), recorded if `commit`.
-    pub fn check(&mut self, items: usize, commit: impl Into<Commit>) {
-        self.push(items as u64);
-        self.push(commit.into().flag());
-    }
-
-    /// One item of the current check: `key` is the 1-based index of its key in `KEYS`.
-    pub fn item(&mut self, key: usize, algorithm: &Algorithm, cost: u64, enforce: bool) {
-        let (kind, limit, period, capacity) = match *algorithm {
-            Algorithm::TokenBucket(b) => (1, b.limit(), b.period_us(), Some(b.capacity())),
-            Algorithm::SlidingLog(l) => (2, l.limit(), l.period_us(), None),
-            Algorithm::FixedWindow(w) => (3, w.limit(), w.period_us(), None),
-        };
-        for value in [key as u64, kind, u64::from(enforce), cost, limit, period] {
-            self.push(value);
-        }
-        if let Some(capacity) = capacity {
-            self.push(capacity);
-        }
-    }
-
-    /// Each integer in its smallest MessagePack form.
-    fn push(&mut self, value: u64) {
-        self.len += 1;
-        let out = &mut self.bytes;
-        if value < 0x80 {
-            out.push(value as u8);
-        } else if let Ok(v) = u8::try_from(value) {
-            out.extend_from_slice(&[0xcc, v]);
-        } else if let Ok(v) = u16::try_from(value) {
-            out.push(0xcd);
-            out.extend_from_slice(&v.to_be_bytes());
-        } else if let Ok(v) = u32::try_from(value) {
-            out.push(0xce);
-            out.extend_from_slice(&v.to_be_bytes());
-        } else {
-            out.push(0xcf);
-            out.extend_from_slice(&value.to_be_bytes());
-        }
-    }
-
-    /// The encoded array.
-    pub fn finish(mut self) -> Vec<u8> {
-        self.bytes[1..5].copy_from_slice(&self.len.to_be_bytes());
-        self.bytes
-    }
 }
 
 /// Reads a script reply `{allowed, limit, remaining, reset_after_us, retry_after_us}`.
