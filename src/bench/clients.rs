@@ -12,6 +12,7 @@ use super::load::{CallFuture, Client, Factory};
 use crate::client::{Connection, Target};
 use crate::limit::{Algorithm, Key};
 use crate::store::redis::keys::redis_key;
+use crate::store::redis::scripts::oracle::ScriptCalls;
 use crate::store::redis::scripts::Scripts;
 use crate::store::Spend;
 

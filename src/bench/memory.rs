@@ -7,6 +7,7 @@ use serde::Serialize;
 use super::clients::{daemon_key, NAIVE_SCRIPT};
 use super::procs::Redis;
 use crate::limit::{Algorithm, FixedWindow, SlidingLog, TokenBucket};
+use crate::store::redis::scripts::oracle::ScriptCalls;
 use crate::store::redis::scripts::Scripts;
 use crate::store::Spend;
 

@@ -18,6 +18,7 @@ use serde::Deserialize;
 use super::algorithms;
 use crate::limit::Key;
 use crate::store::redis::keys::redis_key;
+use crate::store::redis::scripts::oracle::ScriptCalls;
 use crate::store::redis::scripts::Scripts;
 use crate::store::Spend;
 

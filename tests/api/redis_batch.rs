@@ -11,9 +11,8 @@ use redis::Value;
 use serde_json::json;
 use sluice::clock::ManualClock;
 use sluice::limit::{Algorithm, Decision, FixedWindow, Key, Micros, SlidingLog, TokenBucket};
-use sluice::store::redis::scripts::{
-    batch_arguments, parse_check_reply, split_batch_reply, Item, Scripts,
-};
+use sluice::store::redis::scripts::oracle::{batch_arguments, parse_check_reply};
+use sluice::store::redis::scripts::{split_batch_reply, Item, Scripts};
 use sluice::store::{MemoryStore, Spend, StoreCheck};
 
 use crate::helpers::{json_of, metric_value, spawn_app_in, test_settings};

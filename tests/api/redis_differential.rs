@@ -8,7 +8,10 @@ use proptest::prelude::*;
 use sluice::clock::ManualClock;
 use sluice::limit::Key;
 use sluice::limit::{Algorithm, Decision, FixedWindow, Micros, SlidingLog, TokenBucket};
-use sluice::store::redis::scripts::{parse_group_reply, parse_reply, ScriptCall, Scripts};
+use sluice::store::redis::scripts::oracle::{
+    parse_group_reply, parse_reply, ScriptCall, ScriptCalls,
+};
+use sluice::store::redis::scripts::Scripts;
 use sluice::store::{MemoryStore, Spend, StoreCheck};
 
 use crate::redis_server::RedisServer;

@@ -8,6 +8,7 @@
 
 use redis::Value;
 use sluice::limit::{Algorithm, FixedWindow, Micros, SlidingLog, TokenBucket};
+use sluice::store::redis::scripts::oracle::ScriptCalls;
 use sluice::store::redis::scripts::{Item, Scripts};
 use sluice::store::Spend;
 

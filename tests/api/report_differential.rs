@@ -9,7 +9,8 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use sluice::clock::ManualClock;
 use sluice::limit::{Algorithm, FixedWindow, Key, Micros, SlidingLog, TokenBucket};
-use sluice::store::redis::scripts::{parse_group_reply, Commit, ScriptCall, Scripts};
+use sluice::store::redis::scripts::oracle::{parse_group_reply, ScriptCall, ScriptCalls};
+use sluice::store::redis::scripts::{Commit, Scripts};
 use sluice::store::{MemoryStore, Spend, StoreCheck};
 
 use crate::redis_differential::{with_redis, START};

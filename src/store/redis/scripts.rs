@@ -1,20 +1,24 @@
 //! The Lua scripts (one per algorithm from `lua/`, plus the batch script composed of their
-//! functions and `lua/batch.lua`), their SHA-1s, the arguments each takes and how their integer
-//! replies become [`Decision`]s without intermediate vectors.
+//! functions and `lua/batch.lua`), their SHA-1s, and how their integer replies become
+//! [`Decision`]s without intermediate vectors. The commands the daemon sends are built in
+//! [`command`]; the calls only tests and the bench make are in [`oracle`].
 
 use std::sync::Arc;
 
 use redis::Value;
 
 mod command;
+#[doc(hidden)]
+pub mod oracle;
+
 pub(crate) use self::command::{batch_command, single_command};
-use self::command::{batch_keys_and_checks, quota_args, Packed};
 pub use self::command::{Counters, ScriptRef};
 
-use crate::limit::{Algorithm, Decision, Micros, NEVER};
-use crate::store::{Spend, StoreCheck};
+use crate::limit::{Algorithm, Decision, NEVER};
+use crate::store::Spend;
 
 const STATE: &str = include_str!("../../../lua/state.lua");
+const NOW: &str = include_str!("../../../lua/now.lua");
 const TOKEN_BUCKET: &str = include_str!("../../../lua/token_bucket.lua");
 const SLIDING_LOG: &str = include_str!("../../../lua/sliding_log.lua");
 const FIXED_WINDOW: &str = include_str!("../../../lua/fixed_window.lua");
@@ -63,42 +67,64 @@ fn functions(source: &str) -> &str {
     source.split(ENTRY_MARKER).next().unwrap_or(source)
 }
 
+/// The part of an algorithm script from its entry point on (the marker line's rest first).
+fn entry(source: &str) -> &str {
+    source
+        .split_once(ENTRY_MARKER)
+        .map_or("", |(_, entry)| entry)
+}
+
+/// What `lua/now.lua` holds in place of the test-only `now_us` argument's position.
+const NOW_ARGV: &str = "$NOW_ARGV";
+
+/// The `now` prelude of an entry point whose test-only `now_us` is `ARGV[now_argv]`.
+fn now_prelude(now_argv: usize) -> String {
+    NOW.replace(NOW_ARGV, &now_argv.to_string())
+}
+
 impl Default for Scripts {
     fn default() -> Self {
-        // Every script opens with the bounded readers and the clock of `state.lua`; the sliding
-        // log's also needs the token bucket's parser, which knows the other algorithms' values.
+        // Every script opens with the bounded readers and the clock of `state.lua`, and its entry
+        // point with the `now` prelude; the sliding log's also needs the token bucket's parser,
+        // which knows the other algorithms' values.
         let batch = [
             STATE,
             functions(TOKEN_BUCKET),
             functions(SLIDING_LOG),
             functions(FIXED_WINDOW),
+            &now_prelude(command::BATCH_NOW_ARGV),
             BATCH,
         ]
         .join("\n");
         let compose = |parts: &[&str]| Script::new(parts.join("\n"));
+        let (bucket_now, now) = (
+            now_prelude(command::single_now_argv(command::BUCKET_QUOTA)),
+            now_prelude(command::single_now_argv(command::QUOTA)),
+        );
         Self {
-            token_bucket: compose(&[STATE, TOKEN_BUCKET]),
-            sliding_log: compose(&[STATE, functions(TOKEN_BUCKET), SLIDING_LOG]),
-            fixed_window: compose(&[STATE, FIXED_WINDOW]),
+            token_bucket: compose(&[
+                STATE,
+                functions(TOKEN_BUCKET),
+                &bucket_now,
+                entry(TOKEN_BUCKET),
+            ]),
+            sliding_log: compose(&[
+                STATE,
+                functions(TOKEN_BUCKET),
+                functions(SLIDING_LOG),
+                &now,
+                entry(SLIDING_LOG),
+            ]),
+            fixed_window: compose(&[STATE, functions(FIXED_WINDOW), &now, entry(FIXED_WINDOW)]),
             node_batch: Script::new(format!("{NODE_FLAGS}{batch}")),
             batch: Script::new(batch),
         }
     }
 }
 
-/// One script invocation.
-#[derive(Debug, Clone)]
-pub struct ScriptCall {
-    /// The script to run.
-    pub script: Script,
-    /// `KEYS`.
-    pub keys: Vec<String>,
-    /// `ARGV`.
-    pub args: Vec<Vec<u8>>,
-}
-
 impl Scripts {
-    /// Every script's source, to preload.
+    /// Every script the daemon sends by SHA on a single primary or one Cluster slot (the batch
+    /// script, and each algorithm's for a batch of one), to preload.
     pub fn sources(&self) -> Vec<Arc<str>> {
         [
             &self.token_bucket,
@@ -128,48 +154,6 @@ impl Scripts {
             Algorithm::TokenBucket(_) => &self.token_bucket,
             Algorithm::SlidingLog(_) => &self.sliding_log,
             Algorithm::FixedWindow(_) => &self.fixed_window,
-        }
-    }
-
-    /// The single-algorithm call that decides (and, with [`Spend::Record`], records) `cost` on
-    /// `key`; the daemon batches instead, this is for baselines and tests. `now` is for tests
-    /// only.
-    pub fn call(
-        &self,
-        algorithm: &Algorithm,
-        key: String,
-        cost: u64,
-        spend: Spend,
-        now: Option<Micros>,
-    ) -> ScriptCall {
-        let mut args: Vec<u64> = quota_args(algorithm).collect();
-        args.extend([cost, Commit::from(spend).flag()]);
-        args.extend(now);
-        ScriptCall {
-            script: self.for_algorithm(algorithm).clone(),
-            keys: vec![key],
-            args: args.iter().map(|n| n.to_string().into_bytes()).collect(),
-        }
-    }
-
-    /// A batch call holding one check over `checks` (with their Redis keys): all allowed ones
-    /// are recorded (with `commit`) if every enforced one allows, else none. `now` as in
-    /// [`Scripts::call`]; `None` is sent as 0, the batch script's "read TIME".
-    pub fn group_call(
-        &self,
-        checks: &[(String, &StoreCheck)],
-        commit: impl Into<Commit>,
-        now: Option<Micros>,
-    ) -> ScriptCall {
-        let mut packed = Packed::with_capacity(2 + 7 * checks.len());
-        packed.check(checks.len(), commit);
-        for (i, (_, check)) in checks.iter().enumerate() {
-            packed.item(i + 1, &check.algorithm, check.cost, check.enforce);
-        }
-        ScriptCall {
-            script: self.batch.clone(),
-            keys: checks.iter().map(|(key, _)| key.clone()).collect(),
-            args: vec![now.unwrap_or(0).to_string().into_bytes(), packed.finish()],
         }
     }
 }
@@ -219,28 +203,6 @@ pub struct Item {
     pub enforce: bool,
 }
 
-/// `KEYS` and `ARGV` of a batch script call for `checks` (each: commit, items), in order: each
-/// distinct key once in `KEYS`, so that the script reads and writes it once; `ARGV` is `now` (0:
-/// read `TIME`; for tests only) and the checks packed as MessagePack.
-pub fn batch_arguments<'a, C: Into<Commit>>(
-    checks: impl ExactSizeIterator<Item = (C, &'a [Item])>,
-    now: Option<Micros>,
-) -> (Vec<&'a str>, Vec<Vec<u8>>) {
-    let (keys, packed) = batch_keys_and_checks(checks);
-    (
-        keys,
-        vec![now.unwrap_or(0).to_string().into_bytes(), packed],
-    )
-}
-
-/// Reads a script reply `{allowed, limit, remaining, reset_after_us, retry_after_us}`.
-pub fn parse_reply(value: &Value) -> Result<Decision, String> {
-    let Value::Array(fields) = value else {
-        return Err(format!("unexpected script reply: {value:?}"));
-    };
-    parse_fields(fields)
-}
-
 /// Reads the five figures of one decision.
 fn parse_fields(fields: &[Value]) -> Result<Decision, String> {
     let [allowed, limit, remaining, reset, retry] = fields else {
@@ -269,32 +231,6 @@ fn parse_fields(fields: &[Value]) -> Result<Decision, String> {
             u64::try_from(retry).unwrap_or(NEVER)
         },
     })
-}
-
-/// Reads one check's entry of a batch reply: five figures per item, one decision per item.
-pub fn parse_check_reply(value: &Value, items: usize) -> Result<Vec<Decision>, String> {
-    let Value::Array(fields) = value else {
-        return Err(format!("unexpected check reply: {value:?}"));
-    };
-    if fields.len() != 5 * items {
-        return Err(format!(
-            "check reply has {} figures for {items} items",
-            fields.len()
-        ));
-    }
-    fields.chunks_exact(5).map(parse_fields).collect()
-}
-
-/// Reads the reply of a [`Scripts::group_call`]: one decision per key.
-pub fn parse_group_reply(value: &Value, keys: usize) -> Result<Vec<Decision>, String> {
-    let Value::Array(flat) = value else {
-        return Err(format!("unexpected group reply: {value:?}"));
-    };
-    match split_batch_reply(flat, [keys])?.as_slice() {
-        [Ok(figures)] => figures.chunks_exact(5).map(parse_fields).collect(),
-        [Err(error)] => Err(format!("the group's check failed: {error:?}")),
-        _ => Err("unexpected group reply".to_owned()),
-    }
 }
 
 /// One check's part of a batch reply: its figures (five per item), or its error.

@@ -1,7 +1,9 @@
 //! Tests of script contracts, arguments and reply parsing.
 
+use super::oracle::{parse_check_reply, parse_group_reply, parse_reply, ScriptCalls};
 use super::*;
 use crate::limit::{Key, TokenBucket};
+use crate::store::StoreCheck;
 
 #[test]
 fn every_script_documents_its_contract() {
