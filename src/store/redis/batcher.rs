@@ -111,7 +111,8 @@ struct Dispatch {
 }
 
 impl Batcher {
-    /// Starts the dispatcher over the connection published by `conn`.
+    /// Starts the dispatcher over the connection published by `conn`; it stops taking batches
+    /// when the store is dropped (`alive`).
     pub fn spawn(
         conn: watch::Receiver<Option<Conn>>,
         scripts: Scripts,
@@ -119,6 +120,7 @@ impl Batcher {
         metrics: BatchMetrics,
         health: Arc<Health>,
         tracing: Tracing,
+        alive: watch::Receiver<()>,
     ) -> Self {
         let (tx, rx) = mpsc::channel(config.queue.max(1));
         let dispatch = Dispatch {
@@ -130,7 +132,7 @@ impl Batcher {
             stalls: Stalls::new(),
             tracing: tracing.clone(),
         };
-        tokio::spawn(dispatch.run(rx, conn));
+        tokio::spawn(dispatch.run(rx, conn, alive));
         Self { tx, tracing }
     }
 
@@ -159,7 +161,13 @@ impl Batcher {
 }
 
 impl Dispatch {
-    async fn run(self, mut rx: mpsc::Receiver<Job>, conn: watch::Receiver<Option<Conn>>) {
+    /// Takes batches until the store is dropped (`alive`), then answers the calls in flight.
+    async fn run(
+        self,
+        mut rx: mpsc::Receiver<Job>,
+        conn: watch::Receiver<Option<Conn>>,
+        mut alive: watch::Receiver<()>,
+    ) {
         let max_batch = self.config.max_batch.max(1);
         let in_flight_max = self.config.in_flight.max(1);
         let mut in_flight = FuturesUnordered::new();
@@ -169,6 +177,7 @@ impl Dispatch {
             tokio::select! {
                 biased;
                 Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
+                _ = alive.changed(), if open => open = false,
                 taken = rx.recv_many(&mut jobs, max_batch), if open && in_flight.len() < in_flight_max => {
                     if taken == 0 {
                         open = false;

@@ -83,7 +83,9 @@ pub struct RedisStore {
     health: Arc<Health>,
     /// How to follow the reset channel (started by [`RedisStore::follow_resets`]).
     resets: Follower,
-    /// Dropped with the store, which ends the reset follower.
+    /// The lifetime of every background task of the store (the prober, the dispatcher, the
+    /// Sentinel watch, the reset follower): each holds a receiver and ends when `changed()`
+    /// fails, that is when the store is dropped (nothing is ever sent).
     alive: watch::Sender<()>,
 }
 
@@ -122,12 +124,14 @@ impl RedisStore {
             timeouts: options.timeouts,
             channel: resets::channel(&options.key_prefix),
         };
+        let alive = watch::channel(()).0;
         let (publish, connection) = watch::channel(None);
         if let RedisTarget::Sentinel(sentinel) = &options.target {
             tokio::spawn(sentinel_watch::watch(
                 sentinel.clone(),
                 options.access.clone(),
                 Arc::clone(&health),
+                alive.subscribe(),
             ));
         }
         let node_script = (matches!(options.target, RedisTarget::Cluster(_)) && options.node_calls)
@@ -143,6 +147,7 @@ impl RedisStore {
             publish,
             backoff: options.backoff,
             errors: metrics.batch.errors.clone(),
+            alive: alive.subscribe(),
         };
         tokio::spawn(prober.run());
         let batcher = Batcher::spawn(
@@ -152,6 +157,7 @@ impl RedisStore {
             metrics.batch,
             Arc::clone(&health),
             options.tracing,
+            alive.subscribe(),
         );
         Ok(Self {
             cluster,
@@ -161,7 +167,7 @@ impl RedisStore {
             timeout: options.timeout,
             health,
             resets,
-            alive: watch::channel(()).0,
+            alive,
         })
     }
 
