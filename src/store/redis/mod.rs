@@ -383,3 +383,6 @@ impl RateStore for RedisStore {
         Some(self.health.circuit().as_str())
     }
 }
+
+#[cfg(test)]
+mod tests;
