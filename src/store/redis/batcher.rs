@@ -7,10 +7,10 @@
 //!
 //! The deadline of a batch counts from when it is written to Redis, not from when its checks were
 //! queued: time spent waiting inside sluice (a saturated CPU, a burst) is not a Redis failure and
-//! does not turn into failure-mode answers. The breaker counts calls, not checks ([`call`]). The
-//! queue is bounded, so callers wait (back-pressure).
+//! does not turn into failure-mode answers. The breaker counts calls, not checks
+//! (`batcher/call.rs`). The queue is bounded, so callers wait (back-pressure).
 //! A job whose caller has gone (its request was dropped) is not sent: nothing is spent for it.
-//! In a Cluster a batch becomes one call per node or per slot ([`cluster`]).
+//! In a Cluster a batch becomes one call per node or per slot (`batcher/cluster.rs`).
 //!
 //! `NOSCRIPT` (Redis restarted, failed over, `SCRIPT FLUSH`, a Cluster node that never saw the
 //! script) means the script did not run, so the call is resent once with `EVAL`, which also

@@ -1,7 +1,7 @@
 //! The Lua scripts (one per algorithm from `lua/`, plus the batch script composed of their
 //! functions and `lua/batch.lua`), their SHA-1s, and how their integer replies become
 //! [`Decision`]s without intermediate vectors. The commands the daemon sends are built in
-//! [`command`]; the calls only tests and the bench make are in [`oracle`].
+//! `scripts/command.rs`; the calls only tests and the bench make are in [`oracle`].
 
 use std::sync::Arc;
 
