@@ -12,7 +12,7 @@ mod command;
 pub mod oracle;
 
 pub(crate) use self::command::{batch_command, single_command};
-pub use self::command::{Counters, ScriptRef};
+pub(crate) use self::command::{Counters, ScriptRef};
 
 use crate::limit::{Algorithm, Decision, NEVER};
 use crate::store::Spend;
