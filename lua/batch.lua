@@ -1,5 +1,6 @@
 -- batch.lua: every check of one batch in one call. sluice builds the script from state.lua, the
--- three algorithm scripts' functions (the part above their `sluice:entry` line) and this driver.
+-- three algorithm scripts' functions (the part above their `sluice:entry` line), now.lua (`now`
+-- and `min_ttl_ms`, from ARGV[1]) and this driver.
 -- A batch of one check of one counter goes out as its algorithm's own script instead (cheaper).
 --
 -- KEYS[1..n]  the batch's counters, each once (in a Cluster: all in one hash slot), or none in a
@@ -33,7 +34,14 @@
 -- apart exactly (sorted set: sliding log; "<tat>[:<rem>]": token bucket; negative integer: fixed
 -- window). Anything else fails its own check.
 
-local now, min_ttl_ms = clock(ARGV[1])
+-- The packed checks' numbers, named as sluice's encoder names them (src/store/redis/scripts.rs,
+-- whose test reads these three lines back): a check's commit values, an item's algorithm kinds,
+-- and how many integers an item takes (a token bucket's one more: its capacity) and a check's
+-- head (items, commit).
+local DRY_RUN, RECORD, REPORT = 0, 1, 2
+local TOKEN_BUCKET, SLIDING_LOG, FIXED_WINDOW = 1, 2, 3
+local ITEM_WIDTH, BUCKET_WIDTH, HEAD_WIDTH = 6, 7, 2
+
 local spec = cmsgpack.unpack(ARGV[2])
 local keys, node_call = KEYS, #KEYS == 0
 if node_call then
@@ -62,7 +70,7 @@ local function write(k)
   end
   ttls[k] = nil
   local value
-  if held[k] == 1 then
+  if held[k] == TOKEN_BUCKET then
     value = token_bucket_format(a[k], b[k])
   else
     value = fixed_window_format(a[k])
@@ -83,7 +91,7 @@ local function hold(k, kind)
   return true
 end
 
--- Reads key k as a token bucket (1) or fixed window (3) once; returns its error reply, if any.
+-- Reads key k as a TOKEN_BUCKET or FIXED_WINDOW once; returns its error reply, if any.
 -- A sorted set within the log bound is a sliding log's (the policy changed algorithm): absent.
 local function load(k, kind)
   if not hold(k, kind) then
@@ -101,7 +109,7 @@ local function load(k, kind)
     end
     value = false
   end
-  if kind == 1 then
+  if kind == TOKEN_BUCKET then
     a[k], b[k] = token_bucket_parse(value)
     if not a[k] or not b[k] then
       bad[k] = {err = 'BADSTATE the value is not a sluice token bucket'}
@@ -118,7 +126,7 @@ end
 -- Checks key k as a sliding log once; returns its error reply, if any. A string holding a token
 -- bucket's or fixed window's value (token_bucket_parse knows both) is `stale`: read as absent.
 local function load_log(k)
-  if not hold(k, 2) then
+  if not hold(k, SLIDING_LOG) then
     return bad[k]
   end
   local failed = log_bound(keys[k])
@@ -141,7 +149,7 @@ end
 -- failure (its commands raise) returns nil and the failure. `spend`: a report's (see spend()).
 local function decide(at, kind, n, commit, spend)
   local k, cost, limit, period = spec[at], spec[at + 3], spec[at + 4], spec[at + 5]
-  if kind == 2 then
+  if kind == SLIDING_LOG then
     if stale[k] and commit then
       redis.call('DEL', keys[k])
       stale[k] = nil
@@ -156,7 +164,7 @@ local function decide(at, kind, n, commit, spend)
     return reply[1]
   end
   local allowed, after1, after2
-  if kind == 1 then
+  if kind == TOKEN_BUCKET then
     allowed, results[n + 2], results[n + 3], results[n + 4], results[n + 5], after1 =
       token_bucket_decide(a[k], b[k], now, limit, period, spec[at + 6], cost)
   else
@@ -170,7 +178,7 @@ end
 -- Records an allowed token bucket or fixed window item in the kept state.
 local function record(at, kind, after1, after2)
   local k = spec[at]
-  if kind == 1 then
+  if kind == TOKEN_BUCKET then
     a[k], b[k], ttls[k] = token_bucket_after(now, min_ttl_ms, spec[at + 4], after1)
   else
     a[k], ttls[k] = after1, after2
@@ -185,7 +193,7 @@ local function check(first, count, commit, n)
   for i = 1, count do
     local kind = spec[at + 1]
     local failed
-    if kind == 2 then
+    if kind == SLIDING_LOG then
       failed = load_log(spec[at])
     else
       failed = load(spec[at], kind)
@@ -194,7 +202,7 @@ local function check(first, count, commit, n)
       -- Which item failed, for the daemon's warn line (the message never names the key).
       return {err = failed.err .. ' [item ' .. i .. ']'}
     end
-    at = at + (kind == 1 and 7 or 6)
+    at = at + (kind == TOKEN_BUCKET and BUCKET_WIDTH or ITEM_WIDTH)
   end
   if count == 1 then
     local kind = spec[first + 1]
@@ -202,7 +210,7 @@ local function check(first, count, commit, n)
     if allowed == nil then
       return after1
     end
-    if commit and allowed == 1 and kind ~= 2 then
+    if commit and allowed == 1 and kind ~= SLIDING_LOG then
       record(first, kind, after1, after2)
     end
     return nil
@@ -220,7 +228,7 @@ local function check(first, count, commit, n)
     if spec[at + 2] == 1 and allowed == 0 then
       pass = false
     end
-    at = at + (kind == 1 and 7 or 6)
+    at = at + (kind == TOKEN_BUCKET and BUCKET_WIDTH or ITEM_WIDTH)
   end
   if commit and pass then
     at = first
@@ -228,7 +236,7 @@ local function check(first, count, commit, n)
       local kind = spec[at + 1]
       local m = n + 5 * (i - 1)
       if results[m + 1] == 1 then
-        if kind == 2 then
+        if kind == SLIDING_LOG then
           local allowed, failure = decide(at, kind, m, true)
           if allowed == nil then
             return failure
@@ -237,13 +245,13 @@ local function check(first, count, commit, n)
           record(at, kind, afters[2 * i - 1], afters[2 * i])
         end
       end
-      at = at + (kind == 1 and 7 or 6)
+      at = at + (kind == TOKEN_BUCKET and BUCKET_WIDTH or ITEM_WIDTH)
     end
   end
   return nil
 end
 
--- Spends every item of the check whatever its decision (commit 2: a report, the cost known only
+-- Spends every item of the check whatever its decision (commit REPORT: a report, the cost known only
 -- afterwards), its figures written from results[n + 1] on: one within its limit is recorded as a
 -- check's; one past it records its algorithm's overspend and reports a cost-1 read of the new
 -- state. Items are independent (nothing is refused, so nothing is all or nothing). Returns
@@ -252,7 +260,7 @@ local function spend(first, count, n)
   local at = first
   for i = 1, count do
     local kind, failed = spec[at + 1], nil
-    if kind == 2 then
+    if kind == SLIDING_LOG then
       failed = load_log(spec[at])
     else
       failed = load(spec[at], kind)
@@ -260,7 +268,7 @@ local function spend(first, count, n)
     if failed then
       return {err = failed.err .. ' [item ' .. i .. ']'}
     end
-    at = at + (kind == 1 and 7 or 6)
+    at = at + (kind == TOKEN_BUCKET and BUCKET_WIDTH or ITEM_WIDTH)
   end
   at = first
   for i = 1, count do
@@ -271,11 +279,11 @@ local function spend(first, count, n)
     if allowed == nil then
       return after1
     end
-    if kind ~= 2 and allowed == 1 then
+    if kind ~= SLIDING_LOG and allowed == 1 then
       record(at, kind, after1, after2)
-    elseif kind ~= 2 then
+    elseif kind ~= SLIDING_LOG then
       local _
-      if kind == 1 then
+      if kind == TOKEN_BUCKET then
         local ahead = token_bucket_debt(a[k], b[k], now, limit, period, cost)
         a[k], b[k], ttls[k] = token_bucket_after(now, min_ttl_ms, limit, ahead)
         _, results[m + 2], results[m + 3], results[m + 4], results[m + 5] =
@@ -286,7 +294,7 @@ local function spend(first, count, n)
           fixed_window_decide(a[k], now, min_ttl_ms, limit, period, 1)
       end
     end
-    at = at + (kind == 1 and 7 or 6)
+    at = at + (kind == TOKEN_BUCKET and BUCKET_WIDTH or ITEM_WIDTH)
   end
   return nil
 end
@@ -300,11 +308,11 @@ if node_call then
   local at = 1
   while at <= #spec do
     local count = spec[at]
-    at = at + 2
+    at = at + HEAD_WIDTH
     for _ = 1, count do
       local k, kind = spec[at], spec[at + 1]
       local failed
-      if kind == 2 then
+      if kind == SLIDING_LOG then
         failed = load_log(k)
       else
         failed = load(k, kind)
@@ -312,7 +320,7 @@ if node_call then
       if type(failed) == 'table' and failed.err and string.find(failed.err, 'Script attempted', 1, true) then
         return redis.error_reply('NONLOCAL ' .. failed.err)
       end
-      at = at + (kind == 1 and 7 or 6)
+      at = at + (kind == TOKEN_BUCKET and BUCKET_WIDTH or ITEM_WIDTH)
     end
   end
 end
@@ -320,16 +328,16 @@ end
 local at, n = 1, 0
 while at <= #spec do
   local count, commit = spec[at], spec[at + 1]
-  local first = at + 2
+  local first = at + HEAD_WIDTH
   at = first
   for _ = 1, count do
-    at = at + (spec[at + 1] == 1 and 7 or 6)
+    at = at + (spec[at + 1] == TOKEN_BUCKET and BUCKET_WIDTH or ITEM_WIDTH)
   end
   local failure
-  if commit == 2 then
+  if commit == REPORT then
     failure = spend(first, count, n)
   else
-    failure = check(first, count, commit == 1, n)
+    failure = check(first, count, commit == RECORD, n)
   end
   if failure then
     -- The check's one entry is its error; figures it had written go (the reply stays contiguous).

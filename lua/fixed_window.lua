@@ -27,9 +27,10 @@
 -- script) reads as absent: the policy changed algorithm, its partitions start afresh. A value
 -- that is no sluice state is refused (BADSTATE).
 --
--- Runs after state.lua (bounded readers, the clock). Everything above the `sluice:entry` line
--- is also used by batch.lua; the daemon sends a batch of one check of one counter as a call of
--- this script itself (the lean path: none of the batch's bookkeeping).
+-- Runs after state.lua (bounded readers, the clock), its entry point after now.lua (`now` and
+-- `min_ttl_ms`, from ARGV[5]). Everything above the `sluice:entry` line is also used by batch.lua;
+-- the daemon sends a batch of one check of one counter as a call of this script itself (the lean
+-- path: none of the batch's bookkeeping).
 
 -- The stored value as the packed number, false when absent or another algorithm's (a token
 -- bucket's "<tat>" or "<tat>:<rem>"), nil when it is no sluice state. Exact: at most 16 digits.
@@ -109,7 +110,6 @@ end
 -- sluice:entry
 -- A sorted set within a sliding log's bound is a sliding log's (the policy changed algorithm):
 -- read as absent, like the batch script does.
-local now, min_ttl_ms = clock(ARGV[5])
 local key = KEYS[1]
 local value = read_string(key)
 if type(value) == 'table' then

@@ -23,10 +23,11 @@
 -- stands still, and state must not expire under a test (expiry never changes a decision).
 -- TTL: the set expires when its newest unit leaves the window.
 --
--- Runs after state.lua (bounded readers, the clock) and token_bucket.lua's
--- functions (which know the other algorithms' values). Everything above the `sluice:entry` line
--- is also used by batch.lua; the daemon sends a batch of one check of one counter as a call of
--- this script itself (the lean path: none of the batch's bookkeeping).
+-- Runs after state.lua (bounded readers, the clock) and token_bucket.lua's functions (which know
+-- the other algorithms' values), its entry point after now.lua (`now` and `min_ttl_ms`, from
+-- ARGV[5]). Everything above the `sluice:entry` line is also used by batch.lua; the daemon sends a
+-- batch of one check of one counter as a call of this script itself (the lean path: none of the
+-- batch's bookkeeping).
 
 -- `absent`: decide as if the key held no log, without reading it (the batch script passes it
 -- for a dry run on a key holding another algorithm's value, which a commit deletes first).
@@ -101,7 +102,6 @@ end
 -- A string holding a token bucket's or fixed window's value (token_bucket_parse knows both) is
 -- another algorithm's (the policy changed algorithm): read as absent and deleted by a commit,
 -- like the batch script does. Anything else fails the check after bounded work.
-local now, min_ttl_ms = clock(ARGV[5])
 local key, commit = KEYS[1], ARGV[4] == '1'
 local stale = false
 local failed = log_bound(key)

@@ -28,9 +28,10 @@
 -- stands still, and state must not expire under a test (expiry never changes a decision).
 -- TTL: the key expires when the bucket is full again (TAT), as an absent key means "full".
 --
--- Runs after state.lua (bounded readers, the clock). Everything above the `sluice:entry` line
--- is also used by batch.lua; the daemon sends a batch of one check of one counter as a call of
--- this script itself (the lean path: none of the batch's bookkeeping).
+-- Runs after state.lua (bounded readers, the clock), its entry point after now.lua (`now` and
+-- `min_ttl_ms`, from ARGV[6]). Everything above the `sluice:entry` line is also used by batch.lua;
+-- the daemon sends a batch of one check of one counter as a call of this script itself (the lean
+-- path: none of the batch's bookkeeping).
 
 local function ceil_div(a, b)
   return math.floor((a + b - 1) / b)
@@ -124,7 +125,6 @@ end
 -- sluice:entry
 -- A sorted set within a sliding log's bound is a sliding log's (the policy changed algorithm):
 -- read as absent, like the batch script does.
-local now, min_ttl_ms = clock(ARGV[6])
 local key = KEYS[1]
 local value = read_string(key)
 if type(value) == 'table' then

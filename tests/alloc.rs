@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice::app::App;
-use sluice::check::{CheckRequest, Outcome};
+use sluice::check::{CheckRequest, Outcome, Spend};
 use sluice::clock::ManualClock;
 use sluice::config::{parse_policies, Settings};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
@@ -146,7 +146,7 @@ fn allocations_per_check(settings: Settings) -> (f64, f64, f64) {
             .into_iter()
             .collect(),
         cost: 1,
-        dry_run: false,
+        spend: Spend::Record,
     };
     let service = app_service;
     let path = runtime.block_on(async {

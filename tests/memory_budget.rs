@@ -9,7 +9,7 @@ use futures_util::FutureExt;
 use sluice::clock::ManualClock;
 use sluice::config::MemorySettings;
 use sluice::limit::{Algorithm, Key, TokenBucket};
-use sluice::store::{MemoryStore, RateStore, StoreCheck};
+use sluice::store::{MemoryStore, RateStore, Spend, StoreCheck};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -50,7 +50,7 @@ fn two_million_keys_stay_within_the_byte_budget_plus_the_fixed_overhead() {
             enforce: true,
         }];
         let decisions = store
-            .check(&check, false, None)
+            .check(&check, Spend::Record, None)
             .now_or_never()
             .expect("the embedded store answers at once")
             .expect("decided");

@@ -12,7 +12,9 @@ use super::load::{CallFuture, Client, Factory};
 use crate::client::{Connection, Target};
 use crate::limit::{Algorithm, Key};
 use crate::store::redis::keys::redis_key;
+use crate::store::redis::scripts::oracle::ScriptCalls;
 use crate::store::redis::scripts::Scripts;
+use crate::store::Spend;
 
 /// A naive token bucket: tokens and timestamp as floats in a hash, HMGET then HSET.
 pub const NAIVE_SCRIPT: &str = r"
@@ -138,7 +140,7 @@ pub async fn raw_evalsha(
     keys: usize,
 ) -> Result<Factory> {
     let scripts = Scripts::default();
-    let call = scripts.call(algorithm, String::new(), 1, true, None);
+    let call = scripts.call(algorithm, String::new(), 1, Spend::Record, None);
     let keys = (0..keys.max(1)).map(|k| daemon_key(policy, k)).collect();
     script_factory(url, &call.script.source, keys, call.args).await
 }

@@ -7,7 +7,9 @@ use serde::Serialize;
 use super::clients::{daemon_key, NAIVE_SCRIPT};
 use super::procs::Redis;
 use crate::limit::{Algorithm, FixedWindow, SlidingLog, TokenBucket};
+use crate::store::redis::scripts::oracle::ScriptCalls;
 use crate::store::redis::scripts::Scripts;
+use crate::store::Spend;
 
 /// One layout's footprint.
 #[derive(Debug, Clone, Serialize)]
@@ -50,7 +52,7 @@ pub fn measure(keys: usize) -> Result<Vec<Footprint>> {
     let script = |algorithm: Algorithm, policy: &'static str, repeat: usize| {
         let scripts = scripts.clone();
         move |pipe: &mut redis::Pipeline, k: usize| {
-            let call = scripts.call(&algorithm, daemon_key(policy, k), 1, true, None);
+            let call = scripts.call(&algorithm, daemon_key(policy, k), 1, Spend::Record, None);
             for _ in 0..repeat {
                 pipe.cmd("EVALSHA")
                     .arg(&*call.script.sha)

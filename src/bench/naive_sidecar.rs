@@ -18,7 +18,9 @@ use serde::Deserialize;
 use super::algorithms;
 use crate::limit::Key;
 use crate::store::redis::keys::redis_key;
+use crate::store::redis::scripts::oracle::ScriptCalls;
 use crate::store::redis::scripts::Scripts;
+use crate::store::Spend;
 
 /// Options of the naive sidecar.
 #[derive(Debug, Args)]
@@ -91,7 +93,7 @@ async fn serve(args: NaiveArgs) -> anyhow::Result<()> {
     let scripts = Scripts::default();
     let mut table = HashMap::new();
     for (policy, algorithm) in algorithms() {
-        let call = scripts.call(&algorithm, String::new(), 1, true, None);
+        let call = scripts.call(&algorithm, String::new(), 1, Spend::Record, None);
         let sha: String = redis::cmd("SCRIPT")
             .arg("LOAD")
             .arg(&*call.script.source)

@@ -17,7 +17,7 @@ use super::plan::Planned;
 use super::request::{CheckError, CheckRequest};
 use super::CheckService;
 use crate::limit::Descriptors;
-use crate::store::{Fleet, StoreCheck, StoreError};
+use crate::store::{Fleet, Spend, StoreCheck, StoreError};
 
 /// Which counter: a policy and the descriptors its key is built from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,7 +137,7 @@ impl CheckService {
                 [read, p.check.clone()]
             })
             .collect();
-        let decisions = self.store.check(&checks, true, None).await?;
+        let decisions = self.store.check(&checks, Spend::DryRun, None).await?;
         if decisions.len() != checks.len() {
             let asked = format!(
                 "{} decisions asked, {} answered",
@@ -206,7 +206,7 @@ impl CheckService {
             cost: 0,
             ..check.clone()
         };
-        let decisions = buckets.check_now(&[read, check.clone()], true);
+        let decisions = buckets.check_now(&[read, check.clone()], Spend::DryRun);
         let (now, next) = (decisions.first()?, decisions.get(1)?);
         Some(CounterPart {
             key: format!("{} (this pod)", check.key),
@@ -288,7 +288,7 @@ impl CheckService {
             policy: Some(query.policy.clone()),
             descriptors: query.descriptors.clone(),
             cost: query.cost,
-            dry_run: true,
+            spend: Spend::DryRun,
         };
         let planned = self.plan(&self.policies(), &request).await?;
         if planned.is_empty() {

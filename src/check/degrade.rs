@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::verdict::{Mode, PolicyDecision};
 use crate::limit::{Algorithm, Decision, FailureMode, Policy};
-use crate::store::{MemoryStore, StoreCheck};
+use crate::store::{MemoryStore, Spend, StoreCheck};
 
 /// The `local` failure mode's state: this pod's share of each limit, in memory.
 pub struct LocalShare {
@@ -55,7 +55,7 @@ impl LocalShare {
         &self,
         policies: Vec<(Arc<Policy>, Option<usize>)>,
         checks: Vec<StoreCheck>,
-        dry_run: bool,
+        spend: Spend,
     ) -> Vec<PolicyDecision> {
         let is_local = |policy: &Policy| policy.failure_mode() == FailureMode::Local;
         let shared: Vec<StoreCheck> = policies
@@ -70,7 +70,9 @@ impl LocalShare {
         let refused = policies.iter().zip(&checks).any(|((policy, _), check)| {
             policy.failure_mode() == FailureMode::Closed && check.enforce
         });
-        let decisions = self.store.check_now(&shared, dry_run || refused);
+        let decisions = self
+            .store
+            .check_now(&shared, if refused { Spend::DryRun } else { spend });
         let mut local = shared.iter().zip(decisions);
         policies
             .into_iter()

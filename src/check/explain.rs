@@ -11,7 +11,7 @@ use super::verdict::{self, PolicyDecision};
 use super::{CheckService, Outcome};
 use crate::config::HumanDuration;
 use crate::limit::{Decision, Descriptors, Policy};
-use crate::store::StoreCheck;
+use crate::store::{Spend, StoreCheck};
 
 /// The explanation of one request.
 #[derive(Debug, Clone, Serialize)]
@@ -108,7 +108,7 @@ impl CheckService {
     pub async fn explain(&self, request: &CheckRequest) -> Result<Explanation, CheckError> {
         validate(&self.limits, request)?;
         let request = CheckRequest {
-            dry_run: true,
+            spend: Spend::DryRun,
             ..request.clone()
         };
         let policies = self.policies();
@@ -124,11 +124,11 @@ impl CheckService {
         let local_states = match &self.local_limits {
             Some(buckets) if !locals.is_empty() => {
                 let checks: Vec<StoreCheck> = locals.iter().map(|(_, c)| c.clone()).collect();
-                buckets.check_now(&checks, true)
+                buckets.check_now(&checks, Spend::DryRun)
             }
             _ => Vec::new(),
         };
-        let verdict = self.ask_store(true, planned).await;
+        let verdict = self.ask_store(Spend::DryRun, planned).await;
         let explained = policies
             .iter()
             .map(|policy| {

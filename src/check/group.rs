@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 use super::plan::{self, Planned};
-use super::request::{CheckError, CheckRequest};
+use super::request::{CheckError, CheckRequest, Spend};
 use super::verdict::{self, Mode, Outcome, PolicyDecision, Verdict};
 use super::CheckService;
 use crate::config::envoy::StandIn;
@@ -26,7 +26,7 @@ use crate::limit::{Algorithm, Applicable, Decision, Key, NEVER};
 /// One question of a group.
 #[derive(Debug, Clone)]
 pub struct GroupItem {
-    /// The question. With `dry_run` it is a probe: checked with its cost, nothing spent, and it
+    /// The question. With [`Spend::DryRun`] it is a probe: checked with its cost, nothing spent, and it
     /// reports what is left (as if its cost were 0) without ever denying the group.
     pub request: CheckRequest,
     /// A quota to use instead of the selected policies' own (Envoy's descriptor `limit`); it
@@ -95,7 +95,7 @@ impl CheckService {
                     applicable = vec![applicable.swap_remove(at)];
                 }
             }
-            let dry_run = item.request.dry_run;
+            let dry_run = item.request.spend == Spend::DryRun;
             let parts = if dry_run { &mut probe } else { &mut spend };
             let planned =
                 plan::plan_selected(self.tiers.as_ref(), &item.request, applicable, false);
@@ -121,7 +121,7 @@ impl CheckService {
             Some(self.spend(spend, &mut per_item).await)
         };
         if !probe.planned.is_empty() {
-            let read = self.ask_store(true, probe.planned).await;
+            let read = self.ask_store(Spend::DryRun, probe.planned).await;
             for (mut part, owner) in read.evaluated.into_iter().zip(&probe.owners) {
                 as_probe(&mut part);
                 per_item[*owner].push(part);
@@ -132,7 +132,7 @@ impl CheckService {
             let spent: Vec<PolicyDecision> = answers
                 .iter()
                 .zip(&owners)
-                .filter(|(_, owner)| !items[**owner].request.dry_run)
+                .filter(|(_, owner)| items[**owner].request.spend == Spend::Record)
                 .map(|(answer, _)| answer.clone())
                 .collect();
             self.record(&verdict::decide(spent));
@@ -170,7 +170,7 @@ impl CheckService {
         if planned.iter().any(|p| is_blocked(&p.policy)) {
             // A converted `requests_per_unit: 0` selected: denied without spending; the figures
             // of the others are read.
-            let mut read = self.ask_store(true, planned).await;
+            let mut read = self.ask_store(Spend::DryRun, planned).await;
             for part in &mut read.evaluated {
                 if is_blocked(&part.policy) {
                     part.mode = Mode::Enforced;
@@ -191,7 +191,7 @@ impl CheckService {
             place(placed, &owners, &costs, true, per_item);
             return overall;
         }
-        let overall = self.run(false, planned).await;
+        let overall = self.run(Spend::Record, planned).await;
         if overall.evaluated.len() == owners.len() {
             for (at, part) in overall.evaluated.iter().enumerate() {
                 placed[at] = Some(part.clone());
@@ -213,7 +213,7 @@ impl CheckService {
                 .collect();
             if !missing.is_empty() {
                 let unasked: Vec<Planned> = missing.iter().map(|at| kept[*at].clone()).collect();
-                let read = self.ask_store(true, unasked).await;
+                let read = self.ask_store(Spend::DryRun, unasked).await;
                 for (at, part) in missing.into_iter().zip(read.evaluated) {
                     placed[at] = Some(part);
                 }

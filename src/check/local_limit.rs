@@ -12,13 +12,13 @@ use std::sync::Arc;
 use super::plan::Planned;
 use super::verdict::{self, Mode, PolicyDecision, Verdict};
 use super::CheckService;
-use crate::store::StoreCheck;
+use crate::store::{Spend, StoreCheck};
 
 impl CheckService {
     /// A denial when a local limit of an enforced policy has no room for the request; `None`
-    /// (after spending from every bucket, unless `dry_run`) when all have room. Takes the
+    /// (after spending from every bucket, with [`Spend::Record`]) when all have room. Takes the
     /// local checks out of `planned`.
-    pub(super) fn local_limit(&self, planned: &mut [Planned], dry_run: bool) -> Option<Verdict> {
+    pub(super) fn local_limit(&self, planned: &mut [Planned], spend: Spend) -> Option<Verdict> {
         let buckets = self.local_limits.as_ref()?;
         let (owners, checks): (Vec<usize>, Vec<StoreCheck>) = planned
             .iter_mut()
@@ -28,7 +28,7 @@ impl CheckService {
         if checks.is_empty() {
             return None;
         }
-        let decisions = buckets.check_now(&checks, dry_run);
+        let decisions = buckets.check_now(&checks, spend);
         if decisions.iter().all(|d| d.allowed) {
             return None;
         }

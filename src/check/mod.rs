@@ -29,7 +29,7 @@ pub use group::{GroupItem, GroupVerdict};
 pub use hot_keys::HotKeys;
 pub use plan::{Planned, TENANT_DESCRIPTOR};
 pub use report::REPORT_OUTCOMES;
-pub use request::{CheckError, CheckRequest, MAX_DESCRIPTOR_NAME};
+pub use request::{CheckError, CheckRequest, Spend, MAX_DESCRIPTOR_NAME};
 pub use top::{TopDenied, TopEntry, TopList, MAX_POLICIES, TOP_CAPACITY};
 pub use top_sketch::{SpaceSaving, MAX_LABEL};
 pub use verdict::{Mode, Outcome, PolicyDecision, Verdict};
@@ -184,7 +184,7 @@ impl CheckService {
     pub async fn check(&self, request: &CheckRequest) -> Result<Verdict, CheckError> {
         let planned = self.plan(&self.policies(), request).await?;
         self.note_unmatched(request, &planned);
-        Ok(self.run(request.dry_run, planned).await)
+        Ok(self.run(request.spend, planned).await)
     }
 
     /// Checks several independent requests; all are validated and planned before any is
@@ -212,13 +212,13 @@ impl CheckService {
         // same poll, so the Redis batcher sends them as one call (one round trip, not N).
         let runs = requests.iter().zip(plans).map(|(request, planned)| {
             self.note_unmatched(request, &planned);
-            self.run(request.dry_run, planned)
+            self.run(request.spend, planned)
         });
         Ok(futures_util::future::join_all(runs).await)
     }
 
     fn note_unmatched(&self, request: &CheckRequest, planned: &[Planned]) {
-        if planned.is_empty() && !request.dry_run {
+        if planned.is_empty() && request.spend == Spend::Record {
             self.unmatched.note(&self.metrics, request);
         }
     }
@@ -231,17 +231,17 @@ impl CheckService {
         plan::plan(policies, &self.limits, self.tiers.as_ref(), request).await
     }
 
-    async fn run(&self, dry_run: bool, mut planned: Vec<Planned>) -> Verdict {
+    async fn run(&self, spend: Spend, mut planned: Vec<Planned>) -> Verdict {
         if planned.is_empty() {
             return Verdict::unlimited();
         }
         let local = self.answer_locally(&planned);
-        let local = local.or_else(|| self.local_limit(&mut planned, dry_run));
+        let local = local.or_else(|| self.local_limit(&mut planned, spend));
         let verdict = match local {
             Some(verdict) => verdict,
-            None => self.ask_store(dry_run, planned).await,
+            None => self.ask_store(spend, planned).await,
         };
-        if !dry_run {
+        if spend == Spend::Record {
             self.record(&verdict);
         }
         verdict
@@ -249,7 +249,7 @@ impl CheckService {
 
     /// Asks the store about every planned check as one group (failure modes if it cannot
     /// answer); records nothing in the metrics.
-    async fn ask_store(&self, dry_run: bool, planned: Vec<Planned>) -> Verdict {
+    async fn ask_store(&self, spend: Spend, planned: Vec<Planned>) -> Verdict {
         // The most patient matched policy sets the deadline; the others' answers come with it.
         let deadline = planned
             .iter()
@@ -263,7 +263,7 @@ impl CheckService {
             checks.push(part.check);
         }
         let asked = Instant::now();
-        let evaluated = match self.store.check(&checks, dry_run, deadline).await {
+        let evaluated = match self.store.check(&checks, spend, deadline).await {
             Ok(decisions) => policies
                 .into_iter()
                 .zip(checks)
@@ -302,7 +302,7 @@ impl CheckService {
                 if let Some(hot) = &self.hot {
                     hot.clear();
                 }
-                self.local.degrade(policies, checks, dry_run)
+                self.local.degrade(policies, checks, spend)
             }
         };
         verdict::decide(evaluated)

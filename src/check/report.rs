@@ -17,7 +17,7 @@ use super::request::{CheckError, CheckRequest};
 use super::verdict::{self, Mode, PolicyDecision, Verdict};
 use super::CheckService;
 use crate::limit::{Decision, FailureMode};
-use crate::store::StoreCheck;
+use crate::store::{Spend, StoreCheck};
 
 /// Every value of the `outcome` label of `sluice_reports_total`: `within` (the limit held it),
 /// `over` (spent past the limit: the next check is denied), `local` (spent in this pod's share:
@@ -29,7 +29,7 @@ impl CheckService {
     /// Spends `request`'s cost on every policy it matches, whatever their counters hold; the
     /// verdict's decisions are what is left (see the module docs). A dry run is refused.
     pub async fn report(&self, request: &CheckRequest) -> Result<Verdict, CheckError> {
-        if request.dry_run {
+        if request.spend == Spend::DryRun {
             return Err(CheckError::Invalid(
                 "a report spends what was used: it cannot be a dry run".to_owned(),
             ));

@@ -2,6 +2,7 @@
 
 use crate::config::RequestLimits;
 use crate::limit::Descriptors;
+pub use crate::store::Spend;
 
 /// Longest descriptor name accepted.
 pub const MAX_DESCRIPTOR_NAME: usize = 64;
@@ -16,8 +17,9 @@ pub struct CheckRequest {
     /// Units to spend (a GraphQL query's complexity, LLM tokens); usually 1. A policy's cost
     /// table, when it lists the request's value, sets the cost instead.
     pub cost: u64,
-    /// Evaluate without spending anything.
-    pub dry_run: bool,
+    /// Whether the allowed cost is spent ([`Spend::DryRun`]: evaluate without spending anything;
+    /// the wire's `dry_run`).
+    pub spend: Spend,
 }
 
 /// The request is malformed or cannot be checked as asked: a 4xx, nothing was spent.

@@ -46,7 +46,7 @@ fn login(ip: &str, account: &str) -> CheckRequest {
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .collect(),
         cost: 1,
-        dry_run: false,
+        spend: Spend::Record,
     }
 }
 
@@ -97,7 +97,7 @@ async fn a_denial_spends_nothing_from_the_other_policies() {
     assert_eq!(denied.deciding().expect("decided").policy.name(), "per_ip");
     // per_account spent 3 of 5, not 4: the denied request was all-or-nothing.
     let mut probe = login("2.2.2.2", "alice");
-    probe.dry_run = true;
+    probe.spend = Spend::DryRun;
     let account = service.check(&probe).await.expect("valid");
     let part = account
         .evaluated
@@ -155,7 +155,7 @@ async fn requests_are_validated_before_anything_is_spent() {
     let error = service.check_batch(batch).await.unwrap_err();
     assert!(error.to_string().starts_with("checks[1]: cost"), "{error}");
     let mut probe = login("1.1.1.1", "alice");
-    probe.dry_run = true;
+    probe.spend = Spend::DryRun;
     let verdict = service.check(&probe).await.expect("valid");
     assert_eq!(verdict.deciding().expect("decided").decision.remaining, 2);
 }
@@ -167,7 +167,7 @@ impl RateStore for DownStore {
     fn check<'a>(
         &'a self,
         _: &'a [StoreCheck],
-        _: bool,
+        _: Spend,
         _: Option<std::time::Duration>,
     ) -> StoreFuture<'a> {
         Box::pin(std::future::ready(Err(StoreError::Timeout)))
@@ -217,7 +217,7 @@ policies:
         policy: None,
         descriptors: [("user".to_owned(), "u".to_owned())].into(),
         cost: 1,
-        dry_run: false,
+        spend: Spend::Record,
     };
     for i in 0..5 {
         let verdict = service.check(&request).await.expect("valid");

@@ -24,14 +24,14 @@ impl RateStore for Counted {
     fn check<'a>(
         &'a self,
         checks: &'a [StoreCheck],
-        dry_run: bool,
+        spend: Spend,
         deadline: Option<std::time::Duration>,
     ) -> StoreFuture<'a> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         if self.down {
             return Box::pin(std::future::ready(Err(StoreError::Timeout)));
         }
-        self.store.check(checks, dry_run, deadline)
+        self.store.check(checks, spend, deadline)
     }
 
     fn spend<'a>(
@@ -96,7 +96,7 @@ fn request(policy: &str, user: &str) -> CheckRequest {
         policy: Some(policy.into()),
         descriptors: [("user".to_owned(), user.to_owned())].into(),
         cost: 1,
-        dry_run: false,
+        spend: Spend::Record,
     }
 }
 
@@ -111,7 +111,7 @@ fn count(service: &CheckService, policy: &str, outcome: &str) -> u64 {
 /// Remaining units of each window of the only policy, without spending.
 async fn remaining(service: &CheckService, policy: &str, user: &str) -> Vec<u64> {
     let mut probe = request(policy, user);
-    probe.dry_run = true;
+    probe.spend = Spend::DryRun;
     let verdict = service.check(&probe).await.expect("valid");
     // A dry run leaves one unit for itself: add it back.
     verdict
@@ -184,7 +184,7 @@ async fn tiers_multiply_every_window_and_cost_must_fit_each() {
     let f = fixture(TWO_WINDOWS);
     let mut gold = request("api", "g");
     gold.descriptors.insert("tier".into(), "gold".into());
-    gold.dry_run = true;
+    gold.spend = Spend::DryRun;
     let verdict = f.service.check(&gold).await.expect("valid");
     let limits: Vec<u64> = verdict.evaluated.iter().map(|p| p.decision.limit).collect();
     assert_eq!(limits, [20, 50]);
@@ -279,7 +279,7 @@ async fn a_local_limit_denies_before_the_store_with_its_own_retry() {
     assert_eq!(still.deciding().expect("decided").mode, Mode::LocalLimit);
     f.clock.advance(1);
     let mut dry = request("api", "u");
-    dry.dry_run = true;
+    dry.spend = Spend::DryRun;
     assert_eq!(
         service.check(&dry).await.expect("valid").outcome,
         Outcome::Allowed

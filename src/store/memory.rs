@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use prometheus::{IntCounter, IntGauge};
 
-use super::{Fleet, RateStore, ResetFuture, ResetOutcome, StoreCheck, StoreFuture};
+use super::{Fleet, RateStore, ResetFuture, ResetOutcome, Spend, StoreCheck, StoreFuture};
 use crate::clock::Clock;
 use crate::limit::{Decision, Key, Micros, State};
 
@@ -138,7 +138,7 @@ impl MemoryStore {
     }
 
     /// The synchronous core of [`RateStore::check`].
-    pub fn check_now(&self, checks: &[StoreCheck], dry_run: bool) -> Vec<Decision> {
+    pub fn check_now(&self, checks: &[StoreCheck], spend: Spend) -> Vec<Decision> {
         let now = self.clock.now_us();
         let shard_of: Vec<usize> = checks.iter().map(|c| self.shard_of(&c.key)).collect();
         let mut order = shard_of.clone();
@@ -167,7 +167,7 @@ impl MemoryStore {
             .iter()
             .zip(&decisions)
             .all(|(check, decision)| decision.allowed || !check.enforce);
-        if !dry_run && group_allowed {
+        if spend == Spend::Record && group_allowed {
             for ((check, decision), &shard) in checks.iter().zip(&decisions).zip(&shard_of) {
                 if decision.allowed {
                     self.admit(&mut guards[guard_of(shard)], check, now);
@@ -325,10 +325,10 @@ impl RateStore for MemoryStore {
     fn check<'a>(
         &'a self,
         checks: &'a [StoreCheck],
-        dry_run: bool,
+        spend: Spend,
         _deadline: Option<Duration>,
     ) -> StoreFuture<'a> {
-        let decisions = self.check_now(checks, dry_run);
+        let decisions = self.check_now(checks, spend);
         Box::pin(std::future::ready(Ok(decisions)))
     }
 

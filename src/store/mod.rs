@@ -26,6 +26,28 @@ pub struct StoreCheck {
     pub enforce: bool,
 }
 
+/// Whether a check records what it allows: one name and one polarity from the check layer down to
+/// the scripts. Requests say `dry_run` on the wire; [`Spend::from_dry_run`] is where that turns
+/// into this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spend {
+    /// Record the allowed checks (if every enforced one allows).
+    Record,
+    /// Decide only: nothing is spent (a probe, a read).
+    DryRun,
+}
+
+impl Spend {
+    /// The spend a request's `dry_run` flag asks for.
+    pub fn from_dry_run(dry_run: bool) -> Self {
+        if dry_run {
+            Self::DryRun
+        } else {
+            Self::Record
+        }
+    }
+}
+
 /// The store could not decide; the policy's failure mode applies. A denial is never an error.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
@@ -121,13 +143,13 @@ pub type ResetFuture<'a> =
 
 /// A place where counters live, shared by every transport.
 pub trait RateStore: Send + Sync + 'static {
-    /// Decides every check as one group. Unless `dry_run`, the allowed checks are recorded if
-    /// and only if every enforced check is allowed: a request denied by one policy spends
+    /// Decides every check as one group. With [`Spend::Record`], the allowed checks are recorded
+    /// if and only if every enforced check is allowed: a request denied by one policy spends
     /// nothing from the others. `deadline` overrides the store's own (remote stores only).
     fn check<'a>(
         &'a self,
         checks: &'a [StoreCheck],
-        dry_run: bool,
+        spend: Spend,
         deadline: Option<Duration>,
     ) -> StoreFuture<'a>;
 

@@ -22,7 +22,7 @@ use axum::Json;
 
 use super::http::error_response;
 use super::wire::{self, CheckReply, ErrorReply};
-use crate::check::{CheckRequest, CheckService};
+use crate::check::{CheckRequest, CheckService, Spend};
 use crate::config::{AuthzSettings, ControlHeader, OriginalFrom};
 use crate::limit::Descriptors;
 use crate::telemetry::CheckSpan;
@@ -148,7 +148,7 @@ fn request_from(
         policy: control(config, headers, ControlHeader::Policy)?.map(str::to_owned),
         descriptors,
         cost,
-        dry_run,
+        spend: Spend::from_dry_run(dry_run),
     })
 }
 

@@ -10,7 +10,7 @@ use serde_json::value::RawValue;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use crate::check::{CheckError, CheckRequest, Mode, Outcome, PolicyDecision, Verdict};
+use crate::check::{CheckError, CheckRequest, Mode, Outcome, PolicyDecision, Spend, Verdict};
 use crate::config::HumanDuration;
 use crate::limit::{Descriptors, Micros};
 
@@ -75,7 +75,7 @@ impl From<CheckBody> for CheckRequest {
             policy: body.policy,
             descriptors: body.descriptors,
             cost: body.cost,
-            dry_run: body.dry_run,
+            spend: Spend::from_dry_run(body.dry_run),
         }
     }
 }

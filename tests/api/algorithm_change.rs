@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use sluice::config::HumanDuration;
 use sluice::limit::{Algorithm, FixedWindow, SlidingLog, TokenBucket};
 use sluice::store::redis::scripts::Item;
+use sluice::store::Spend;
 
 use crate::helpers::{json_of, spawn_served, test_settings, TestApp};
 use crate::redis_batch::{decisions, run_batch, Check};
@@ -293,7 +294,7 @@ fn one(key: &str, algorithm: Algorithm) -> Check {
         cost: 1,
         enforce: true,
     };
-    (true, vec![item])
+    (Spend::Record, vec![item])
 }
 
 fn remaining(conn: &mut redis::Connection, checks: &[Check], now: u64) -> Vec<u64> {

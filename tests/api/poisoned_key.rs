@@ -12,6 +12,7 @@ use serde_json::json;
 use sluice::client::Target;
 use sluice::limit::{Algorithm, FixedWindow, SlidingLog, TokenBucket};
 use sluice::store::redis::scripts::Item;
+use sluice::store::Spend;
 
 use crate::helpers::{json_of, metric_value, post, sluice_command, ChildGuard};
 use crate::redis_batch::{decisions, run_batch, Check};
@@ -168,9 +169,12 @@ fn oversized_values_fail_their_own_check_after_bounded_work() {
         cost: 1,
         enforce: true,
     };
-    let mut checks: Vec<Check> = single.into_iter().map(|c| (true, vec![item(c)])).collect();
-    checks.push((true, vec![item(("good", log)), item(("set", log))]));
-    checks.push((true, vec![item(("good", log))]));
+    let mut checks: Vec<Check> = single
+        .into_iter()
+        .map(|c| (Spend::Record, vec![item(c)]))
+        .collect();
+    checks.push((Spend::Record, vec![item(("good", log)), item(("set", log))]));
+    checks.push((Spend::Record, vec![item(("good", log))]));
     let key = |name: &str| format!("{{poisoned}}:{name}");
     with_redis(|conn| {
         poison(conn, &key("set"));
@@ -279,7 +283,7 @@ fn numbers_no_algorithm_writes_are_foreign_under_every_algorithm() {
                         cost: 1,
                         enforce: true,
                     };
-                    (true, vec![item])
+                    (Spend::Record, vec![item])
                 })
                 .collect();
             for (reply, algorithm) in run_batch(conn, &checks, START).iter().zip(&algorithms) {

@@ -11,10 +11,9 @@ use redis::Value;
 use serde_json::json;
 use sluice::clock::ManualClock;
 use sluice::limit::{Algorithm, Decision, FixedWindow, Key, Micros, SlidingLog, TokenBucket};
-use sluice::store::redis::scripts::{
-    batch_arguments, parse_check_reply, split_batch_reply, Item, Scripts,
-};
-use sluice::store::{MemoryStore, StoreCheck};
+use sluice::store::redis::scripts::oracle::{batch_arguments, parse_check_reply};
+use sluice::store::redis::scripts::{split_batch_reply, Item, Scripts};
+use sluice::store::{MemoryStore, Spend, StoreCheck};
 
 use crate::helpers::{json_of, metric_value, spawn_app_in, test_settings};
 use crate::redis_differential::{with_redis, START};
@@ -25,8 +24,8 @@ fn fresh_base() -> String {
     format!("batch:{}", NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
-/// One check of a batch: (commit, items).
-pub(crate) type Check = (bool, Vec<Item>);
+/// One check of a batch: (spend, items).
+pub(crate) type Check = (Spend, Vec<Item>);
 
 /// Runs `checks` as one batch script call at `now`; one entry per check (its figures as one array,
 /// or its error), split from the script's flat reply as the daemon splits it.
@@ -120,12 +119,12 @@ fn compare(
                     items.push(item(&check, second));
                     group.push(check);
                 }
-                planned.push((group, (!dry_run, items)));
+                planned.push((group, (Spend::from_dry_run(dry_run), items)));
             }
             let calls: Vec<Check> = planned.iter().map(|(_, call)| call.clone()).collect();
             let replies = run_batch(conn, &calls, now);
             for (n, ((group, (commit, items)), reply)) in planned.iter().zip(&replies).enumerate() {
-                let rust = memory.check_now(group, !commit);
+                let rust = memory.check_now(group, *commit);
                 let lua = decisions(reply, items.len());
                 prop_assert_eq!(rust, lua, "batch {} check {} at {}", batch_no, n, now);
             }
@@ -162,7 +161,9 @@ fn a_hot_key_in_one_batch_is_read_and_written_once() {
         cost: 1,
         enforce: true,
     };
-    let checks: Vec<Check> = (0..8).map(|_| (true, vec![item.clone()])).collect();
+    let checks: Vec<Check> = (0..8)
+        .map(|_| (Spend::Record, vec![item.clone()]))
+        .collect();
     with_redis(|conn| {
         let _: () = redis::cmd("CONFIG")
             .arg("RESETSTAT")
@@ -220,13 +221,16 @@ fn a_bad_key_fails_only_its_own_check() {
             .query(conn)
             .expect("SET");
         let checks: Vec<Check> = vec![
-            (true, vec![item("good", bucket)]),
-            (true, vec![item("list", bucket)]),
-            (true, vec![item("good", bucket)]),
-            (true, vec![item("foreign", window)]),
-            (true, vec![item("list", log)]),
-            (true, vec![item("good", bucket), item("list", window)]),
-            (true, vec![item("good", bucket)]),
+            (Spend::Record, vec![item("good", bucket)]),
+            (Spend::Record, vec![item("list", bucket)]),
+            (Spend::Record, vec![item("good", bucket)]),
+            (Spend::Record, vec![item("foreign", window)]),
+            (Spend::Record, vec![item("list", log)]),
+            (
+                Spend::Record,
+                vec![item("good", bucket), item("list", window)],
+            ),
+            (Spend::Record, vec![item("good", bucket)]),
         ];
         let replies = run_batch(conn, &checks, START);
         let code = |value: &Value| match value {

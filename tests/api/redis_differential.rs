@@ -8,8 +8,11 @@ use proptest::prelude::*;
 use sluice::clock::ManualClock;
 use sluice::limit::Key;
 use sluice::limit::{Algorithm, Decision, FixedWindow, Micros, SlidingLog, TokenBucket};
-use sluice::store::redis::scripts::{parse_group_reply, parse_reply, ScriptCall, Scripts};
-use sluice::store::{MemoryStore, StoreCheck};
+use sluice::store::redis::scripts::oracle::{
+    parse_group_reply, parse_reply, ScriptCall, ScriptCalls,
+};
+use sluice::store::redis::scripts::Scripts;
+use sluice::store::{MemoryStore, Spend, StoreCheck};
 
 use crate::redis_server::RedisServer;
 
@@ -46,9 +49,9 @@ fn run_lua(
     key: &str,
     now: Micros,
     cost: u64,
-    commit: bool,
+    spend: Spend,
 ) -> Decision {
-    let call = Scripts::default().call(algorithm, key.to_owned(), cost, commit, Some(now));
+    let call = Scripts::default().call(algorithm, key.to_owned(), cost, spend, Some(now));
     parse_reply(&eval(conn, &call)).expect("script reply parses")
 }
 
@@ -88,7 +91,14 @@ fn compare_on(
         if rust.allowed && !dry_run {
             algorithm.admit(&mut state, now, cost);
         }
-        let lua = run_lua(conn, &algorithm, &key, now, cost, !dry_run);
+        let lua = run_lua(
+            conn,
+            &algorithm,
+            &key,
+            now,
+            cost,
+            Spend::from_dry_run(dry_run),
+        );
         prop_assert_eq!(
             rust,
             lua,
@@ -183,12 +193,12 @@ fn compare_group_on(
         let dry_run = dry_run || cost == 0;
         clock.set(now);
         let group = checks(cost);
-        let rust = memory.check_now(&group, dry_run);
+        let rust = memory.check_now(&group, Spend::from_dry_run(dry_run));
         let keyed: Vec<(String, &StoreCheck)> = group
             .iter()
             .map(|c| (format!("{{{base}}}{}", c.key.partition()), c))
             .collect();
-        let call = Scripts::default().group_call(&keyed, !dry_run, Some(now));
+        let call = Scripts::default().group_call(&keyed, Spend::from_dry_run(dry_run), Some(now));
         let lua = parse_group_reply(&eval(conn, &call), keyed.len()).expect("group reply parses");
         prop_assert_eq!(
             rust,

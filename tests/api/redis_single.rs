@@ -8,7 +8,9 @@
 
 use redis::Value;
 use sluice::limit::{Algorithm, FixedWindow, Micros, SlidingLog, TokenBucket};
+use sluice::store::redis::scripts::oracle::ScriptCalls;
 use sluice::store::redis::scripts::{Item, Scripts};
+use sluice::store::Spend;
 
 use crate::redis_batch::run_batch;
 use crate::redis_differential::{with_redis, START};
@@ -132,12 +134,12 @@ fn key_state(conn: &mut redis::Connection, key: &str) -> String {
 }
 
 /// The algorithm script's own call for one check, as the batcher sends it (plus the test `now`).
-fn run_single(conn: &mut redis::Connection, item: &Item, commit: bool, now: Micros) -> Value {
+fn run_single(conn: &mut redis::Connection, item: &Item, spend: Spend, now: Micros) -> Value {
     let call = Scripts::default().call(
         &item.algorithm,
         item.key.clone(),
         item.cost,
-        commit,
+        spend,
         Some(now),
     );
     let mut cmd = redis::cmd("EVAL");
@@ -170,8 +172,9 @@ fn an_algorithm_script_answers_and_writes_exactly_as_a_batch_of_one() {
                     let mut answers = [Vec::new(), Vec::new()];
                     for round in 0..2 {
                         let now = START + round;
-                        let single = run_single(conn, &item(&keys[0]), commit, now);
-                        let batch = run_batch(conn, &[(commit, vec![item(&keys[1])])], now);
+                        let spend = if commit { Spend::Record } else { Spend::DryRun };
+                        let single = run_single(conn, &item(&keys[0]), spend, now);
+                        let batch = run_batch(conn, &[(spend, vec![item(&keys[1])])], now);
                         answers[0].push(reply_text(&single));
                         answers[1].push(reply_text(&batch[0]));
                     }

@@ -9,8 +9,9 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use sluice::clock::ManualClock;
 use sluice::limit::{Algorithm, FixedWindow, Key, Micros, SlidingLog, TokenBucket};
-use sluice::store::redis::scripts::{parse_group_reply, Commit, ScriptCall, Scripts};
-use sluice::store::{MemoryStore, StoreCheck};
+use sluice::store::redis::scripts::oracle::{parse_group_reply, ScriptCall, ScriptCalls};
+use sluice::store::redis::scripts::{Commit, Scripts};
+use sluice::store::{MemoryStore, Spend, StoreCheck};
 
 use crate::redis_differential::{with_redis, START};
 
@@ -52,9 +53,9 @@ fn compare(algorithms: &[Algorithm], history: &[(u64, u64, bool)]) -> Result<(),
                 })
                 .collect();
             let (rust, commit) = if report {
-                (memory.spend_now(&group), Commit::Spend)
+                (memory.spend_now(&group), Commit::Report)
             } else {
-                (memory.check_now(&group, false), Commit::IfAllowed)
+                (memory.check_now(&group, Spend::Record), Commit::IfAllowed)
             };
             let keyed: Vec<(String, &StoreCheck)> = group
                 .iter()

@@ -39,12 +39,15 @@ fn a_denied_group_spends_nothing() {
     let roomy = check("a", "x", log(10), true);
     let tight = check("b", "x", log(1), true);
     let both = vec![roomy.clone(), tight.clone()];
-    assert!(store.check_now(&both, false).iter().all(|d| d.allowed));
-    let second = store.check_now(&both, false);
+    assert!(store
+        .check_now(&both, Spend::Record)
+        .iter()
+        .all(|d| d.allowed));
+    let second = store.check_now(&both, Spend::Record);
     assert!(!second[1].allowed);
     // The first policy allowed, but the group was denied, so nothing was spent from it.
     assert_eq!(
-        store.check_now(&[roomy], true)[0].remaining,
+        store.check_now(&[roomy], Spend::DryRun)[0].remaining,
         8,
         "10 - 1 spent - 1 for the probe"
     );
@@ -55,11 +58,11 @@ fn shadow_denials_do_not_block_the_group() {
     let (store, _) = store(100);
     let enforced = check("a", "x", log(10), true);
     let shadow = check("b", "x", log(1), false);
-    store.check_now(&[enforced.clone(), shadow.clone()], false);
-    let second = store.check_now(&[enforced.clone(), shadow], false);
+    store.check_now(&[enforced.clone(), shadow.clone()], Spend::Record);
+    let second = store.check_now(&[enforced.clone(), shadow], Spend::Record);
     assert!(second[0].allowed && !second[1].allowed);
     assert_eq!(
-        store.check_now(&[enforced], true)[0].remaining,
+        store.check_now(&[enforced], Spend::DryRun)[0].remaining,
         7,
         "10 - 2 spent - 1 for the probe"
     );
@@ -70,7 +73,7 @@ fn dry_runs_change_nothing() {
     let (store, _) = store(100);
     let c = check("a", "x", log(2), true);
     for _ in 0..5 {
-        assert!(store.check_now(std::slice::from_ref(&c), true)[0].allowed);
+        assert!(store.check_now(std::slice::from_ref(&c), Spend::DryRun)[0].allowed);
     }
     assert!(store.is_empty());
 }
@@ -79,7 +82,7 @@ fn dry_runs_change_nothing() {
 fn idle_keys_are_swept() {
     let (store, clock) = store(100);
     let c = check("a", "x", log(2), true);
-    store.check_now(std::slice::from_ref(&c), false);
+    store.check_now(std::slice::from_ref(&c), Spend::Record);
     assert_eq!(store.sweep(), 1);
     clock.advance(60 * SECOND);
     assert_eq!(store.sweep(), 0);
@@ -90,7 +93,7 @@ fn size_is_bounded_and_evictions_counted() {
     let (store, _) = store(50);
     for i in 0..500 {
         let value = i.to_string();
-        store.check_now(&[check("a", &value, log(5), true)], false);
+        store.check_now(&[check("a", &value, log(5), true)], Spend::Record);
     }
     assert!(store.len() <= 50, "{} keys", store.len());
     let evictions = store
@@ -112,7 +115,7 @@ fn exact_under_concurrency() {
             let c = check("a", "hot", window, true);
             std::thread::spawn(move || {
                 (0..500)
-                    .filter(|_| store.check_now(std::slice::from_ref(&c), false)[0].allowed)
+                    .filter(|_| store.check_now(std::slice::from_ref(&c), Spend::Record)[0].allowed)
                     .count()
             })
         })
@@ -128,7 +131,7 @@ fn a_byte_budget_bounds_memory_whatever_the_key_count() {
     for i in 0..5_000 {
         let value = format!("203.0.113.{i}");
         for _ in 0..10 {
-            store.check_now(&[check("login", &value, log(100), true)], false);
+            store.check_now(&[check("login", &value, log(100), true)], Spend::Record);
             clock.advance(1_000);
         }
     }
@@ -149,7 +152,7 @@ fn a_byte_budget_bounds_memory_whatever_the_key_count() {
     assert_eq!(held, summed);
     // About what the issue measured for a login key (~231 B with a few entries).
     let one = check("login", "198.51.100.7", log(10), true);
-    store.check_now(std::slice::from_ref(&one), false);
+    store.check_now(std::slice::from_ref(&one), Spend::Record);
     let shard = store.lock(store.shard_of(&one.key));
     let (key, slot) = shard.slots.get_key_value(&one.key).expect("held");
     let estimate = slot_bytes(key, slot);
@@ -170,19 +173,19 @@ fn a_reset_key_starts_full_and_frees_its_bytes_and_nothing_else() {
     let b = check("a", "y", log(2), true);
     let empty = store.bytes();
     for _ in 0..2 {
-        store.check_now(&[a.clone(), b.clone()], false);
+        store.check_now(&[a.clone(), b.clone()], Spend::Record);
     }
-    assert!(!store.check_now(std::slice::from_ref(&a), true)[0].allowed);
+    assert!(!store.check_now(std::slice::from_ref(&a), Spend::DryRun)[0].allowed);
     let both = store.bytes();
     assert!(store.reset_now(&a.key), "it held state");
     assert_eq!(store.bytes() - empty, (both - empty) / 2, "a's bytes freed");
     assert_eq!(
-        store.check_now(std::slice::from_ref(&a), true)[0].remaining,
+        store.check_now(std::slice::from_ref(&a), Spend::DryRun)[0].remaining,
         1,
         "full"
     );
     assert!(
-        !store.check_now(std::slice::from_ref(&b), true)[0].allowed,
+        !store.check_now(std::slice::from_ref(&b), Spend::DryRun)[0].allowed,
         "b untouched"
     );
     assert!(!store.reset_now(&a.key), "nothing left to reset");

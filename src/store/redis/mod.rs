@@ -43,7 +43,9 @@ pub use self::metrics::RedisMetrics;
 use self::prober::{Backoff, Prober};
 use self::resets::{Follower, ResetEvent};
 use self::scripts::{Commit, Item, Scripts};
-use super::{Fleet, RateStore, ResetFuture, ResetOutcome, StoreCheck, StoreError, StoreFuture};
+use super::{
+    Fleet, RateStore, ResetFuture, ResetOutcome, Spend, StoreCheck, StoreError, StoreFuture,
+};
 use crate::limit::{Decision, Key};
 
 /// Everything the Redis store is configured with.
@@ -81,7 +83,9 @@ pub struct RedisStore {
     health: Arc<Health>,
     /// How to follow the reset channel (started by [`RedisStore::follow_resets`]).
     resets: Follower,
-    /// Dropped with the store, which ends the reset follower.
+    /// The lifetime of every background task of the store (the prober, the dispatcher, the
+    /// Sentinel watch, the reset follower): each holds a receiver and ends when `changed()`
+    /// fails, that is when the store is dropped (nothing is ever sent).
     alive: watch::Sender<()>,
 }
 
@@ -120,12 +124,14 @@ impl RedisStore {
             timeouts: options.timeouts,
             channel: resets::channel(&options.key_prefix),
         };
+        let alive = watch::channel(()).0;
         let (publish, connection) = watch::channel(None);
         if let RedisTarget::Sentinel(sentinel) = &options.target {
             tokio::spawn(sentinel_watch::watch(
                 sentinel.clone(),
                 options.access.clone(),
                 Arc::clone(&health),
+                alive.subscribe(),
             ));
         }
         let node_script = (matches!(options.target, RedisTarget::Cluster(_)) && options.node_calls)
@@ -141,6 +147,7 @@ impl RedisStore {
             publish,
             backoff: options.backoff,
             errors: metrics.batch.errors.clone(),
+            alive: alive.subscribe(),
         };
         tokio::spawn(prober.run());
         let batcher = Batcher::spawn(
@@ -150,6 +157,7 @@ impl RedisStore {
             metrics.batch,
             Arc::clone(&health),
             options.tracing,
+            alive.subscribe(),
         );
         Ok(Self {
             cluster,
@@ -159,7 +167,7 @@ impl RedisStore {
             timeout: options.timeout,
             health,
             resets,
-            alive: watch::channel(()).0,
+            alive,
         })
     }
 
@@ -219,7 +227,7 @@ impl RedisStore {
     async fn check_group(
         &self,
         checks: &[StoreCheck],
-        dry_run: bool,
+        spend: Spend,
         deadline: Duration,
     ) -> Result<Vec<Decision>, StoreError> {
         let items: Vec<Item> = checks.iter().map(|c| self.item(c)).collect();
@@ -228,33 +236,33 @@ impl RedisStore {
                 .windows(2)
                 .all(|w| keys::slot(&w[0].key) == keys::slot(&w[1].key));
         if one_slot {
-            let reply = self.batcher.submit(items, !dry_run, deadline).await?;
+            let reply = self.batcher.submit(items, spend, deadline).await?;
             return answer(reply, deadline).await;
         }
         // Different Cluster slots: evaluate all, then record the allowed ones one by one. Every
         // call is queued before any is awaited, so that they share batches.
-        let mut decisions = self.each(items, false, deadline).await?;
+        let mut decisions = self.each(items, Spend::DryRun, deadline).await?;
         let group_allowed = checks
             .iter()
             .zip(&decisions)
             .all(|(check, decision)| decision.allowed || !check.enforce);
-        if dry_run || !group_allowed {
+        if spend == Spend::DryRun || !group_allowed {
             return Ok(decisions);
         }
         let allowed: Vec<usize> = (0..checks.len())
             .filter(|&i| decisions[i].allowed)
             .collect();
         let items = allowed.iter().map(|&i| self.item(&checks[i])).collect();
-        let recorded = self
-            .each(items, true, deadline)
-            .await
-            .map_err(|error| match error {
-                StoreError::BadKey { item, detail } => StoreError::BadKey {
-                    item: allowed.get(item).copied().unwrap_or(item),
-                    detail,
-                },
-                other => other,
-            })?;
+        let recorded =
+            self.each(items, Spend::Record, deadline)
+                .await
+                .map_err(|error| match error {
+                    StoreError::BadKey { item, detail } => StoreError::BadKey {
+                        item: allowed.get(item).copied().unwrap_or(item),
+                        detail,
+                    },
+                    other => other,
+                })?;
         for (i, decision) in allowed.into_iter().zip(recorded) {
             decisions[i] = decision;
         }
@@ -274,10 +282,10 @@ impl RedisStore {
                 .windows(2)
                 .all(|w| keys::slot(&w[0].key) == keys::slot(&w[1].key));
         if one_slot {
-            let reply = self.batcher.submit(items, Commit::Spend, deadline).await?;
+            let reply = self.batcher.submit(items, Commit::Report, deadline).await?;
             return answer(reply, deadline).await;
         }
-        self.each(items, Commit::Spend, deadline).await
+        self.each(items, Commit::Report, deadline).await
     }
 
     /// Each item as its own check, all queued before any answer is awaited.
@@ -331,7 +339,7 @@ impl RateStore for RedisStore {
     fn check<'a>(
         &'a self,
         checks: &'a [StoreCheck],
-        dry_run: bool,
+        spend: Spend,
         deadline: Option<Duration>,
     ) -> StoreFuture<'a> {
         Box::pin(async move {
@@ -340,7 +348,7 @@ impl RateStore for RedisStore {
             }
             // The batcher reports each call's outcome to the breaker (a bad key, or a check
             // that waited too long inside sluice, says nothing about Redis).
-            self.check_group(checks, dry_run, deadline.unwrap_or(self.timeout))
+            self.check_group(checks, spend, deadline.unwrap_or(self.timeout))
                 .await
         })
     }
@@ -375,3 +383,6 @@ impl RateStore for RedisStore {
         Some(self.health.circuit().as_str())
     }
 }
+
+#[cfg(test)]
+mod tests;

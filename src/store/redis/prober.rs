@@ -53,11 +53,14 @@ pub struct Prober {
     pub backoff: Backoff,
     /// Error counter (by kind).
     pub errors: IntCounterVec,
+    /// Ends the prober when the store is dropped (see `RedisStore`'s `alive`).
+    pub alive: watch::Receiver<()>,
 }
 
 impl Prober {
-    /// Runs until every receiver of the published connection is gone (the store was dropped).
+    /// Runs until the store is dropped.
     pub async fn run(self) {
+        let mut alive = self.alive.clone();
         let mut delay = Duration::ZERO;
         let jitter = RandomState::new();
         let mut attempt: u64 = 0;
@@ -69,7 +72,7 @@ impl Prober {
             if self.health.circuit() != Circuit::Open {
                 tokio::select! {
                     _ = opened => {}
-                    _ = self.publish.closed() => return,
+                    _ = alive.changed() => return,
                 }
                 delay = Duration::ZERO;
                 continue;
@@ -77,7 +80,7 @@ impl Prober {
             if !delay.is_zero() {
                 tokio::select! {
                     _ = tokio::time::sleep(jittered(delay, attempt, &jitter)) => {}
-                    _ = self.publish.closed() => return,
+                    _ = alive.changed() => return,
                 }
             }
             attempt += 1;

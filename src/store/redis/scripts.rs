@@ -1,16 +1,24 @@
 //! The Lua scripts (one per algorithm from `lua/`, plus the batch script composed of their
-//! functions and `lua/batch.lua`), their SHA-1s, the arguments each takes and how their integer
-//! replies become [`Decision`]s without intermediate vectors.
+//! functions and `lua/batch.lua`), their SHA-1s, and how their integer replies become
+//! [`Decision`]s without intermediate vectors. The commands the daemon sends are built in
+//! `scripts/command.rs`; the calls only tests and the bench make are in [`oracle`].
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use redis::Value;
 
-use crate::limit::{Algorithm, Decision, Micros, NEVER};
-use crate::store::StoreCheck;
+mod command;
+#[doc(hidden)]
+pub mod oracle;
+
+pub(crate) use self::command::{batch_command, single_command};
+pub(crate) use self::command::{Counters, ScriptRef};
+
+use crate::limit::{Algorithm, Decision, NEVER};
+use crate::store::Spend;
 
 const STATE: &str = include_str!("../../../lua/state.lua");
+const NOW: &str = include_str!("../../../lua/now.lua");
 const TOKEN_BUCKET: &str = include_str!("../../../lua/token_bucket.lua");
 const SLIDING_LOG: &str = include_str!("../../../lua/sliding_log.lua");
 const FIXED_WINDOW: &str = include_str!("../../../lua/fixed_window.lua");
@@ -59,42 +67,64 @@ fn functions(source: &str) -> &str {
     source.split(ENTRY_MARKER).next().unwrap_or(source)
 }
 
+/// The part of an algorithm script from its entry point on (the marker line's rest first).
+fn entry(source: &str) -> &str {
+    source
+        .split_once(ENTRY_MARKER)
+        .map_or("", |(_, entry)| entry)
+}
+
+/// What `lua/now.lua` holds in place of the test-only `now_us` argument's position.
+const NOW_ARGV: &str = "$NOW_ARGV";
+
+/// The `now` prelude of an entry point whose test-only `now_us` is `ARGV[now_argv]`.
+fn now_prelude(now_argv: usize) -> String {
+    NOW.replace(NOW_ARGV, &now_argv.to_string())
+}
+
 impl Default for Scripts {
     fn default() -> Self {
-        // Every script opens with the bounded readers and the clock of `state.lua`; the sliding
-        // log's also needs the token bucket's parser, which knows the other algorithms' values.
+        // Every script opens with the bounded readers and the clock of `state.lua`, and its entry
+        // point with the `now` prelude; the sliding log's also needs the token bucket's parser,
+        // which knows the other algorithms' values.
         let batch = [
             STATE,
             functions(TOKEN_BUCKET),
             functions(SLIDING_LOG),
             functions(FIXED_WINDOW),
+            &now_prelude(command::BATCH_NOW_ARGV),
             BATCH,
         ]
         .join("\n");
         let compose = |parts: &[&str]| Script::new(parts.join("\n"));
+        let (bucket_now, now) = (
+            now_prelude(command::single_now_argv(command::BUCKET_QUOTA)),
+            now_prelude(command::single_now_argv(command::QUOTA)),
+        );
         Self {
-            token_bucket: compose(&[STATE, TOKEN_BUCKET]),
-            sliding_log: compose(&[STATE, functions(TOKEN_BUCKET), SLIDING_LOG]),
-            fixed_window: compose(&[STATE, FIXED_WINDOW]),
+            token_bucket: compose(&[
+                STATE,
+                functions(TOKEN_BUCKET),
+                &bucket_now,
+                entry(TOKEN_BUCKET),
+            ]),
+            sliding_log: compose(&[
+                STATE,
+                functions(TOKEN_BUCKET),
+                functions(SLIDING_LOG),
+                &now,
+                entry(SLIDING_LOG),
+            ]),
+            fixed_window: compose(&[STATE, functions(FIXED_WINDOW), &now, entry(FIXED_WINDOW)]),
             node_batch: Script::new(format!("{NODE_FLAGS}{batch}")),
             batch: Script::new(batch),
         }
     }
 }
 
-/// One script invocation.
-#[derive(Debug, Clone)]
-pub struct ScriptCall {
-    /// The script to run.
-    pub script: Script,
-    /// `KEYS`.
-    pub keys: Vec<String>,
-    /// `ARGV`.
-    pub args: Vec<Vec<u8>>,
-}
-
 impl Scripts {
-    /// Every script's source, to preload.
+    /// Every script the daemon sends by SHA on a single primary or one Cluster slot (the batch
+    /// script, and each algorithm's for a batch of one), to preload.
     pub fn sources(&self) -> Vec<Arc<str>> {
         [
             &self.token_bucket,
@@ -126,82 +156,36 @@ impl Scripts {
             Algorithm::FixedWindow(_) => &self.fixed_window,
         }
     }
-
-    /// The single-algorithm call that decides (and, with `commit`, records) `cost` on `key`;
-    /// the daemon batches instead, this is for baselines and tests. `now` is for tests only.
-    pub fn call(
-        &self,
-        algorithm: &Algorithm,
-        key: String,
-        cost: u64,
-        commit: bool,
-        now: Option<Micros>,
-    ) -> ScriptCall {
-        let mut args = Vec::with_capacity(6);
-        match algorithm {
-            Algorithm::TokenBucket(b) => args.extend([b.limit(), b.period_us(), b.capacity()]),
-            Algorithm::SlidingLog(l) => args.extend([l.limit(), l.period_us()]),
-            Algorithm::FixedWindow(w) => args.extend([w.limit(), w.period_us()]),
-        }
-        args.extend([cost, u64::from(commit)]);
-        args.extend(now);
-        ScriptCall {
-            script: self.for_algorithm(algorithm).clone(),
-            keys: vec![key],
-            args: args.iter().map(|n| n.to_string().into_bytes()).collect(),
-        }
-    }
-
-    /// A batch call holding one check over `checks` (with their Redis keys): all allowed ones
-    /// are recorded (with `commit`) if every enforced one allows, else none. `now` as in
-    /// [`Scripts::call`]; `None` is sent as 0, the batch script's "read TIME".
-    pub fn group_call(
-        &self,
-        checks: &[(String, &StoreCheck)],
-        commit: impl Into<Commit>,
-        now: Option<Micros>,
-    ) -> ScriptCall {
-        let mut packed = Packed::with_capacity(2 + 7 * checks.len());
-        packed.check(checks.len(), commit);
-        for (i, (_, check)) in checks.iter().enumerate() {
-            packed.item(i + 1, &check.algorithm, check.cost, check.enforce);
-        }
-        ScriptCall {
-            script: self.batch.clone(),
-            keys: checks.iter().map(|(key, _)| key.clone()).collect(),
-            args: vec![now.unwrap_or(0).to_string().into_bytes(), packed.finish()],
-        }
-    }
 }
 
-/// What a check of the batch script records: its `commit` field (`lua/batch.lua`).
+/// What a check of a script call records: the batch script's `commit` field (`lua/batch.lua`),
+/// and an algorithm script's `commit` argument (a check's two values only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Commit {
-    /// 0: decide only.
+    /// 0: decide only (a check's [`Spend::DryRun`]).
     DryRun,
-    /// 1: record the allowed items if every enforced one allowed (a check).
+    /// 1: record the allowed items if every enforced one allowed (a check's [`Spend::Record`]).
     IfAllowed,
     /// 2: spend every item whatever its decision (a report: the cost was known afterwards).
-    Spend,
+    Report,
 }
 
-impl From<bool> for Commit {
-    /// `true` is a check's [`Commit::IfAllowed`], `false` a dry run.
-    fn from(commit: bool) -> Self {
-        if commit {
-            Self::IfAllowed
-        } else {
-            Self::DryRun
+impl From<Spend> for Commit {
+    fn from(spend: Spend) -> Self {
+        match spend {
+            Spend::Record => Self::IfAllowed,
+            Spend::DryRun => Self::DryRun,
         }
     }
 }
 
 impl Commit {
-    fn wire(self) -> u64 {
+    /// The flag the scripts read: the one place it is written.
+    pub(crate) fn flag(self) -> u64 {
         match self {
             Self::DryRun => 0,
             Self::IfAllowed => 1,
-            Self::Spend => 2,
+            Self::Report => 2,
         }
     }
 }
@@ -217,123 +201,6 @@ pub struct Item {
     pub cost: u64,
     /// False for shadow policies (they never block the check).
     pub enforce: bool,
-}
-
-/// `KEYS` and `ARGV` of a batch script call for `checks` (each: commit, items), in order: each
-/// distinct key once in `KEYS`, so that the script reads and writes it once; `ARGV` is `now` (0:
-/// read `TIME`; for tests only) and the checks packed as MessagePack.
-pub fn batch_arguments<'a, C: Into<Commit>>(
-    checks: impl ExactSizeIterator<Item = (C, &'a [Item])>,
-    now: Option<Micros>,
-) -> (Vec<&'a str>, Vec<Vec<u8>>) {
-    let (keys, packed) = batch_keys_and_checks(checks);
-    (
-        keys,
-        vec![now.unwrap_or(0).to_string().into_bytes(), packed],
-    )
-}
-
-/// `KEYS` (each distinct key once) and the packed checks of a batch.
-pub(crate) fn batch_keys_and_checks<'a, C: Into<Commit>>(
-    checks: impl ExactSizeIterator<Item = (C, &'a [Item])>,
-) -> (Vec<&'a str>, Vec<u8>) {
-    // Small batches (most of them at low load) scan; large ones hash.
-    const SCAN: usize = 16;
-    let mut keys: Vec<&str> = Vec::with_capacity(checks.len());
-    let mut index: HashMap<&str, usize> = HashMap::new();
-    let hashed = checks.len() > SCAN;
-    let mut packed = Packed::with_capacity(checks.len() * 12);
-    for (commit, items) in checks {
-        packed.check(items.len(), commit);
-        for item in items {
-            let known = if hashed {
-                index.get(item.key.as_str()).copied()
-            } else {
-                keys.iter().position(|k| *k == item.key).map(|i| i + 1)
-            };
-            let at = known.unwrap_or_else(|| {
-                keys.push(&item.key);
-                if hashed {
-                    index.insert(&item.key, keys.len());
-                }
-                keys.len()
-            });
-            packed.item(at, &item.algorithm, item.cost, item.enforce);
-        }
-    }
-    (keys, packed.finish())
-}
-
-/// The checks of a batch as one MessagePack array of unsigned integers (see `lua/batch.lua`),
-/// encoded as they are appended; the array's 32-bit length is filled in at the end.
-#[derive(Debug)]
-pub struct Packed {
-    bytes: Vec<u8>,
-    len: u32,
-}
-
-impl Packed {
-    /// An empty array with room for about `integers` integers.
-    pub fn with_capacity(integers: usize) -> Self {
-        let mut bytes = Vec::with_capacity(5 + integers * 5);
-        bytes.extend_from_slice(&[0xdd, 0, 0, 0, 0]);
-        Self { bytes, len: 0 }
-    }
-
-    /// Starts the next check: `items` items follow ([`Packed::item`]), recorded if `commit`.
-    pub fn check(&mut self, items: usize, commit: impl Into<Commit>) {
-        self.push(items as u64);
-        self.push(commit.into().wire());
-    }
-
-    /// One item of the current check: `key` is the 1-based index of its key in `KEYS`.
-    pub fn item(&mut self, key: usize, algorithm: &Algorithm, cost: u64, enforce: bool) {
-        let (kind, limit, period, capacity) = match *algorithm {
-            Algorithm::TokenBucket(b) => (1, b.limit(), b.period_us(), Some(b.capacity())),
-            Algorithm::SlidingLog(l) => (2, l.limit(), l.period_us(), None),
-            Algorithm::FixedWindow(w) => (3, w.limit(), w.period_us(), None),
-        };
-        for value in [key as u64, kind, u64::from(enforce), cost, limit, period] {
-            self.push(value);
-        }
-        if let Some(capacity) = capacity {
-            self.push(capacity);
-        }
-    }
-
-    /// Each integer in its smallest MessagePack form.
-    fn push(&mut self, value: u64) {
-        self.len += 1;
-        let out = &mut self.bytes;
-        if value < 0x80 {
-            out.push(value as u8);
-        } else if let Ok(v) = u8::try_from(value) {
-            out.extend_from_slice(&[0xcc, v]);
-        } else if let Ok(v) = u16::try_from(value) {
-            out.push(0xcd);
-            out.extend_from_slice(&v.to_be_bytes());
-        } else if let Ok(v) = u32::try_from(value) {
-            out.push(0xce);
-            out.extend_from_slice(&v.to_be_bytes());
-        } else {
-            out.push(0xcf);
-            out.extend_from_slice(&value.to_be_bytes());
-        }
-    }
-
-    /// The encoded array.
-    pub fn finish(mut self) -> Vec<u8> {
-        self.bytes[1..5].copy_from_slice(&self.len.to_be_bytes());
-        self.bytes
-    }
-}
-
-/// Reads a script reply `{allowed, limit, remaining, reset_after_us, retry_after_us}`.
-pub fn parse_reply(value: &Value) -> Result<Decision, String> {
-    let Value::Array(fields) = value else {
-        return Err(format!("unexpected script reply: {value:?}"));
-    };
-    parse_fields(fields)
 }
 
 /// Reads the five figures of one decision.
@@ -364,32 +231,6 @@ fn parse_fields(fields: &[Value]) -> Result<Decision, String> {
             u64::try_from(retry).unwrap_or(NEVER)
         },
     })
-}
-
-/// Reads one check's entry of a batch reply: five figures per item, one decision per item.
-pub fn parse_check_reply(value: &Value, items: usize) -> Result<Vec<Decision>, String> {
-    let Value::Array(fields) = value else {
-        return Err(format!("unexpected check reply: {value:?}"));
-    };
-    if fields.len() != 5 * items {
-        return Err(format!(
-            "check reply has {} figures for {items} items",
-            fields.len()
-        ));
-    }
-    fields.chunks_exact(5).map(parse_fields).collect()
-}
-
-/// Reads the reply of a [`Scripts::group_call`]: one decision per key.
-pub fn parse_group_reply(value: &Value, keys: usize) -> Result<Vec<Decision>, String> {
-    let Value::Array(flat) = value else {
-        return Err(format!("unexpected group reply: {value:?}"));
-    };
-    match split_batch_reply(flat, [keys])?.as_slice() {
-        [Ok(figures)] => figures.chunks_exact(5).map(parse_fields).collect(),
-        [Err(error)] => Err(format!("the group's check failed: {error:?}")),
-        _ => Err("unexpected group reply".to_owned()),
-    }
 }
 
 /// One check's part of a batch reply: its figures (five per item), or its error.

@@ -7,23 +7,36 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use tokio::sync::watch;
 
 use super::access::Access;
 use super::conn::{mask_password, node_client, SentinelTarget};
 use super::health::Health;
 
-/// Watches until the store is dropped (`health` is then the last reference).
-pub async fn watch(target: SentinelTarget, access: Access, health: Arc<Health>) {
+/// Watches until the store is dropped (`alive`: see `RedisStore`).
+pub async fn watch(
+    target: SentinelTarget,
+    access: Access,
+    health: Arc<Health>,
+    mut alive: watch::Receiver<()>,
+) {
     let mut next = 0usize;
-    while Arc::strong_count(&health) > 1 {
+    loop {
         let Some(url) = target.nodes.get(next % target.nodes.len().max(1)) else {
             return;
         };
         next += 1;
-        if let Err(error) = listen(url, &access, &target.master, &health).await {
+        let listened = tokio::select! {
+            listened = listen(url, &access, &target.master, &health) => listened,
+            _ = alive.changed() => return,
+        };
+        if let Err(error) = listened {
             tracing::debug!(sentinel = %mask_password(url), %error, "Sentinel announcements lost; trying another");
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = alive.changed() => return,
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 //! empty value as [`EMPTY_VALUE`], a limit override marked by [`OVERRIDE_DESCRIPTOR`]).
 //! Malformed requests are refused with a reason.
 
-use crate::check::{CheckRequest, GroupItem};
+use crate::check::{CheckRequest, GroupItem, Spend};
 use crate::config::envoy::{
     entry_name, DOMAIN_DESCRIPTOR, EMPTY_VALUE, ENTRIES_DESCRIPTOR, OVERRIDE_DESCRIPTOR,
 };
@@ -105,7 +105,7 @@ pub(super) fn items(
                     descriptors,
                     // 0 checks without spending: would one more unit pass?
                     cost: hits.max(1),
-                    dry_run: hits == 0,
+                    spend: Spend::from_dry_run(hits == 0),
                 },
                 quota_override,
             })

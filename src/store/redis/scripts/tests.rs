@@ -1,7 +1,9 @@
 //! Tests of script contracts, arguments and reply parsing.
 
+use super::oracle::{parse_check_reply, parse_group_reply, parse_reply, ScriptCalls};
 use super::*;
 use crate::limit::{Key, TokenBucket};
+use crate::store::StoreCheck;
 
 #[test]
 fn every_script_documents_its_contract() {
@@ -40,14 +42,14 @@ fn every_script_documents_its_contract() {
 fn arguments_follow_the_script_headers() {
     let bucket = Algorithm::TokenBucket(TokenBucket::new(1000, 60_000_000, 150).expect("valid"));
     let scripts = Scripts::default();
-    let call = scripts.call(&bucket, "k".into(), 2, true, None);
+    let call = scripts.call(&bucket, "k".into(), 2, Spend::Record, None);
     let text = |args: &[Vec<u8>]| {
         args.iter()
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect::<Vec<_>>()
     };
     assert_eq!(text(&call.args), ["1000", "60000000", "150", "2", "1"]);
-    let call = scripts.call(&bucket, "k".into(), 2, false, Some(7));
+    let call = scripts.call(&bucket, "k".into(), 2, Spend::DryRun, Some(7));
     assert_eq!(text(&call.args), ["1000", "60000000", "150", "2", "0", "7"]);
     let check = StoreCheck {
         key: Key::new(Arc::from("p"), ["x"]),
@@ -55,7 +57,7 @@ fn arguments_follow_the_script_headers() {
         cost: 3,
         enforce: false,
     };
-    let call = scripts.group_call(&[("k".into(), &check)], true, Some(9));
+    let call = scripts.group_call(&[("k".into(), &check)], Spend::Record, Some(9));
     // now, then packed (an array32 of 9 integers): one check of one item (committed): key 1, token bucket, shadow, cost 3, quota.
     assert_eq!(call.args[0], b"9");
     let mut packed = vec![0xdd, 0, 0, 0, 9, 1, 1, 1, 1, 0, 3, 0xcd, 0x03, 0xe8, 0xce];

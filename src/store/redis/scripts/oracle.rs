@@ -1,0 +1,126 @@
+//! The scripts as tests and the bench call them, apart from what the daemon sends: one script
+//! call as plain `KEYS` and `ARGV` (with a test's fixed `now`), and readers of a whole reply. The
+//! differential tests run these against the Rust twins; the bench's baselines call the algorithm
+//! scripts one by one.
+
+use redis::Value;
+
+use super::command::{
+    batch_keys_and_checks, quota_args, Packed, BUCKET_QUOTA, CHECK_HEAD, ITEM_HEAD,
+};
+use super::{parse_fields, parse_figures, split_batch_reply, Commit, Item, Script, Scripts};
+use crate::limit::{Algorithm, Decision, Micros};
+use crate::store::{Spend, StoreCheck};
+
+/// One script invocation.
+#[derive(Debug, Clone)]
+pub struct ScriptCall {
+    /// The script to run.
+    pub script: Script,
+    /// `KEYS`.
+    pub keys: Vec<String>,
+    /// `ARGV`.
+    pub args: Vec<Vec<u8>>,
+}
+
+/// The calls tests and baselines make of [`Scripts`] (the daemon batches instead).
+pub trait ScriptCalls {
+    /// The scripts called.
+    fn scripts(&self) -> &Scripts;
+
+    /// The single-algorithm call that decides (and, with [`Spend::Record`], records) `cost` on
+    /// `key`. `now` is for tests only.
+    fn call(
+        &self,
+        algorithm: &Algorithm,
+        key: String,
+        cost: u64,
+        spend: Spend,
+        now: Option<Micros>,
+    ) -> ScriptCall {
+        let mut args: Vec<u64> = quota_args(algorithm).collect();
+        args.extend([cost, Commit::from(spend).flag()]);
+        args.extend(now);
+        ScriptCall {
+            script: self.scripts().for_algorithm(algorithm).clone(),
+            keys: vec![key],
+            args: args.iter().map(|n| n.to_string().into_bytes()).collect(),
+        }
+    }
+
+    /// A batch call holding one check over `checks` (with their Redis keys): all allowed ones
+    /// are recorded (with `commit`) if every enforced one allows, else none. `now` as in
+    /// [`ScriptCalls::call`]; `None` is sent as 0, the batch script's "read TIME".
+    fn group_call(
+        &self,
+        checks: &[(String, &StoreCheck)],
+        commit: impl Into<Commit>,
+        now: Option<Micros>,
+    ) -> ScriptCall {
+        let widest = ITEM_HEAD + BUCKET_QUOTA;
+        let mut packed = Packed::with_capacity(CHECK_HEAD + widest * checks.len());
+        packed.check(checks.len(), commit);
+        for (i, (_, check)) in checks.iter().enumerate() {
+            packed.item(i + 1, &check.algorithm, check.cost, check.enforce);
+        }
+        ScriptCall {
+            script: self.scripts().batch().clone(),
+            keys: checks.iter().map(|(key, _)| key.clone()).collect(),
+            args: vec![now.unwrap_or(0).to_string().into_bytes(), packed.finish()],
+        }
+    }
+}
+
+impl ScriptCalls for Scripts {
+    fn scripts(&self) -> &Scripts {
+        self
+    }
+}
+
+/// `KEYS` and `ARGV` of a batch script call for `checks` (each: commit, items), in order: each
+/// distinct key once in `KEYS`, so that the script reads and writes it once; `ARGV` is `now` (0:
+/// read `TIME`; for tests only) and the checks packed as MessagePack.
+pub fn batch_arguments<'a, C: Into<Commit>>(
+    checks: impl ExactSizeIterator<Item = (C, &'a [Item])>,
+    now: Option<Micros>,
+) -> (Vec<&'a str>, Vec<Vec<u8>>) {
+    let (keys, packed) = batch_keys_and_checks(checks);
+    (
+        keys,
+        vec![now.unwrap_or(0).to_string().into_bytes(), packed],
+    )
+}
+
+/// Reads a script reply `{allowed, limit, remaining, reset_after_us, retry_after_us}`.
+pub fn parse_reply(value: &Value) -> Result<Decision, String> {
+    let Value::Array(fields) = value else {
+        return Err(format!("unexpected script reply: {value:?}"));
+    };
+    parse_fields(fields)
+}
+
+/// Reads one check's entry of a batch reply: five figures per item, one decision per item.
+pub fn parse_check_reply(value: &Value, items: usize) -> Result<Vec<Decision>, String> {
+    let Value::Array(fields) = value else {
+        return Err(format!("unexpected check reply: {value:?}"));
+    };
+    if fields.len() != 5 * items {
+        return Err(format!(
+            "check reply has {} figures for {items} items",
+            fields.len()
+        ));
+    }
+    parse_figures(fields)
+}
+
+/// Reads the reply of a [`ScriptCalls::group_call`]: one decision per key.
+pub fn parse_group_reply(value: &Value, keys: usize) -> Result<Vec<Decision>, String> {
+    let Value::Array(flat) = value else {
+        return Err(format!("unexpected group reply: {value:?}"));
+    };
+    match split_batch_reply(flat, [keys])?.as_slice() {
+        [Ok(figures)] => parse_figures(figures),
+        [Err(error)] => Err(format!("the group's check failed: {error:?}")),
+        _ => Err("unexpected group reply".to_owned()),
+    }
+}
