@@ -211,6 +211,8 @@ async fn verify_hostname_false_checks_the_chain_but_not_the_name() {
 
 #[test]
 fn config_check_validates_tls_like_serve() {
+    // A password no temp dir name can contain (a bare "pw" matched `/tmp/.tmpwxn...`).
+    const SECRET: &str = "s3cret-pass-9Q";
     let pki = TestPki::generate();
     let dir = tempfile::tempdir().expect("tempdir");
     let policies = dir.path().join("policies.yaml");
@@ -229,9 +231,13 @@ fn config_check_validates_tls_like_serve() {
     };
     let ca = pki.path("ca.pem").display().to_string();
     let ok = check(&format!(
-        "url = \"rediss://:pw@redis.example:6380\"\ntls = {{ ca_file = {ca:?} }}"
+        "url = \"rediss://:{SECRET}@redis.example:6380\"\ntls = {{ ca_file = {ca:?} }}"
     ));
     assert_eq!(ok.code, Some(0), "{ok:?}");
+    assert!(
+        !ok.stdout.contains(SECRET) && !ok.stderr.contains(SECRET),
+        "{ok:?}"
+    );
     for (redis, says) in [
         (
             "url = \"rediss://h:6380\"\ntls = { ca_file = \"/nonexistent/ca.pem\" }",
@@ -266,6 +272,6 @@ fn config_check_validates_tls_like_serve() {
         let out = check(redis);
         assert_eq!(out.code, Some(64), "{redis}: {out:?}");
         assert!(out.stderr.contains(says), "{redis}: {out:?}");
-        assert!(!out.stderr.contains("pw"), "{out:?}");
+        assert!(!out.stderr.contains(SECRET), "{out:?}");
     }
 }
