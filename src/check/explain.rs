@@ -112,12 +112,11 @@ impl CheckService {
             ..request.clone()
         };
         let policies = self.policies();
-        let planned = self.plan(&policies, &request).await?;
-        let facts: Vec<_> = planned
-            .iter()
-            .map(|p| (p.policy.name().to_owned(), p.tier.clone(), p.check.cost))
-            .collect();
-        let locals: Vec<(Arc<Policy>, StoreCheck)> = planned
+        let mut plan = self.plan(&policies, &request).await?;
+        // Each part's cost (its check moves into the verdict).
+        let costs: Vec<u64> = plan.checks.iter().map(|c| c.cost).collect();
+        let locals: Vec<(Arc<Policy>, StoreCheck)> = plan
+            .parts
             .iter()
             .filter_map(|p| Some((Arc::clone(&p.policy), p.local.clone()?)))
             .collect();
@@ -128,7 +127,7 @@ impl CheckService {
             }
             _ => Vec::new(),
         };
-        let verdict = self.ask_store(true, planned).await;
+        let verdict = self.ask_store(true, &mut plan).await;
         let explained = policies
             .iter()
             .map(|policy| {
@@ -141,11 +140,8 @@ impl CheckService {
                         ..PolicyExplanation::default()
                     };
                 };
-                let (_, tier, cost) = facts
-                    .iter()
-                    .find(|(name, _, _)| name == policy.name())
-                    .cloned()
-                    .unwrap_or_default();
+                let tier = plan.parts.get(decided.part).and_then(|p| p.tier.clone());
+                let cost = costs.get(decided.part).copied().unwrap_or_default();
                 let d = &decided.decision;
                 let local_limit = locals
                     .iter()

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use super::plan::Planned;
+use super::plan::Plan;
 use super::verdict::{self, Mode, PolicyDecision, Verdict};
 use super::CheckService;
 use crate::store::StoreCheck;
@@ -17,10 +17,11 @@ use crate::store::StoreCheck;
 impl CheckService {
     /// A denial when a local limit of an enforced policy has no room for the request; `None`
     /// (after spending from every bucket, unless `dry_run`) when all have room. Takes the
-    /// local checks out of `planned`.
-    pub(super) fn local_limit(&self, planned: &mut [Planned], dry_run: bool) -> Option<Verdict> {
+    /// local checks out of `plan`'s parts.
+    pub(super) fn local_limit(&self, plan: &mut Plan, dry_run: bool) -> Option<Verdict> {
         let buckets = self.local_limits.as_ref()?;
-        let (owners, checks): (Vec<usize>, Vec<StoreCheck>) = planned
+        let (owners, checks): (Vec<usize>, Vec<StoreCheck>) = plan
+            .parts
             .iter_mut()
             .enumerate()
             .filter_map(|(index, part)| Some((index, part.local.take()?)))
@@ -38,12 +39,13 @@ impl CheckService {
             .zip(decisions)
             .filter(|(_, decision)| !decision.allowed)
             .map(|((owner, check), decision)| PolicyDecision {
-                policy: Arc::clone(&planned[owner].policy),
+                policy: Arc::clone(&plan.parts[owner].policy),
                 window_us: check.algorithm.window_us(),
                 key: check.key,
                 decision,
                 mode: Mode::LocalLimit,
                 window: None,
+                part: owner,
             })
             .collect();
         Some(verdict::decide(denied))

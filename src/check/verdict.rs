@@ -65,6 +65,8 @@ pub struct PolicyDecision {
     /// Which window of the policy's quota this is (its index in `limits`), for a policy of
     /// several windows; `None` for a policy of one (and for its local limit).
     pub window: Option<usize>,
+    /// Its part's index in the plan it was decided from ([`Plan`](super::Plan)).
+    pub part: usize,
 }
 
 /// The answer to a check.
