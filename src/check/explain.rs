@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::request::{validate, CheckError, CheckRequest};
-use super::verdict::{self, PolicyDecision};
+use super::verdict::{self, Mode, PolicyDecision};
 use super::{CheckService, Outcome};
 use crate::config::HumanDuration;
 use crate::limit::{Decision, Descriptors, Policy};
@@ -47,7 +47,7 @@ pub struct PolicyExplanation {
     pub cost: Option<u64>,
     /// `enforced`, `shadow` (also a partition outside the rollout), or a failure mode.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub mode: Option<&'static str>,
+    pub mode: Option<Mode>,
     /// Whether it would allow the request now.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allowed: Option<bool>,
@@ -161,7 +161,7 @@ impl CheckService {
                     partition: Some(decided.key.partition().to_owned()),
                     tier,
                     cost: Some(cost),
-                    mode: Some(decided.mode.as_str()),
+                    mode: Some(decided.mode),
                     allowed: Some(d.allowed),
                     limit: Some(d.limit),
                     remaining: Some(d.remaining),

@@ -9,6 +9,7 @@ mod degrade;
 mod explain;
 mod group;
 mod hot_keys;
+mod labels;
 mod local_limit;
 mod plan;
 mod report;
@@ -27,8 +28,8 @@ pub use degrade::LocalShare;
 pub use explain::{Explanation, PolicyExplanation};
 pub use group::{GroupItem, GroupVerdict};
 pub use hot_keys::HotKeys;
+pub use labels::{DecisionOutcome, ReportOutcome};
 pub use plan::{Part, Plan, TENANT_DESCRIPTOR};
-pub use report::REPORT_OUTCOMES;
 pub use request::{CheckError, CheckRequest, MAX_DESCRIPTOR_NAME};
 pub use top::{TopDenied, TopEntry, TopList, MAX_POLICIES, TOP_CAPACITY};
 pub use top_sketch::{SpaceSaving, MAX_LABEL};
@@ -39,20 +40,6 @@ use crate::limit::PolicySet;
 use crate::store::{MemoryStore, RateStore, StoreError};
 use crate::telemetry::Metrics;
 use crate::tenants::TenantTiers;
-
-/// Every value of the `outcome` label of `sluice_decisions_total`. `local_allowed` and
-/// `local_denied` are the `local` failure mode's (the store could not answer); a policy's
-/// `local_limit` denies as `local_limit_denied` (the store was not asked).
-pub const OUTCOMES: [&str; 8] = [
-    "allowed",
-    "denied",
-    "shadow_denied",
-    "fail_open",
-    "fail_closed",
-    "local_allowed",
-    "local_denied",
-    "local_limit_denied",
-];
 
 /// Answers checks against a policy set and a store.
 pub struct CheckService {
@@ -145,17 +132,18 @@ impl CheckService {
         // Every policy's outcome series exists from the start, so rate() sees the first one.
         unmatched::Unmatched::register(&self.metrics);
         for policy in policies.iter() {
-            for outcome in OUTCOMES {
+            for outcome in DecisionOutcome::ALL.into_iter().filter(|o| o.has_policy()) {
                 self.metrics
                     .decisions
-                    .with_label_values(&[policy.name(), outcome]);
+                    .with_label_values(&[policy.name(), outcome.as_str()]);
             }
             self.metrics
                 .local_layer_hits
                 .with_label_values(&[policy.name()]);
             self.counter_resets.with_label_values(&[policy.name()]);
-            for outcome in REPORT_OUTCOMES {
-                self.reports.with_label_values(&[policy.name(), outcome]);
+            for outcome in ReportOutcome::ALL {
+                self.reports
+                    .with_label_values(&[policy.name(), outcome.as_str()]);
             }
         }
         self.top.replace_policies(&policies);
@@ -339,31 +327,17 @@ impl CheckService {
     /// that decided for it).
     fn record(&self, verdict: &Verdict) {
         for part in verdict::per_policy(&verdict.evaluated) {
-            let outcome = match (part.mode, part.decision.allowed) {
-                (Mode::FailOpen, _) => "fail_open",
-                (Mode::FailClosed, _) => "fail_closed",
-                (Mode::Local, true) => "local_allowed",
-                (Mode::Local, false) => {
-                    self.note_denied(part);
-                    "local_denied"
-                }
-                (Mode::LocalLimit, _) => {
-                    self.note_denied(part);
-                    "local_limit_denied"
-                }
-                (Mode::Enforced, false) => {
-                    self.note_denied(part);
-                    "denied"
-                }
-                (Mode::Shadow, false) => {
-                    self.shadow_log.would_block(part);
-                    "shadow_denied"
-                }
-                (_, true) => "allowed",
-            };
+            let outcome = DecisionOutcome::of(part.mode, part.decision.allowed);
+            match outcome {
+                DecisionOutcome::Denied
+                | DecisionOutcome::LocalDenied
+                | DecisionOutcome::LocalLimitDenied => self.note_denied(part),
+                DecisionOutcome::ShadowDenied => self.shadow_log.would_block(part),
+                _ => {}
+            }
             self.metrics
                 .decisions
-                .with_label_values(&[part.policy.name(), outcome])
+                .with_label_values(&[part.policy.name(), outcome.as_str()])
                 .inc();
         }
     }

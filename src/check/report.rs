@@ -14,15 +14,9 @@ use prometheus::{IntCounterVec, Opts};
 use super::plan::{self, Plan};
 use super::request::{CheckError, CheckRequest};
 use super::verdict::{self, Mode, PolicyDecision, Verdict};
-use super::CheckService;
+use super::{CheckService, ReportOutcome};
 use crate::limit::{Decision, FailureMode};
 use crate::store::StoreCheck;
-
-/// Every value of the `outcome` label of `sluice_reports_total`: `within` (the limit held it),
-/// `over` (spent past the limit: the next check is denied), `local` (spent in this pod's share:
-/// the store could not answer), `lost` (a fail-open policy's, the store could not answer) and
-/// `refused` (a fail-closed policy's: 503).
-pub const REPORT_OUTCOMES: [&str; 5] = ["within", "over", "local", "lost", "refused"];
 
 impl CheckService {
     /// Spends `request`'s cost on every policy it matches, whatever their counters hold; the
@@ -47,15 +41,9 @@ impl CheckService {
         }
         let verdict = verdict::decide(self.spend_regardless(plan).await);
         for part in verdict::per_policy(&verdict.evaluated) {
-            let outcome = match (part.mode, part.decision.allowed) {
-                (Mode::FailOpen, _) => "lost",
-                (Mode::FailClosed, _) => "refused",
-                (Mode::Local, _) => "local",
-                (_, true) => "within",
-                (_, false) => "over",
-            };
+            let outcome = ReportOutcome::of(part.mode, part.decision.allowed);
             self.reports
-                .with_label_values(&[part.policy.name(), outcome])
+                .with_label_values(&[part.policy.name(), outcome.as_str()])
                 .inc();
         }
         Ok(verdict)

@@ -4,9 +4,8 @@ use std::sync::Arc;
 
 use crate::limit::{Decision, Key, Micros, Policy};
 
-/// How a policy's decision was reached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
+/// How a policy's decision was reached. Serialised as its name ([`Mode::as_str`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// By the store, and it counts.
     Enforced,
@@ -24,7 +23,17 @@ pub enum Mode {
 }
 
 impl Mode {
-    /// The name used in answers.
+    /// Every mode.
+    pub const ALL: [Self; 6] = [
+        Self::Enforced,
+        Self::Shadow,
+        Self::FailOpen,
+        Self::Local,
+        Self::FailClosed,
+        Self::LocalLimit,
+    ];
+
+    /// The name used in answers, logs and spans.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Enforced => "enforced",
@@ -34,6 +43,12 @@ impl Mode {
             Self::FailClosed => "fail_closed",
             Self::LocalLimit => "local_limit",
         }
+    }
+}
+
+impl serde::Serialize for Mode {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
     }
 }
 
@@ -146,5 +161,29 @@ pub fn decide(evaluated: Vec<PolicyDecision>) -> Verdict {
         outcome,
         deciding_index: deciding,
         evaluated,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Mode;
+
+    /// The names answers carry (the wire contract), the same in JSON.
+    #[test]
+    fn modes_are_named_as_on_the_wire() {
+        let names = [
+            "enforced",
+            "shadow",
+            "fail_open",
+            "local",
+            "fail_closed",
+            "local_limit",
+        ];
+        assert_eq!(Mode::ALL.map(Mode::as_str), names);
+        let json = serde_json::to_string(&Mode::ALL).expect("serialises");
+        assert_eq!(
+            json,
+            r#"["enforced","shadow","fail_open","local","fail_closed","local_limit"]"#
+        );
     }
 }

@@ -134,7 +134,7 @@ pub struct CheckReply<'a> {
     pub retry_after_ms: u64,
     /// `enforced`, `shadow`, `fail_open`, `local`, `local_limit` (denied by the policy's
     /// per-pod local limit) or `fail_closed` (on a 503).
-    pub mode: &'static str,
+    pub mode: Mode,
     /// `rate_limit` on a 429, `limiter_unavailable` on a 503.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<&'static str>,
@@ -191,7 +191,7 @@ impl<'a> CheckReply<'a> {
                 remaining: None,
                 reset_after_ms: 0,
                 retry_after_ms: 0,
-                mode: Mode::Enforced.as_str(),
+                mode: Mode::Enforced,
                 error,
                 retry_after_sec,
             },
@@ -208,7 +208,7 @@ impl<'a> CheckReply<'a> {
                 } else {
                     ceil_div(part.decision.retry_after_us, 1_000)
                 },
-                mode: part.mode.as_str(),
+                mode: part.mode,
                 error,
                 retry_after_sec,
             },

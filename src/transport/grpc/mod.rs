@@ -6,6 +6,7 @@
 //! stream's request read whole and checked before tonic decodes it ([`stream`], [`decode`]).
 
 mod answer;
+mod code;
 pub mod connection;
 pub mod decode;
 pub mod proto;
@@ -25,6 +26,8 @@ use proto::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+
+pub use code::GrpcCode;
 
 use super::{traced, Transport};
 
@@ -53,11 +56,11 @@ impl Rls {
         }
     }
 
-    fn count(&self, code: &str, started: Instant) {
+    fn count(&self, code: GrpcCode, started: Instant) {
         self.duration.observe(started.elapsed().as_secs_f64());
         self.metrics
             .responses
-            .with_label_values(&[Transport::Grpc.as_str(), code])
+            .with_label_values(&[Transport::Grpc.as_str(), code.as_str()])
             .inc();
     }
 }
@@ -79,8 +82,8 @@ impl RateLimitService for Rls {
         let items = match question::items(&request, self.service.limits()) {
             Ok(items) => items,
             Err(reason) => {
-                traced::refused(span, "invalid_argument");
-                self.count("invalid_argument", started);
+                traced::refused(span, GrpcCode::InvalidArgument.as_str());
+                self.count(GrpcCode::InvalidArgument, started);
                 return Err(Status::invalid_argument(reason));
             }
         };
@@ -88,17 +91,12 @@ impl RateLimitService for Rls {
             Ok(verdict) => {
                 traced::verdict(span, &verdict.overall);
                 let response = answer::response(&verdict, self.with_headers);
-                let code = if response.overall_code == 1 {
-                    "ok"
-                } else {
-                    "over_limit"
-                };
-                self.count(code, started);
+                self.count(GrpcCode::of_response(&response), started);
                 Ok(Response::new(response))
             }
             Err(error) => {
                 traced::check_error(span, &error);
-                self.count("invalid_argument", started);
+                self.count(GrpcCode::InvalidArgument, started);
                 Err(Status::invalid_argument(error.to_string()))
             }
         }
