@@ -37,7 +37,7 @@ pub use verdict::{Mode, Outcome, PolicyDecision, Verdict};
 
 use crate::config::RequestLimits;
 use crate::limit::PolicySet;
-use crate::store::{MemoryStore, RateStore, StoreError};
+use crate::store::{Circuit, MemoryStore, RateStore, StoreError};
 use crate::telemetry::Metrics;
 use crate::tenants::TenantTiers;
 
@@ -158,8 +158,8 @@ impl CheckService {
         self.store.name()
     }
 
-    /// The store's health, for a remote store.
-    pub fn store_health(&self) -> Option<&'static str> {
+    /// The store's circuit, for a remote store.
+    pub fn store_health(&self) -> Option<Circuit> {
         self.store.health()
     }
 

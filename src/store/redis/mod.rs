@@ -371,7 +371,7 @@ impl RateStore for RedisStore {
         "redis"
     }
 
-    fn health(&self) -> Option<&'static str> {
-        Some(self.health.circuit().as_str())
+    fn health(&self) -> Option<Circuit> {
+        Some(self.health.circuit())
     }
 }

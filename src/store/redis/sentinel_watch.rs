@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 
 use super::access::Access;
 use super::conn::{mask_password, node_client, SentinelTarget};
-use super::health::Health;
+use super::health::{CircuitReason, Health};
 
 /// Watches until the store is dropped (`health` is then the last reference).
 pub async fn watch(target: SentinelTarget, access: Access, health: Arc<Health>) {
@@ -45,7 +45,7 @@ async fn listen(
         // "<master name> <old ip> <old port> <new ip> <new port>"
         if payload.split_whitespace().next() == Some(master) {
             tracing::warn!(announcement = %payload, "Sentinel switched the primary; reconnecting");
-            health.open("failover");
+            health.open(CircuitReason::Failover);
         }
     }
     Ok(())
