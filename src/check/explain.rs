@@ -9,8 +9,7 @@ use serde::Serialize;
 use super::request::{validate, CheckError, CheckRequest};
 use super::verdict::{self, Mode, PolicyDecision};
 use super::{CheckService, Outcome};
-use crate::config::HumanDuration;
-use crate::limit::{Decision, Descriptors, Policy};
+use crate::limit::{period_name, Decision, Descriptors, Policy};
 use crate::store::StoreCheck;
 
 /// The explanation of one request.
@@ -94,7 +93,7 @@ impl StateExplanation {
     fn new(window: Option<usize>, period_us: u64, d: &Decision) -> Self {
         Self {
             window,
-            period: HumanDuration(period_us).to_string(),
+            period: period_name(period_us).to_string(),
             allowed: d.allowed,
             limit: d.limit,
             remaining: d.remaining,

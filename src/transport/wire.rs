@@ -11,8 +11,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use crate::check::{CheckError, CheckRequest, Mode, Outcome, PolicyDecision, Verdict};
-use crate::config::HumanDuration;
-use crate::limit::{Descriptors, Micros};
+use crate::limit::{period_name, Descriptors, Micros};
 
 /// `POST /v1/check` body.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -294,7 +293,7 @@ impl std::fmt::Display for ItemName<'_> {
         let name = part.policy.name();
         match (part.mode, part.key.window()) {
             (Mode::LocalLimit, _) => write!(f, "{name}/local"),
-            (_, Some(period_us)) => write!(f, "{name}/{}", HumanDuration(period_us)),
+            (_, Some(period_us)) => write!(f, "{name}/{}", period_name(period_us)),
             (_, None) => f.write_str(name),
         }
     }

@@ -10,8 +10,7 @@
 //! [`MAX_PARTITION_BYTES`] are replaced by `#` and their SHA-1, bounding memory per key; `#`
 //! cannot start an escaped value.
 
-use crate::config::HumanDuration;
-use crate::limit::Key;
+use crate::limit::{period_name, Key};
 
 /// Longest partition stored as is; longer ones are hashed.
 pub const MAX_PARTITION_BYTES: usize = 128;
@@ -23,10 +22,7 @@ pub fn redis_key(prefix: &str, key: &Key) -> String {
     match (partition.len() > MAX_PARTITION_BYTES, key.window()) {
         (false, None) => format!("{prefix}:{{{policy}:{partition}}}"),
         (false, Some(period)) => {
-            format!(
-                "{prefix}:{{{policy}:{partition}}}:{}",
-                HumanDuration(period)
-            )
+            format!("{prefix}:{{{policy}:{partition}}}:{}", period_name(period))
         }
         (true, window) => {
             let digest = sha1_smol::Sha1::from(partition.as_bytes())
@@ -35,7 +31,7 @@ pub fn redis_key(prefix: &str, key: &Key) -> String {
             match window {
                 None => format!("{prefix}:{{{policy}:#{digest}}}"),
                 Some(period) => {
-                    format!("{prefix}:{{{policy}:#{digest}}}:{}", HumanDuration(period))
+                    format!("{prefix}:{{{policy}:#{digest}}}:{}", period_name(period))
                 }
             }
         }
