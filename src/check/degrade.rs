@@ -76,7 +76,7 @@ impl LocalShare {
         // Each part's decision in the local group, by its index in the plan.
         let mut local: Vec<Option<(Decision, Micros)>> = vec![None; plan.parts.len()];
         for ((at, shared), decision) in owners.into_iter().zip(&shared).zip(decisions) {
-            local[at] = Some((decision, shared.algorithm.window_us()));
+            local[at] = Some((decision, shared.algorithm.advertised_us()));
         }
         std::mem::take(&mut plan.checks)
             .into_iter()
@@ -91,14 +91,16 @@ impl LocalShare {
                     reset_after_us: 0,
                     retry_after_us: 0,
                 };
-                let window_us = check.algorithm.window_us();
-                let (decision, mode, window_us) = match (part.policy.failure_mode(), local) {
-                    (FailureMode::Open, _) => (fallback(true), Mode::FailOpen, window_us),
-                    (FailureMode::Closed, _) => (fallback(false), Mode::FailClosed, window_us),
+                let advertised_us = check.algorithm.advertised_us();
+                let (decision, mode, advertised_us) = match (part.policy.failure_mode(), local) {
+                    (FailureMode::Open, _) => (fallback(true), Mode::FailOpen, advertised_us),
+                    (FailureMode::Closed, _) => (fallback(false), Mode::FailClosed, advertised_us),
                     (FailureMode::Local, Some((decision, shared_us))) => {
                         (decision, Mode::Local, shared_us)
                     }
-                    (FailureMode::Local, None) => (fallback(false), Mode::FailClosed, window_us),
+                    (FailureMode::Local, None) => {
+                        (fallback(false), Mode::FailClosed, advertised_us)
+                    }
                 };
                 let (decision, mode) = if check.enforce {
                     (decision, mode)
@@ -116,8 +118,8 @@ impl LocalShare {
                     key: check.key,
                     decision,
                     mode,
-                    window_us,
-                    window: part.window,
+                    advertised_us,
+                    window_index: part.window_index,
                     part: at,
                 }
             })

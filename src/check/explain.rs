@@ -165,7 +165,7 @@ impl CheckService {
                     limit: Some(d.limit),
                     remaining: Some(d.remaining),
                     retry_after_ms: Some(d.retry_after_us.div_ceil(1_000)),
-                    window: decided.window,
+                    window: decided.window_index,
                     windows: windows_of(&verdict.evaluated, policy),
                     local_limit,
                 }
@@ -182,7 +182,7 @@ impl CheckService {
             (None, deciding) => (
                 verdict.outcome,
                 deciding.map(|d| d.policy.name()),
-                deciding.and_then(|d| d.window),
+                deciding.and_then(|d| d.window_index),
             ),
         };
         Ok(Explanation {
@@ -204,8 +204,12 @@ fn windows_of(evaluated: &[PolicyDecision], policy: &Arc<Policy>) -> Vec<StateEx
         .iter()
         .filter(|d| Arc::ptr_eq(&d.policy, policy))
         .filter_map(|d| {
-            let period_us = d.key.window()?;
-            Some(StateExplanation::new(d.window, period_us, &d.decision))
+            let period_us = d.key.period_us()?;
+            Some(StateExplanation::new(
+                d.window_index,
+                period_us,
+                &d.decision,
+            ))
         })
         .collect()
 }

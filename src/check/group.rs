@@ -99,7 +99,7 @@ impl CheckService {
                 part.item = index;
                 if let Some(quota) = item.quota_override {
                     // The override replaces the whole quota: one window, no local limit.
-                    if part.window.is_some_and(|window| window > 0) {
+                    if part.window_index.is_some_and(|window| window > 0) {
                         continue;
                     }
                     override_quota(&mut part, &mut check, quota, &item.request)?;
@@ -239,8 +239,8 @@ fn fixed_answer(part: &Part, check: &StoreCheck, probe: bool, at: usize) -> Opti
             retry_after_us: if allowed { 0 } else { NEVER },
         },
         mode,
-        window_us: check.algorithm.window_us(),
-        window: part.window,
+        advertised_us: check.algorithm.advertised_us(),
+        window_index: part.window_index,
         part: at,
     })
 }
@@ -320,7 +320,7 @@ fn override_quota(
     };
     check.algorithm = quota;
     part.tier = None;
-    part.window = None;
+    part.window_index = None;
     part.local = None;
     Ok(())
 }

@@ -40,11 +40,11 @@ impl CheckService {
             .filter(|(_, decision)| !decision.allowed)
             .map(|((owner, check), decision)| PolicyDecision {
                 policy: Arc::clone(&plan.parts[owner].policy),
-                window_us: check.algorithm.window_us(),
+                advertised_us: check.algorithm.advertised_us(),
                 key: check.key,
                 decision,
                 mode: Mode::LocalLimit,
-                window: None,
+                window_index: None,
                 part: owner,
             })
             .collect();

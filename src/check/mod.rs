@@ -262,11 +262,11 @@ impl CheckService {
                         } else {
                             Mode::Shadow
                         },
-                        window_us: check.algorithm.window_us(),
+                        advertised_us: check.algorithm.advertised_us(),
                         policy: Arc::clone(&part.policy),
                         key: check.key,
                         decision,
-                        window: part.window,
+                        window_index: part.window_index,
                         part: at,
                     }
                 })
@@ -314,8 +314,8 @@ impl CheckService {
                     key: check.key.clone(),
                     decision,
                     mode: Mode::Enforced,
-                    window_us: check.algorithm.window_us(),
-                    window: part.window,
+                    advertised_us: check.algorithm.advertised_us(),
+                    window_index: part.window_index,
                     part: at,
                 })
             })

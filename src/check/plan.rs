@@ -39,7 +39,7 @@ pub struct Part {
     /// The tier whose quota applies, if the policy has tiers and the request is in a listed one.
     pub tier: Option<String>,
     /// Which window of the policy's quota this is (its index), when the policy has several.
-    pub window: Option<usize>,
+    pub window_index: Option<usize>,
     /// The policy's local limit, checked in this pod before the store; carried by the first
     /// window of an enforced partition only.
     pub local: Option<StoreCheck>,
@@ -192,11 +192,11 @@ pub(crate) async fn plan_selected(
             cost,
             enforce,
         });
-        let mut push = |key, algorithm: &Algorithm, window, local| {
+        let mut push = |key, algorithm: &Algorithm, window_index, local| {
             let part = Part {
                 policy: Arc::clone(&policy),
                 tier: tier.map(str::to_owned),
-                window,
+                window_index,
                 local,
                 item: 0,
             };

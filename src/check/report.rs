@@ -106,12 +106,12 @@ impl CheckService {
             .zip(decisions)
             .enumerate()
             .map(|(at, ((part, check), (decision, mode)))| PolicyDecision {
-                window_us: check.algorithm.window_us(),
+                advertised_us: check.algorithm.advertised_us(),
                 policy: part.policy,
                 key: check.key,
                 decision,
                 mode,
-                window: part.window,
+                window_index: part.window_index,
                 part: at,
             })
             .collect()

@@ -74,12 +74,13 @@ pub struct PolicyDecision {
     pub decision: Decision,
     /// How it was reached.
     pub mode: Mode,
-    /// The window of the quota, for `RateLimit-Policy` (for a token bucket: the time to refill
-    /// from empty, so `limit` per window is exactly the refill rate).
-    pub window_us: Micros,
+    /// The advertised length in which `limit` units fit, for `RateLimit-Policy` (the period; for
+    /// a token bucket the time to refill from empty, so `limit` per length is exactly the refill
+    /// rate). See [`Algorithm::advertised_us`](crate::limit::Algorithm::advertised_us).
+    pub advertised_us: Micros,
     /// Which window of the policy's quota this is (its index in `limits`), for a policy of
     /// several windows; `None` for a policy of one (and for its local limit).
-    pub window: Option<usize>,
+    pub window_index: Option<usize>,
     /// Its part's index in the plan it was decided from ([`Plan`](super::Plan)).
     pub part: usize,
 }

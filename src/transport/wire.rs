@@ -197,7 +197,7 @@ impl<'a> CheckReply<'a> {
             Some(part) => Self {
                 allowed: verdict.outcome == Outcome::Allowed,
                 policy: Some(part.policy.name()),
-                window: part.window,
+                window: part.window_index,
                 limit: Some(part.decision.limit),
                 remaining: Some(part.decision.remaining),
                 reset_after_ms: ceil_div(part.decision.reset_after_us, 1_000),
@@ -253,7 +253,7 @@ pub fn headers(verdict: &Verdict) -> HeaderMap {
     let same_counter = |p: &&PolicyDecision| {
         Arc::ptr_eq(&p.policy, &part.policy) && p.key.partition() == part.key.partition()
     };
-    for window in verdict
+    for item in verdict
         .evaluated
         .iter()
         .filter(same_counter)
@@ -262,12 +262,13 @@ pub fn headers(verdict: &Verdict) -> HeaderMap {
         if !policy.is_empty() {
             policy.push_str(", ");
         }
-        let window_sec = ceil_div(window.window_us, 1_000_000).max(1);
+        // `w`: the advertised length, in seconds.
+        let advertised_sec = ceil_div(item.advertised_us, 1_000_000).max(1);
         let _ = write!(
             policy,
-            "\"{}\";q={};w={window_sec}",
-            ItemName(window),
-            window.decision.limit
+            "\"{}\";q={};w={advertised_sec}",
+            ItemName(item),
+            item.decision.limit
         );
     }
     put("ratelimit-policy", policy);
@@ -291,7 +292,7 @@ impl std::fmt::Display for ItemName<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let part = self.0;
         let name = part.policy.name();
-        match (part.mode, part.key.window()) {
+        match (part.mode, part.key.period_us()) {
             (Mode::LocalLimit, _) => write!(f, "{name}/local"),
             (_, Some(period_us)) => write!(f, "{name}/{}", period_name(period_us)),
             (_, None) => f.write_str(name),

@@ -19,16 +19,16 @@ pub const MAX_PARTITION_BYTES: usize = 128;
 pub fn redis_key(prefix: &str, key: &Key) -> String {
     let partition = key.partition();
     let policy = key.policy();
-    match (partition.len() > MAX_PARTITION_BYTES, key.window()) {
+    match (partition.len() > MAX_PARTITION_BYTES, key.period_us()) {
         (false, None) => format!("{prefix}:{{{policy}:{partition}}}"),
         (false, Some(period)) => {
             format!("{prefix}:{{{policy}:{partition}}}:{}", period_name(period))
         }
-        (true, window) => {
+        (true, period_us) => {
             let digest = sha1_smol::Sha1::from(partition.as_bytes())
                 .digest()
                 .to_string();
-            match window {
+            match period_us {
                 None => format!("{prefix}:{{{policy}:#{digest}}}"),
                 Some(period) => {
                     format!("{prefix}:{{{policy}:#{digest}}}:{}", period_name(period))
