@@ -16,7 +16,7 @@ use crate::store::StoreCheck;
 #[derive(Debug, Clone, Serialize)]
 pub struct Explanation {
     /// `allowed`, `denied` or `unavailable`: what the check would answer now.
-    pub outcome: &'static str,
+    pub outcome: Outcome,
     /// The policy that would decide.
     pub deciding: Option<String>,
     /// The window of the deciding policy that would decide, when it has several.
@@ -186,11 +186,7 @@ impl CheckService {
             ),
         };
         Ok(Explanation {
-            outcome: match outcome {
-                Outcome::Allowed => "allowed",
-                Outcome::Denied => "denied",
-                Outcome::Unavailable => "unavailable",
-            },
+            outcome,
             deciding: deciding.map(str::to_owned),
             window,
             policies: explained,

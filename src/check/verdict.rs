@@ -46,13 +46,7 @@ impl Mode {
     }
 }
 
-impl serde::Serialize for Mode {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(self.as_str())
-    }
-}
-
-/// The overall answer.
+/// The overall answer. Serialised as its name ([`Outcome::as_str`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     /// Go ahead (200).
@@ -62,6 +56,30 @@ pub enum Outcome {
     /// A fail-closed policy could not be checked (503).
     Unavailable,
 }
+
+impl Outcome {
+    /// The name used in answers and spans.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Allowed => "allowed",
+            Self::Denied => "denied",
+            Self::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// Serialises each of these types as its `as_str` name, so each has one list of names.
+macro_rules! serialize_as_name {
+    ($($name:ty),+) => {$(
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.as_str())
+            }
+        }
+    )+};
+}
+
+serialize_as_name!(Mode, Outcome);
 
 /// One policy's part in a verdict.
 #[derive(Debug, Clone)]
@@ -167,7 +185,7 @@ pub fn decide(evaluated: Vec<PolicyDecision>) -> Verdict {
 
 #[cfg(test)]
 mod tests {
-    use super::Mode;
+    use super::{Mode, Outcome};
 
     /// The names answers carry (the wire contract), the same in JSON.
     #[test]
@@ -186,5 +204,12 @@ mod tests {
             json,
             r#"["enforced","shadow","fail_open","local","fail_closed","local_limit"]"#
         );
+    }
+
+    #[test]
+    fn outcomes_are_named_as_on_the_wire() {
+        let all = [Outcome::Allowed, Outcome::Denied, Outcome::Unavailable];
+        let json = serde_json::to_string(&all).expect("serialises");
+        assert_eq!(json, r#"["allowed","denied","unavailable"]"#);
     }
 }
