@@ -26,13 +26,15 @@ pub const LATENCY_BUCKETS: [f64; 14] = [
 #[derive(Clone)]
 pub struct Metrics {
     registry: Registry,
-    /// Decisions by policy and outcome (allowed, denied, shadow_denied, fail_open, fail_closed,
-    /// local_allowed, local_denied).
+    /// Decisions by policy and outcome (`check::DecisionOutcome::ALL`): `allowed`, `denied`,
+    /// `shadow_denied`, `fail_open`, `fail_closed`, `local_allowed`, `local_denied`,
+    /// `local_limit_denied`, and `unmatched` (with an empty policy).
     pub decisions: IntCounterVec,
     /// Time to answer a check request, by transport (tcp, uds).
     pub check_duration: HistogramVec,
-    /// Check API responses by transport and status code (gRPC: `ok`, `over_limit`,
-    /// `invalid_argument`).
+    /// Check API responses by transport and status code (HTTP: the status; gRPC:
+    /// `transport::grpc::GrpcCode::ALL`, `ok`, `over_limit`, `invalid_argument`,
+    /// `deadline_exceeded`, `resource_exhausted`, `cancelled`).
     pub responses: IntCounterVec,
     /// Keys held by the embedded store.
     pub memory_keys: IntGauge,
@@ -200,4 +202,35 @@ pub fn init_tracing(settings: &LogSettings) {
         LogFormat::Text => builder.fmt_fields(crate::logging::text_fields()).try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
+}
+
+/// The doc comment of the [`Metrics`] field `field`, as written here: tests hold it to the label
+/// sets it lists.
+#[cfg(test)]
+pub(crate) fn field_doc(field: &str) -> String {
+    let source = include_str!("telemetry.rs");
+    let at = source
+        .find(&format!("pub {field}: "))
+        .unwrap_or_else(|| panic!("no field `{field}` in telemetry.rs"));
+    let mut lines: Vec<&str> = source[..at]
+        .lines()
+        .rev()
+        .skip(1)
+        .take_while(|line| line.trim_start().starts_with("///"))
+        .collect();
+    lines.reverse();
+    lines.join("\n")
+}
+
+/// Asserts that `field`'s doc comment names every one of `labels` (in backticks).
+#[cfg(test)]
+pub(crate) fn assert_doc_lists(field: &str, labels: impl IntoIterator<Item = &'static str>) {
+    let doc = field_doc(field);
+    for label in labels {
+        let label = format!("`{label}`");
+        assert!(
+            doc.contains(&label),
+            "{label} missing from `{field}`'s doc: {doc}"
+        );
+    }
 }

@@ -13,7 +13,7 @@ use std::fmt::Display;
 use prometheus::{IntCounterVec, Opts};
 use serde::Serialize;
 
-use super::plan::Planned;
+use super::plan::{Part, Plan};
 use super::request::{CheckError, CheckRequest};
 use super::CheckService;
 use crate::limit::Descriptors;
@@ -125,16 +125,17 @@ pub struct ResetReport {
 impl CheckService {
     /// The counters `query` names, in its policy's terms; nothing is written.
     pub async fn counter(&self, query: &CounterQuery) -> Result<CounterState, CounterError> {
-        let parts = self.plan_counter(query).await?;
+        let plan = self.plan_counter(query).await?;
         // Per counter, two reads in one dry run: cost 0 (the state now) and the cost asked.
-        let checks: Vec<StoreCheck> = parts
+        let checks: Vec<StoreCheck> = plan
+            .checks
             .iter()
-            .flat_map(|p| {
+            .flat_map(|check| {
                 let read = StoreCheck {
                     cost: 0,
-                    ..p.check.clone()
+                    ..check.clone()
                 };
-                [read, p.check.clone()]
+                [read, check.clone()]
             })
             .collect();
         let decisions = self.store.check(&checks, Spend::DryRun, None).await?;
@@ -147,19 +148,20 @@ impl CheckService {
             return Err(StoreError::failed(crate::store::ErrorKind::Protocol, asked).into());
         }
         let at = std::time::Instant::now();
-        let mut counters: Vec<CounterPart> = parts
+        let mut counters: Vec<CounterPart> = plan
+            .checks
             .iter()
             .zip(decisions.chunks_exact(2))
-            .map(|(part, pair)| {
+            .map(|(check, pair)| {
                 let (now, next) = (pair[0], pair[1]);
                 let local = self.hot.as_ref().and_then(|hot| {
-                    let denial = hot.denial(&part.check.key, u64::MAX, at)?;
+                    let denial = hot.denial(&check.key, u64::MAX, at)?;
                     Some(millis(denial.retry_after_us))
                 });
                 CounterPart {
-                    key: self.store.stored_key(&part.check.key),
-                    algorithm: part.check.algorithm.name(),
-                    period_ms: millis(part.check.algorithm.period_us()),
+                    key: self.store.stored_key(&check.key),
+                    algorithm: check.algorithm.name(),
+                    period_ms: millis(check.algorithm.period_us()),
                     limit: now.limit,
                     remaining: now.remaining,
                     reset_after_ms: millis(now.reset_after_us),
@@ -176,19 +178,19 @@ impl CheckService {
             .max_by_key(|(_, c)| c.retry_after_ms)
             .or_else(|| counters.iter().enumerate().min_by_key(|(_, c)| c.remaining))
             .map_or(0, |(i, _)| i);
-        let first = &parts[0];
+        let (first, first_check) = (&plan.parts[0], &plan.checks[0]);
         Ok(CounterState {
             policy: first.policy.name().to_owned(),
-            partition: first.check.key.partition().to_owned(),
+            partition: first_check.key.partition().to_owned(),
             store: self.store.name(),
             tier: first.tier.clone(),
             tier_warning: tier_warning(first, &query.descriptors),
-            mode: if first.check.enforce {
+            mode: if first_check.enforce {
                 "enforced"
             } else {
                 "shadow"
             },
-            cost: first.check.cost,
+            cost: first_check.cost,
             deciding: counters[deciding].clone(),
             windows: if counters.len() > 1 {
                 std::mem::take(&mut counters)
@@ -200,7 +202,7 @@ impl CheckService {
     }
 
     /// This pod's local-limit bucket of `part`'s partition, read like a counter (nothing spent).
-    fn local_limit_state(&self, part: &Planned) -> Option<CounterPart> {
+    fn local_limit_state(&self, part: &Part) -> Option<CounterPart> {
         let (buckets, check) = (self.local_limits.as_ref()?, part.local.as_ref()?);
         let read = StoreCheck {
             cost: 0,
@@ -228,14 +230,14 @@ impl CheckService {
         query: &CounterQuery,
         requested_by: &(dyn Display + Sync),
     ) -> Result<ResetReport, CounterError> {
-        let parts = self.plan_counter(query).await?;
-        let first = &parts[0];
-        let (policy, partition) = (first.policy.name(), first.check.key.partition());
-        let fingerprint = self.shadow_log.fingerprint(&first.check.key);
+        let plan = self.plan_counter(query).await?;
+        let first = &plan.checks[0];
+        let (policy, partition) = (plan.parts[0].policy.name(), first.key.partition());
+        let fingerprint = self.shadow_log.fingerprint(&first.key);
         let mut existed = false;
-        let mut fleets = Vec::with_capacity(parts.len());
-        for part in &parts {
-            let key = &part.check.key;
+        let mut fleets = Vec::with_capacity(plan.checks.len());
+        for check in &plan.checks {
+            let key = &check.key;
             let outcome = match self.store.reset(key).await {
                 Ok(outcome) => outcome,
                 Err(error) => {
@@ -252,7 +254,7 @@ impl CheckService {
         // This pod's local-limit bucket of the partition starts full too (the others refill
         // theirs on the announcement).
         if let Some(buckets) = &self.local_limits {
-            buckets.reset_now(&first.check.key.without_window());
+            buckets.reset_now(&first.key.without_window());
         }
         self.counter_resets.with_label_values(&[policy]).inc();
         // The weakest announcement tells what the other pods may still remember.
@@ -270,9 +272,10 @@ impl CheckService {
         Ok(ResetReport {
             policy: policy.to_owned(),
             partition: partition.to_owned(),
-            keys: parts
+            keys: plan
+                .checks
                 .iter()
-                .map(|p| self.store.stored_key(&p.check.key))
+                .map(|check| self.store.stored_key(&check.key))
                 .collect(),
             store: self.store.name(),
             existed,
@@ -283,24 +286,24 @@ impl CheckService {
 
     /// Plans `query` like a check naming its policy (caps, descriptors, tier, cost): its
     /// counters, at least one.
-    async fn plan_counter(&self, query: &CounterQuery) -> Result<Vec<Planned>, CheckError> {
+    async fn plan_counter(&self, query: &CounterQuery) -> Result<Plan, CheckError> {
         let request = CheckRequest {
             policy: Some(query.policy.clone()),
             descriptors: query.descriptors.clone(),
             cost: query.cost,
             spend: Spend::DryRun,
         };
-        let planned = self.plan(&self.policies(), &request).await?;
-        if planned.is_empty() {
+        let plan = self.plan(&self.policies(), &request).await?;
+        if plan.is_empty() {
             return Err(CheckError::UnknownPolicy(query.policy.clone()));
         }
-        Ok(planned)
+        Ok(plan)
     }
 }
 
 /// Why a tiered policy's figures may not be the application's: no tier applied and the tier
 /// descriptor was not given (the tenant table, when there is one, named no tier either).
-fn tier_warning(part: &Planned, descriptors: &Descriptors) -> Option<String> {
+fn tier_warning(part: &Part, descriptors: &Descriptors) -> Option<String> {
     let tiers = part.policy.parts().tiers.as_ref()?;
     if part.tier.is_some() || descriptors.contains_key(&tiers.descriptor) {
         return None;

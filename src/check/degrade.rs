@@ -4,8 +4,9 @@
 
 use std::sync::Arc;
 
+use super::plan::{Part, Plan};
 use super::verdict::{Mode, PolicyDecision};
-use crate::limit::{Algorithm, Decision, FailureMode, Policy};
+use crate::limit::{Algorithm, Decision, FailureMode, Micros};
 use crate::store::{MemoryStore, Spend, StoreCheck};
 
 /// The `local` failure mode's state: this pod's share of each limit, in memory.
@@ -50,34 +51,41 @@ impl LocalShare {
 
     /// Decides every policy by its failure mode. All `local` policies of the request form one
     /// group in memory, recorded only if no enforced fail-closed policy refuses the request
-    /// anyway. Shadow (un-enforced) policies never block, degraded or not.
-    pub(crate) fn degrade(
-        &self,
-        policies: Vec<(Arc<Policy>, Option<usize>)>,
-        checks: Vec<StoreCheck>,
-        spend: Spend,
-    ) -> Vec<PolicyDecision> {
-        let is_local = |policy: &Policy| policy.failure_mode() == FailureMode::Local;
-        let shared: Vec<StoreCheck> = policies
+    /// anyway. Shadow (un-enforced) policies never block, degraded or not. The checks move
+    /// into the decisions.
+    pub(crate) fn degrade(&self, plan: &mut Plan, spend: Spend) -> Vec<PolicyDecision> {
+        let is_local = |part: &Part| part.policy.failure_mode() == FailureMode::Local;
+        let (owners, shared): (Vec<usize>, Vec<StoreCheck>) = plan
+            .parts
             .iter()
-            .zip(&checks)
-            .filter(|((policy, _), _)| is_local(policy))
-            .map(|(_, check)| StoreCheck {
-                algorithm: self.share(&check.algorithm),
-                ..check.clone()
+            .zip(&plan.checks)
+            .enumerate()
+            .filter(|(_, (part, _))| is_local(part))
+            .map(|(at, (_, check))| {
+                let shared = StoreCheck {
+                    algorithm: self.share(&check.algorithm),
+                    ..check.clone()
+                };
+                (at, shared)
             })
-            .collect();
-        let refused = policies.iter().zip(&checks).any(|((policy, _), check)| {
-            policy.failure_mode() == FailureMode::Closed && check.enforce
+            .unzip();
+        let refused = plan.parts.iter().zip(&plan.checks).any(|(part, check)| {
+            part.policy.failure_mode() == FailureMode::Closed && check.enforce
         });
         let decisions = self
             .store
             .check_now(&shared, if refused { Spend::DryRun } else { spend });
-        let mut local = shared.iter().zip(decisions);
-        policies
+        // Each part's decision in the local group, by its index in the plan.
+        let mut local: Vec<Option<(Decision, Micros)>> = vec![None; plan.parts.len()];
+        for ((at, shared), decision) in owners.into_iter().zip(&shared).zip(decisions) {
+            local[at] = Some((decision, shared.algorithm.advertised_us()));
+        }
+        std::mem::take(&mut plan.checks)
             .into_iter()
-            .zip(checks)
-            .map(|((policy, window), check)| {
+            .zip(&plan.parts)
+            .zip(local)
+            .enumerate()
+            .map(|(at, ((check, part), local))| {
                 let fallback = |allowed: bool| Decision {
                     allowed,
                     limit: check.algorithm.limit(),
@@ -85,26 +93,16 @@ impl LocalShare {
                     reset_after_us: 0,
                     retry_after_us: 0,
                 };
-                let (decision, mode, window_us) = match policy.failure_mode() {
-                    FailureMode::Open => {
-                        (fallback(true), Mode::FailOpen, check.algorithm.window_us())
+                let advertised_us = check.algorithm.advertised_us();
+                let (decision, mode, advertised_us) = match (part.policy.failure_mode(), local) {
+                    (FailureMode::Open, _) => (fallback(true), Mode::FailOpen, advertised_us),
+                    (FailureMode::Closed, _) => (fallback(false), Mode::FailClosed, advertised_us),
+                    (FailureMode::Local, Some((decision, shared_us))) => {
+                        (decision, Mode::Local, shared_us)
                     }
-                    FailureMode::Closed => (
-                        fallback(false),
-                        Mode::FailClosed,
-                        check.algorithm.window_us(),
-                    ),
-                    // The local group holds the `local` policies in this same order.
-                    FailureMode::Local => match local.next() {
-                        Some((shared, decision)) => {
-                            (decision, Mode::Local, shared.algorithm.window_us())
-                        }
-                        None => (
-                            fallback(false),
-                            Mode::FailClosed,
-                            check.algorithm.window_us(),
-                        ),
-                    },
+                    (FailureMode::Local, None) => {
+                        (fallback(false), Mode::FailClosed, advertised_us)
+                    }
                 };
                 let (decision, mode) = if check.enforce {
                     (decision, mode)
@@ -118,12 +116,13 @@ impl LocalShare {
                     )
                 };
                 PolicyDecision {
-                    policy,
+                    policy: Arc::clone(&part.policy),
                     key: check.key,
                     decision,
                     mode,
-                    window_us,
-                    window,
+                    advertised_us,
+                    window_index: part.window_index,
+                    part: at,
                 }
             })
             .collect()

@@ -7,17 +7,16 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::request::{validate, CheckError, CheckRequest};
-use super::verdict::{self, PolicyDecision};
+use super::verdict::{self, Mode, PolicyDecision};
 use super::{CheckService, Outcome};
-use crate::config::HumanDuration;
-use crate::limit::{Decision, Descriptors, Policy};
+use crate::limit::{period_name, Decision, Descriptors, Policy};
 use crate::store::{Spend, StoreCheck};
 
 /// The explanation of one request.
 #[derive(Debug, Clone, Serialize)]
 pub struct Explanation {
     /// `allowed`, `denied` or `unavailable`: what the check would answer now.
-    pub outcome: &'static str,
+    pub outcome: Outcome,
     /// The policy that would decide.
     pub deciding: Option<String>,
     /// The window of the deciding policy that would decide, when it has several.
@@ -47,7 +46,7 @@ pub struct PolicyExplanation {
     pub cost: Option<u64>,
     /// `enforced`, `shadow` (also a partition outside the rollout), or a failure mode.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub mode: Option<&'static str>,
+    pub mode: Option<Mode>,
     /// Whether it would allow the request now.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allowed: Option<bool>,
@@ -94,7 +93,7 @@ impl StateExplanation {
     fn new(window: Option<usize>, period_us: u64, d: &Decision) -> Self {
         Self {
             window,
-            period: HumanDuration(period_us).to_string(),
+            period: period_name(period_us).to_string(),
             allowed: d.allowed,
             limit: d.limit,
             remaining: d.remaining,
@@ -112,12 +111,11 @@ impl CheckService {
             ..request.clone()
         };
         let policies = self.policies();
-        let planned = self.plan(&policies, &request).await?;
-        let facts: Vec<_> = planned
-            .iter()
-            .map(|p| (p.policy.name().to_owned(), p.tier.clone(), p.check.cost))
-            .collect();
-        let locals: Vec<(Arc<Policy>, StoreCheck)> = planned
+        let mut plan = self.plan(&policies, &request).await?;
+        // Each part's cost (its check moves into the verdict).
+        let costs: Vec<u64> = plan.checks.iter().map(|c| c.cost).collect();
+        let locals: Vec<(Arc<Policy>, StoreCheck)> = plan
+            .parts
             .iter()
             .filter_map(|p| Some((Arc::clone(&p.policy), p.local.clone()?)))
             .collect();
@@ -128,7 +126,7 @@ impl CheckService {
             }
             _ => Vec::new(),
         };
-        let verdict = self.ask_store(Spend::DryRun, planned).await;
+        let verdict = self.ask_store(Spend::DryRun, &mut plan).await;
         let explained = policies
             .iter()
             .map(|policy| {
@@ -141,11 +139,8 @@ impl CheckService {
                         ..PolicyExplanation::default()
                     };
                 };
-                let (_, tier, cost) = facts
-                    .iter()
-                    .find(|(name, _, _)| name == policy.name())
-                    .cloned()
-                    .unwrap_or_default();
+                let tier = plan.parts.get(decided.part).and_then(|p| p.tier.clone());
+                let cost = costs.get(decided.part).copied().unwrap_or_default();
                 let d = &decided.decision;
                 let local_limit = locals
                     .iter()
@@ -165,12 +160,12 @@ impl CheckService {
                     partition: Some(decided.key.partition().to_owned()),
                     tier,
                     cost: Some(cost),
-                    mode: Some(decided.mode.as_str()),
+                    mode: Some(decided.mode),
                     allowed: Some(d.allowed),
                     limit: Some(d.limit),
                     remaining: Some(d.remaining),
                     retry_after_ms: Some(d.retry_after_us.div_ceil(1_000)),
-                    window: decided.window,
+                    window: decided.window_index,
                     windows: windows_of(&verdict.evaluated, policy),
                     local_limit,
                 }
@@ -187,15 +182,11 @@ impl CheckService {
             (None, deciding) => (
                 verdict.outcome,
                 deciding.map(|d| d.policy.name()),
-                deciding.and_then(|d| d.window),
+                deciding.and_then(|d| d.window_index),
             ),
         };
         Ok(Explanation {
-            outcome: match outcome {
-                Outcome::Allowed => "allowed",
-                Outcome::Denied => "denied",
-                Outcome::Unavailable => "unavailable",
-            },
+            outcome,
             deciding: deciding.map(str::to_owned),
             window,
             policies: explained,
@@ -209,8 +200,12 @@ fn windows_of(evaluated: &[PolicyDecision], policy: &Arc<Policy>) -> Vec<StateEx
         .iter()
         .filter(|d| Arc::ptr_eq(&d.policy, policy))
         .filter_map(|d| {
-            let period_us = d.key.window()?;
-            Some(StateExplanation::new(d.window, period_us, &d.decision))
+            let period_us = d.key.period_us()?;
+            Some(StateExplanation::new(
+                d.window_index,
+                period_us,
+                &d.decision,
+            ))
         })
         .collect()
 }

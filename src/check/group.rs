@@ -16,12 +16,13 @@
 
 use std::sync::Arc;
 
-use super::plan::{self, Planned};
+use super::plan::{self, Part, Plan};
 use super::request::{CheckError, CheckRequest, Spend};
 use super::verdict::{self, Mode, Outcome, PolicyDecision, Verdict};
 use super::CheckService;
 use crate::config::envoy::StandIn;
 use crate::limit::{Algorithm, Applicable, Decision, Key, NEVER};
+use crate::store::StoreCheck;
 
 /// One question of a group.
 #[derive(Debug, Clone)]
@@ -43,13 +44,6 @@ pub struct GroupVerdict {
     /// Each item's own policies. An item may be allowed while the group is denied (then nothing
     /// was spent from it, and its remaining is what is left).
     pub items: Vec<Verdict>,
-}
-
-/// Planned checks and the item each belongs to.
-#[derive(Default)]
-struct Parts {
-    planned: Vec<Planned>,
-    owners: Vec<usize>,
 }
 
 impl CheckService {
@@ -79,8 +73,10 @@ impl CheckService {
             }
         }
         let mut selected = selected.into_iter();
-        let (mut spend, mut probe) = (Parts::default(), Parts::default());
-        let mut fixed: Vec<(usize, PolicyDecision)> = Vec::new();
+        // The spending items' plan, the probes' and the parts with a fixed answer (in `fixed`,
+        // each naming its part there); every part knows its item.
+        let (mut spend, mut probe, mut fixed) = (Plan::default(), Plan::default(), Plan::default());
+        let mut answers: Vec<PolicyDecision> = Vec::new();
         for (index, item) in items.iter().enumerate() {
             let mut applicable = match selected.next() {
                 Some(applicable) => applicable,
@@ -96,49 +92,52 @@ impl CheckService {
                 }
             }
             let dry_run = item.request.spend == Spend::DryRun;
-            let parts = if dry_run { &mut probe } else { &mut spend };
+            let plan = if dry_run { &mut probe } else { &mut spend };
             let planned =
                 plan::plan_selected(self.tiers.as_ref(), &item.request, applicable, false);
-            for mut part in planned.await? {
+            for (mut part, mut check) in planned.await? {
+                part.item = index;
                 if let Some(quota) = item.quota_override {
                     // The override replaces the whole quota: one window, no local limit.
-                    if part.window.is_some_and(|window| window > 0) {
+                    if part.window_index.is_some_and(|window| window > 0) {
                         continue;
                     }
-                    override_quota(&mut part, quota, &item.request)?;
-                } else if let Some(answer) = fixed_answer(&part, dry_run) {
-                    fixed.push((index, answer));
+                    override_quota(&mut part, &mut check, quota, &item.request)?;
+                } else if let Some(answer) = fixed_answer(&part, &check, dry_run, fixed.parts.len())
+                {
+                    answers.push(answer);
+                    fixed.push(part, check);
                     continue;
                 }
-                parts.planned.push(part);
-                parts.owners.push(index);
+                plan.push(part, check);
             }
         }
         let mut per_item: Vec<Vec<PolicyDecision>> = vec![Vec::new(); items.len()];
-        let overall = if spend.planned.is_empty() {
+        let overall = if spend.is_empty() {
             None
         } else {
             Some(self.spend(spend, &mut per_item).await)
         };
-        if !probe.planned.is_empty() {
-            let read = self.ask_store(Spend::DryRun, probe.planned).await;
-            for (mut part, owner) in read.evaluated.into_iter().zip(&probe.owners) {
-                as_probe(&mut part);
-                per_item[*owner].push(part);
-            }
+        if !probe.is_empty() {
+            let read = self.ask_store(Spend::DryRun, &mut probe).await;
+            let read = read.evaluated.into_iter().map(|mut decision| {
+                as_probe(&mut decision);
+                decision
+            });
+            place(&probe, read, None, &mut per_item);
         }
-        if !fixed.is_empty() {
-            let (owners, answers): (Vec<usize>, Vec<PolicyDecision>) = fixed.into_iter().unzip();
+        if !answers.is_empty() {
             let spent: Vec<PolicyDecision> = answers
                 .iter()
-                .zip(&owners)
-                .filter(|(_, owner)| items[**owner].request.spend == Spend::Record)
-                .map(|(answer, _)| answer.clone())
+                .filter(|answer| {
+                    let item = fixed.parts.get(answer.part).map(|part| part.item);
+                    item.and_then(|item| items.get(item))
+                        .is_some_and(|item| item.request.spend == Spend::Record)
+                })
+                .cloned()
                 .collect();
             self.record(&verdict::decide(spent));
-            for (owner, answer) in owners.into_iter().zip(answers) {
-                per_item[owner].push(answer);
-            }
+            place(&fixed, answers, None, &mut per_item);
         }
         let overall = overall.unwrap_or_else(|| verdict::decide(per_item.concat()));
         let items = per_item
@@ -155,22 +154,13 @@ impl CheckService {
     }
 
     /// Spends the group (or nothing), placing each decision with its item; returns the verdict.
-    async fn spend(&self, parts: Parts, per_item: &mut [Vec<PolicyDecision>]) -> Verdict {
-        let Parts { planned, owners } = parts;
-        // Only an answer of a local layer or local limit (denials only) needs the plan again,
-        // to place each decision by identity and to read the figures of the others.
-        let local_answers = self.hot.is_some() || planned.iter().any(|p| p.local.is_some());
-        let kept = if local_answers {
-            planned.clone()
-        } else {
-            Vec::new()
-        };
-        let costs: Vec<u64> = planned.iter().map(|p| p.check.cost).collect();
-        let mut placed: Vec<Option<PolicyDecision>> = vec![None; owners.len()];
-        if planned.iter().any(|p| is_blocked(&p.policy)) {
+    async fn spend(&self, mut plan: Plan, per_item: &mut [Vec<PolicyDecision>]) -> Verdict {
+        // What a denied group gives back (the checks move into the verdict).
+        let costs: Vec<u64> = plan.checks.iter().map(|check| check.cost).collect();
+        if plan.parts.iter().any(|p| is_blocked(&p.policy)) {
             // A converted `requests_per_unit: 0` selected: denied without spending; the figures
             // of the others are read.
-            let mut read = self.ask_store(Spend::DryRun, planned).await;
+            let mut read = self.ask_store(Spend::DryRun, &mut plan).await;
             for part in &mut read.evaluated {
                 if is_blocked(&part.policy) {
                     part.mode = Mode::Enforced;
@@ -185,42 +175,41 @@ impl CheckService {
             }
             let overall = verdict::decide(read.evaluated);
             self.record(&overall);
-            for (at, part) in overall.evaluated.iter().enumerate() {
-                placed[at] = Some(part.clone());
-            }
-            place(placed, &owners, &costs, true, per_item);
+            place(
+                &plan,
+                overall.evaluated.iter().cloned(),
+                Some(&costs),
+                per_item,
+            );
             return overall;
         }
-        let overall = self.run(Spend::Record, planned).await;
-        if overall.evaluated.len() == owners.len() {
-            for (at, part) in overall.evaluated.iter().enumerate() {
-                placed[at] = Some(part.clone());
+        let overall = self.run(Spend::Record, &mut plan).await;
+        let mut placed: Vec<Option<PolicyDecision>> = vec![None; plan.parts.len()];
+        for decision in &overall.evaluated {
+            if let Some(slot) = placed.get_mut(decision.part) {
+                *slot = Some(decision.clone());
             }
-        } else {
-            // A local layer answered with the denials only: place each by its policy and
-            // partition (a local limit's key has no window), then read the others' figures.
-            for part in &overall.evaluated {
-                let found = kept.iter().position(|p| {
-                    Arc::ptr_eq(&p.policy, &part.policy)
-                        && p.check.key.partition() == part.key.partition()
-                });
-                if let Some(at) = found {
-                    placed[at] = Some(part.clone());
-                }
-            }
-            let missing: Vec<usize> = (0..placed.len())
-                .filter(|at| placed[*at].is_none())
-                .collect();
-            if !missing.is_empty() {
-                let unasked: Vec<Planned> = missing.iter().map(|at| kept[*at].clone()).collect();
-                let read = self.ask_store(Spend::DryRun, unasked).await;
-                for (at, part) in missing.into_iter().zip(read.evaluated) {
-                    placed[at] = Some(part);
+        }
+        // A local layer or local limit answered with the denials only (the store was not asked,
+        // the checks are still in the plan): read the others' figures without spending.
+        let missing: Vec<usize> = (0..placed.len())
+            .filter(|at| placed[*at].is_none())
+            .collect();
+        if !missing.is_empty() {
+            let mut unasked = plan.subset(&missing);
+            let read = self.ask_store(Spend::DryRun, &mut unasked).await;
+            for decision in read.evaluated {
+                if let Some(&at) = missing.get(decision.part) {
+                    placed[at] = Some(PolicyDecision {
+                        part: at,
+                        ..decision
+                    });
                 }
             }
         }
         let unspent = overall.outcome == Outcome::Denied;
-        place(placed, &owners, &costs, unspent, per_item);
+        let give_back = unspent.then_some(costs.as_slice());
+        place(&plan, placed.into_iter().flatten(), give_back, per_item);
         overall
     }
 }
@@ -232,8 +221,8 @@ fn is_blocked(policy: &crate::limit::Policy) -> bool {
 
 /// The answer of a converted `requests_per_unit: 0` that the store has no part in, as upstream
 /// gives it: in shadow mode, OK with a limit of 0 (a shadow denial, logged and counted as one);
-/// asked by a probe, OK with a limit of 0 (a probe never denies).
-fn fixed_answer(part: &Planned, probe: bool) -> Option<PolicyDecision> {
+/// asked by a probe, OK with a limit of 0 (a probe never denies). `at` is the part's index.
+fn fixed_answer(part: &Part, check: &StoreCheck, probe: bool, at: usize) -> Option<PolicyDecision> {
     let (allowed, mode) = match StandIn::of(part.policy.name())? {
         StandIn::ShadowBlocked => (false, Mode::Shadow),
         StandIn::Blocked if probe => (true, Mode::Enforced),
@@ -241,7 +230,7 @@ fn fixed_answer(part: &Planned, probe: bool) -> Option<PolicyDecision> {
     };
     Some(PolicyDecision {
         policy: Arc::clone(&part.policy),
-        key: part.check.key.clone(),
+        key: check.key.clone(),
         decision: Decision {
             allowed,
             limit: 0,
@@ -250,27 +239,32 @@ fn fixed_answer(part: &Planned, probe: bool) -> Option<PolicyDecision> {
             retry_after_us: if allowed { 0 } else { NEVER },
         },
         mode,
-        window_us: part.check.algorithm.window_us(),
-        window: part.window,
+        advertised_us: check.algorithm.advertised_us(),
+        window_index: part.window_index,
+        part: at,
     })
 }
 
-/// Gives each decision to its item. A denied group spent nothing (`unspent`): an allowed
-/// decision's remaining is after its cost, so the cost is given back.
+/// Gives each decision of `plan` to its part's item. A denied group spent nothing: with the
+/// parts' costs in `give_back`, an allowed decision's remaining is after its cost, so the cost
+/// is given back.
 fn place(
-    placed: Vec<Option<PolicyDecision>>,
-    owners: &[usize],
-    costs: &[u64],
-    unspent: bool,
+    plan: &Plan,
+    decisions: impl IntoIterator<Item = PolicyDecision>,
+    give_back: Option<&[u64]>,
     per_item: &mut [Vec<PolicyDecision>],
 ) {
-    for ((part, owner), cost) in placed.into_iter().zip(owners).zip(costs) {
-        let Some(mut part) = part else { continue };
-        if unspent && part.decision.allowed {
-            let left = part.decision.remaining.saturating_add(*cost);
-            part.decision.remaining = left.min(part.decision.limit);
+    for mut decision in decisions {
+        let item = plan.parts.get(decision.part).map(|part| part.item);
+        let Some(decisions) = item.and_then(|item| per_item.get_mut(item)) else {
+            continue;
+        };
+        let cost = give_back.and_then(|costs| costs.get(decision.part));
+        if let Some(cost) = cost.filter(|_| decision.decision.allowed) {
+            let left = decision.decision.remaining.saturating_add(*cost);
+            decision.decision.remaining = left.min(decision.decision.limit);
         }
-        per_item[*owner].push(part);
+        decisions.push(decision);
     }
 }
 
@@ -291,7 +285,8 @@ fn as_probe(part: &mut PolicyDecision) {
 /// never fit the new quota. A domain's override policy counts per descriptor: every descriptor
 /// of `request` (its entries and pseudo-descriptors, names and values) is in the partition.
 fn override_quota(
-    part: &mut Planned,
+    part: &mut Part,
+    check: &mut StoreCheck,
     quota: Algorithm,
     request: &CheckRequest,
 ) -> Result<(), CheckError> {
@@ -301,31 +296,31 @@ fn override_quota(
             "policy `{name}` does not accept a limit override"
         )));
     }
-    if part.check.cost > quota.limit() {
+    if check.cost > quota.limit() {
         return Err(CheckError::CostExceedsLimit {
             policy: name.to_owned(),
-            cost: part.check.cost,
+            cost: check.cost,
             limit: quota.limit(),
         });
     }
     // The window's length, not the limit: overrides of one unit share a count, as upstream's
     // (a limit raised within a window keeps what was spent; the algorithm is always the same).
     let marker = format!("override={}us", quota.period_us());
-    part.check.key = if StandIn::of(name) == Some(StandIn::Override) {
+    check.key = if StandIn::of(name) == Some(StandIn::Override) {
         let entries = request
             .descriptors
             .iter()
             .flat_map(|(descriptor, value)| [descriptor.as_str(), value.as_str()]);
         Key::new(Arc::from(name), entries.chain([marker.as_str()]))
     } else {
-        let partition = part.check.key.partition();
+        let partition = check.key.partition();
         // The partition is already escaped; escaping it again as one value keeps keys
         // injective.
         Key::new(Arc::from(name), [partition, marker.as_str()])
     };
-    part.check.algorithm = quota;
+    check.algorithm = quota;
     part.tier = None;
-    part.window = None;
+    part.window_index = None;
     part.local = None;
     Ok(())
 }

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use super::plan::Planned;
+use super::plan::Plan;
 use super::verdict::{self, Mode, PolicyDecision, Verdict};
 use super::CheckService;
 use crate::store::{Spend, StoreCheck};
@@ -17,10 +17,11 @@ use crate::store::{Spend, StoreCheck};
 impl CheckService {
     /// A denial when a local limit of an enforced policy has no room for the request; `None`
     /// (after spending from every bucket, with [`Spend::Record`]) when all have room. Takes the
-    /// local checks out of `planned`.
-    pub(super) fn local_limit(&self, planned: &mut [Planned], spend: Spend) -> Option<Verdict> {
+    /// local checks out of `plan`'s parts.
+    pub(super) fn local_limit(&self, plan: &mut Plan, spend: Spend) -> Option<Verdict> {
         let buckets = self.local_limits.as_ref()?;
-        let (owners, checks): (Vec<usize>, Vec<StoreCheck>) = planned
+        let (owners, checks): (Vec<usize>, Vec<StoreCheck>) = plan
+            .parts
             .iter_mut()
             .enumerate()
             .filter_map(|(index, part)| Some((index, part.local.take()?)))
@@ -38,12 +39,13 @@ impl CheckService {
             .zip(decisions)
             .filter(|(_, decision)| !decision.allowed)
             .map(|((owner, check), decision)| PolicyDecision {
-                policy: Arc::clone(&planned[owner].policy),
-                window_us: check.algorithm.window_us(),
+                policy: Arc::clone(&plan.parts[owner].policy),
+                advertised_us: check.algorithm.advertised_us(),
                 key: check.key,
                 decision,
                 mode: Mode::LocalLimit,
-                window: None,
+                window_index: None,
+                part: owner,
             })
             .collect();
         Some(verdict::decide(denied))

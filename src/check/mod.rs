@@ -9,6 +9,7 @@ mod degrade;
 mod explain;
 mod group;
 mod hot_keys;
+mod labels;
 mod local_limit;
 mod plan;
 mod report;
@@ -27,8 +28,8 @@ pub use degrade::LocalShare;
 pub use explain::{Explanation, PolicyExplanation};
 pub use group::{GroupItem, GroupVerdict};
 pub use hot_keys::HotKeys;
-pub use plan::{Planned, TENANT_DESCRIPTOR};
-pub use report::REPORT_OUTCOMES;
+pub use labels::{DecisionOutcome, ReportOutcome};
+pub use plan::{Part, Plan, TENANT_DESCRIPTOR};
 pub use request::{CheckError, CheckRequest, Spend, MAX_DESCRIPTOR_NAME};
 pub use top::{TopDenied, TopEntry, TopList, MAX_POLICIES, TOP_CAPACITY};
 pub use top_sketch::{SpaceSaving, MAX_LABEL};
@@ -36,23 +37,9 @@ pub use verdict::{Mode, Outcome, PolicyDecision, Verdict};
 
 use crate::config::RequestLimits;
 use crate::limit::PolicySet;
-use crate::store::{MemoryStore, RateStore, StoreError};
+use crate::store::{Circuit, MemoryStore, RateStore, StoreError};
 use crate::telemetry::Metrics;
 use crate::tenants::TenantTiers;
-
-/// Every value of the `outcome` label of `sluice_decisions_total`. `local_allowed` and
-/// `local_denied` are the `local` failure mode's (the store could not answer); a policy's
-/// `local_limit` denies as `local_limit_denied` (the store was not asked).
-pub const OUTCOMES: [&str; 8] = [
-    "allowed",
-    "denied",
-    "shadow_denied",
-    "fail_open",
-    "fail_closed",
-    "local_allowed",
-    "local_denied",
-    "local_limit_denied",
-];
 
 /// Answers checks against a policy set and a store.
 pub struct CheckService {
@@ -145,17 +132,18 @@ impl CheckService {
         // Every policy's outcome series exists from the start, so rate() sees the first one.
         unmatched::Unmatched::register(&self.metrics);
         for policy in policies.iter() {
-            for outcome in OUTCOMES {
+            for outcome in DecisionOutcome::ALL.into_iter().filter(|o| o.has_policy()) {
                 self.metrics
                     .decisions
-                    .with_label_values(&[policy.name(), outcome]);
+                    .with_label_values(&[policy.name(), outcome.as_str()]);
             }
             self.metrics
                 .local_layer_hits
                 .with_label_values(&[policy.name()]);
             self.counter_resets.with_label_values(&[policy.name()]);
-            for outcome in REPORT_OUTCOMES {
-                self.reports.with_label_values(&[policy.name(), outcome]);
+            for outcome in ReportOutcome::ALL {
+                self.reports
+                    .with_label_values(&[policy.name(), outcome.as_str()]);
             }
         }
         self.top.replace_policies(&policies);
@@ -170,8 +158,8 @@ impl CheckService {
         self.store.name()
     }
 
-    /// The store's health, for a remote store.
-    pub fn store_health(&self) -> Option<&'static str> {
+    /// The store's circuit, for a remote store.
+    pub fn store_health(&self) -> Option<Circuit> {
         self.store.health()
     }
 
@@ -182,9 +170,9 @@ impl CheckService {
 
     /// Checks one request.
     pub async fn check(&self, request: &CheckRequest) -> Result<Verdict, CheckError> {
-        let planned = self.plan(&self.policies(), request).await?;
-        self.note_unmatched(request, &planned);
-        Ok(self.run(request.spend, planned).await)
+        let mut plan = self.plan(&self.policies(), request).await?;
+        self.note_unmatched(request, &plan);
+        Ok(self.run(request.spend, &mut plan).await)
     }
 
     /// Checks several independent requests; all are validated and planned before any is
@@ -205,41 +193,39 @@ impl CheckService {
         let policies = self.policies();
         let mut plans = Vec::with_capacity(requests.len());
         for (index, request) in requests.iter().enumerate() {
-            let planned = self.plan(&policies, request).await;
-            plans.push(planned.map_err(|e| e.in_batch(index))?);
+            let plan = self.plan(&policies, request).await;
+            plans.push(plan.map_err(|e| e.in_batch(index))?);
         }
         // Asked together, not one after another: every check reaches the store's queue in the
         // same poll, so the Redis batcher sends them as one call (one round trip, not N).
-        let runs = requests.iter().zip(plans).map(|(request, planned)| {
-            self.note_unmatched(request, &planned);
-            self.run(request.spend, planned)
+        let runs = requests.iter().zip(&mut plans).map(|(request, plan)| {
+            self.note_unmatched(request, plan);
+            self.run(request.spend, plan)
         });
         Ok(futures_util::future::join_all(runs).await)
     }
 
-    fn note_unmatched(&self, request: &CheckRequest, planned: &[Planned]) {
-        if planned.is_empty() && request.spend == Spend::Record {
+    fn note_unmatched(&self, request: &CheckRequest, plan: &Plan) {
+        if plan.is_empty() && request.spend == Spend::Record {
             self.unmatched.note(&self.metrics, request);
         }
     }
 
-    async fn plan(
-        &self,
-        policies: &PolicySet,
-        request: &CheckRequest,
-    ) -> Result<Vec<Planned>, CheckError> {
+    async fn plan(&self, policies: &PolicySet, request: &CheckRequest) -> Result<Plan, CheckError> {
         plan::plan(policies, &self.limits, self.tiers.as_ref(), request).await
     }
 
-    async fn run(&self, spend: Spend, mut planned: Vec<Planned>) -> Verdict {
-        if planned.is_empty() {
+    /// Decides `plan`: from the local layer, the local limits, else the store (whose checks
+    /// then move into the verdict, see [`Plan`]).
+    async fn run(&self, spend: Spend, plan: &mut Plan) -> Verdict {
+        if plan.is_empty() {
             return Verdict::unlimited();
         }
-        let local = self.answer_locally(&planned);
-        let local = local.or_else(|| self.local_limit(&mut planned, spend));
+        let local = self.answer_locally(plan);
+        let local = local.or_else(|| self.local_limit(plan, spend));
         let verdict = match local {
             Some(verdict) => verdict,
-            None => self.ask_store(spend, planned).await,
+            None => self.ask_store(spend, plan).await,
         };
         if spend == Spend::Record {
             self.record(&verdict);
@@ -247,28 +233,24 @@ impl CheckService {
         verdict
     }
 
-    /// Asks the store about every planned check as one group (failure modes if it cannot
-    /// answer); records nothing in the metrics.
-    async fn ask_store(&self, spend: Spend, planned: Vec<Planned>) -> Verdict {
+    /// Asks the store about every check of `plan` as one group (failure modes if it cannot
+    /// answer); records nothing in the metrics. The checks move into the verdict.
+    async fn ask_store(&self, spend: Spend, plan: &mut Plan) -> Verdict {
         // The most patient matched policy sets the deadline; the others' answers come with it.
-        let deadline = planned
+        let deadline = plan
+            .parts
             .iter()
             .filter_map(|p| p.policy.timeout_us())
             .max()
             .map(Duration::from_micros);
-        let mut policies = Vec::with_capacity(planned.len());
-        let mut checks = Vec::with_capacity(planned.len());
-        for part in planned {
-            policies.push((part.policy, part.window));
-            checks.push(part.check);
-        }
         let asked = Instant::now();
-        let evaluated = match self.store.check(&checks, spend, deadline).await {
-            Ok(decisions) => policies
+        let evaluated = match self.store.check(&plan.checks, spend, deadline).await {
+            Ok(decisions) => std::mem::take(&mut plan.checks)
                 .into_iter()
-                .zip(checks)
                 .zip(decisions)
-                .map(|(((policy, window), check), decision)| {
+                .zip(&plan.parts)
+                .enumerate()
+                .map(|(at, ((check, decision), part))| {
                     if check.enforce {
                         if let Some(hot) = &self.hot {
                             hot.remember(&check.key, check.cost, &decision, asked);
@@ -280,21 +262,23 @@ impl CheckService {
                         } else {
                             Mode::Shadow
                         },
-                        window_us: check.algorithm.window_us(),
-                        policy,
+                        advertised_us: check.algorithm.advertised_us(),
+                        policy: Arc::clone(&part.policy),
                         key: check.key,
                         decision,
-                        window,
+                        window_index: part.window_index,
+                        part: at,
                     }
                 })
                 .collect(),
             Err(error) => {
                 tracing::debug!(%error, store = self.store.name(), "store could not decide; applying failure modes");
                 if let StoreError::BadKey { item, detail } = &error {
-                    if let (Some((policy, _)), Some(check)) =
-                        (policies.get(*item), checks.get(*item))
+                    if let (Some(part), Some(check)) =
+                        (plan.parts.get(*item), plan.checks.get(*item))
                     {
-                        self.shadow_log.bad_key(policy.name(), &check.key, detail);
+                        self.shadow_log
+                            .bad_key(part.policy.name(), &check.key, detail);
                     }
                 }
                 // A store that failed may come back without its counters (restart, failover):
@@ -302,7 +286,7 @@ impl CheckService {
                 if let Some(hot) = &self.hot {
                     hot.clear();
                 }
-                self.local.degrade(policies, checks, spend)
+                self.local.degrade(plan, spend)
             }
         };
         verdict::decide(evaluated)
@@ -310,25 +294,29 @@ impl CheckService {
 
     /// A denial from the local layer, when an enforced policy's partition is known to be over
     /// its limit for this cost; nothing is asked of the store (and nothing would be spent).
-    fn answer_locally(&self, planned: &[Planned]) -> Option<Verdict> {
+    fn answer_locally(&self, plan: &Plan) -> Option<Verdict> {
         let hot = self.hot.as_ref()?;
         let now = Instant::now();
-        let denied: Vec<PolicyDecision> = planned
+        let denied: Vec<PolicyDecision> = plan
+            .checks
             .iter()
-            .filter(|p| p.check.enforce)
-            .filter_map(|p| {
-                let decision = hot.denial(&p.check.key, p.check.cost, now)?;
+            .zip(&plan.parts)
+            .enumerate()
+            .filter(|(_, (check, _))| check.enforce)
+            .filter_map(|(at, (check, part))| {
+                let decision = hot.denial(&check.key, check.cost, now)?;
                 self.metrics
                     .local_layer_hits
-                    .with_label_values(&[p.policy.name()])
+                    .with_label_values(&[part.policy.name()])
                     .inc();
                 Some(PolicyDecision {
-                    policy: Arc::clone(&p.policy),
-                    key: p.check.key.clone(),
+                    policy: Arc::clone(&part.policy),
+                    key: check.key.clone(),
                     decision,
                     mode: Mode::Enforced,
-                    window_us: p.check.algorithm.window_us(),
-                    window: p.window,
+                    advertised_us: check.algorithm.advertised_us(),
+                    window_index: part.window_index,
+                    part: at,
                 })
             })
             .collect();
@@ -339,31 +327,17 @@ impl CheckService {
     /// that decided for it).
     fn record(&self, verdict: &Verdict) {
         for part in verdict::per_policy(&verdict.evaluated) {
-            let outcome = match (part.mode, part.decision.allowed) {
-                (Mode::FailOpen, _) => "fail_open",
-                (Mode::FailClosed, _) => "fail_closed",
-                (Mode::Local, true) => "local_allowed",
-                (Mode::Local, false) => {
-                    self.note_denied(part);
-                    "local_denied"
-                }
-                (Mode::LocalLimit, _) => {
-                    self.note_denied(part);
-                    "local_limit_denied"
-                }
-                (Mode::Enforced, false) => {
-                    self.note_denied(part);
-                    "denied"
-                }
-                (Mode::Shadow, false) => {
-                    self.shadow_log.would_block(part);
-                    "shadow_denied"
-                }
-                (_, true) => "allowed",
-            };
+            let outcome = DecisionOutcome::of(part.mode, part.decision.allowed);
+            match outcome {
+                DecisionOutcome::Denied
+                | DecisionOutcome::LocalDenied
+                | DecisionOutcome::LocalLimitDenied => self.note_denied(part),
+                DecisionOutcome::ShadowDenied => self.shadow_log.would_block(part),
+                _ => {}
+            }
             self.metrics
                 .decisions
-                .with_label_values(&[part.policy.name(), outcome])
+                .with_label_values(&[part.policy.name(), outcome.as_str()])
                 .inc();
         }
     }

@@ -15,20 +15,78 @@ use crate::tenants::TenantTiers;
 /// The descriptor that names a request's tenant (the override table is keyed by it).
 pub const TENANT_DESCRIPTOR: &str = "tenant";
 
-/// One policy's part in a check, ready for the store.
+/// A request's planned checks: the store's checks, contiguous as the store takes them, and
+/// beside each (at the same index) the rest of its part. A [`PolicyDecision`] names its part by
+/// that index, so every answer finds its policy, window and group item without a search.
+///
+/// Asking the store moves the checks into the verdict (their keys become the decisions'); the
+/// parts stay, for the caller to place the decisions by.
+///
+/// [`PolicyDecision`]: super::PolicyDecision
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    /// The counter, quota, cost and enforcement of each part, in part order.
+    pub checks: Vec<StoreCheck>,
+    /// Each part's policy, tier, window and local limit, in the same order.
+    pub parts: Vec<Part>,
+}
+
+/// One policy's part in a check, beside its store check in a [`Plan`].
 #[derive(Debug, Clone)]
-pub struct Planned {
+pub struct Part {
     /// The policy.
     pub policy: Arc<Policy>,
-    /// The counter, quota, cost and enforcement.
-    pub check: StoreCheck,
     /// The tier whose quota applies, if the policy has tiers and the request is in a listed one.
     pub tier: Option<String>,
     /// Which window of the policy's quota this is (its index), when the policy has several.
-    pub window: Option<usize>,
+    pub window_index: Option<usize>,
     /// The policy's local limit, checked in this pod before the store; carried by the first
     /// window of an enforced partition only.
     pub local: Option<StoreCheck>,
+    /// The group item this part belongs to (0 outside a group).
+    pub item: usize,
+}
+
+impl Plan {
+    /// A plan with room for `parts` parts.
+    fn with_capacity(parts: usize) -> Self {
+        Self {
+            checks: Vec::with_capacity(parts),
+            parts: Vec::with_capacity(parts),
+        }
+    }
+
+    /// Whether no policy applies.
+    pub fn is_empty(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    /// Adds a part and its store check.
+    pub fn push(&mut self, part: Part, check: StoreCheck) {
+        self.parts.push(part);
+        self.checks.push(check);
+    }
+
+    /// The parts at `at` (indexes into this plan), as a plan of their own: a part's index there
+    /// is its position in `at`.
+    pub fn subset(&self, at: &[usize]) -> Self {
+        let mut subset = Self::with_capacity(at.len());
+        for index in at {
+            if let (Some(part), Some(check)) = (self.parts.get(*index), self.checks.get(*index)) {
+                subset.push(part.clone(), check.clone());
+            }
+        }
+        subset
+    }
+}
+
+impl IntoIterator for Plan {
+    type Item = (Part, StoreCheck);
+    type IntoIter = std::iter::Zip<std::vec::IntoIter<Part>, std::vec::IntoIter<StoreCheck>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.parts.into_iter().zip(self.checks)
+    }
 }
 
 /// Validates `request` and plans its store checks, without the policies another applying one
@@ -38,7 +96,7 @@ pub(crate) async fn plan(
     limits: &RequestLimits,
     tiers: Option<&TenantTiers>,
     request: &CheckRequest,
-) -> Result<Vec<Planned>, CheckError> {
+) -> Result<Plan, CheckError> {
     plan_as(policies, limits, tiers, request, false).await
 }
 
@@ -49,7 +107,7 @@ pub(crate) async fn plan_report(
     limits: &RequestLimits,
     tiers: Option<&TenantTiers>,
     request: &CheckRequest,
-) -> Result<Vec<Planned>, CheckError> {
+) -> Result<Plan, CheckError> {
     plan_as(policies, limits, tiers, request, true).await
 }
 
@@ -59,7 +117,7 @@ async fn plan_as(
     tiers: Option<&TenantTiers>,
     request: &CheckRequest,
     report: bool,
-) -> Result<Vec<Planned>, CheckError> {
+) -> Result<Plan, CheckError> {
     let mut applicable = [select(policies, limits, request)?];
     policies.drop_replaced(&mut applicable);
     let [applicable] = applicable;
@@ -103,7 +161,7 @@ pub(crate) async fn plan_selected(
     request: &CheckRequest,
     applicable: Vec<Applicable>,
     report: bool,
-) -> Result<Vec<Planned>, CheckError> {
+) -> Result<Plan, CheckError> {
     let descriptors = &request.descriptors;
     let tenant_tier = match (tiers, descriptors.get(TENANT_DESCRIPTOR)) {
         (Some(tiers), Some(tenant))
@@ -113,7 +171,7 @@ pub(crate) async fn plan_selected(
         }
         _ => None,
     };
-    let mut planned = Vec::with_capacity(applicable.len());
+    let mut plan = Plan::with_capacity(applicable.len());
     for Applicable { policy, captures } in applicable {
         let (tier, quota) = policy.quota_for(descriptors, tenant_tier.as_deref());
         let cost = policy.cost_for(descriptors, request.cost);
@@ -134,28 +192,32 @@ pub(crate) async fn plan_selected(
             cost,
             enforce,
         });
-        let part = |key, algorithm: &Algorithm, window, local| Planned {
-            policy: Arc::clone(&policy),
-            check: StoreCheck {
+        let mut push = |key, algorithm: &Algorithm, window_index, local| {
+            let part = Part {
+                policy: Arc::clone(&policy),
+                tier: tier.map(str::to_owned),
+                window_index,
+                local,
+                item: 0,
+            };
+            let check = StoreCheck {
                 key,
                 algorithm: *algorithm,
                 cost,
                 enforce,
-            },
-            tier: tier.map(str::to_owned),
-            window,
-            local,
+            };
+            plan.push(part, check);
         };
         match quota.windows() {
             // One window: the policy's own counter, as it always was.
-            [algorithm] => planned.push(part(key, algorithm, None, local)),
+            [algorithm] => push(key, algorithm, None, local),
             windows => {
                 for (index, algorithm) in windows.iter().enumerate() {
                     let key = key.for_window(algorithm.period_us());
-                    planned.push(part(key, algorithm, Some(index), local.take()));
+                    push(key, algorithm, Some(index), local.take());
                 }
             }
         }
     }
-    Ok(planned)
+    Ok(plan)
 }

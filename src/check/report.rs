@@ -7,23 +7,16 @@
 //! answer, each policy's failure mode applies: `open` loses the report (counted), `closed`
 //! answers 503, `local` spends in this pod's share.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prometheus::{IntCounterVec, Opts};
 
-use super::plan::{self, Planned};
+use super::plan::{self, Plan};
 use super::request::{CheckError, CheckRequest};
 use super::verdict::{self, Mode, PolicyDecision, Verdict};
-use super::CheckService;
+use super::{CheckService, ReportOutcome};
 use crate::limit::{Decision, FailureMode};
 use crate::store::{Spend, StoreCheck};
-
-/// Every value of the `outcome` label of `sluice_reports_total`: `within` (the limit held it),
-/// `over` (spent past the limit: the next check is denied), `local` (spent in this pod's share:
-/// the store could not answer), `lost` (a fail-open policy's, the store could not answer) and
-/// `refused` (a fail-closed policy's: 503).
-pub const REPORT_OUTCOMES: [&str; 5] = ["within", "over", "local", "lost", "refused"];
 
 impl CheckService {
     /// Spends `request`'s cost on every policy it matches, whatever their counters hold; the
@@ -35,52 +28,47 @@ impl CheckService {
             ));
         }
         let policies = self.policies();
-        let planned =
-            plan::plan_report(&policies, &self.limits, self.tiers.as_ref(), request).await?;
-        if planned.is_empty() {
+        let plan = plan::plan_report(&policies, &self.limits, self.tiers.as_ref(), request).await?;
+        if plan.is_empty() {
             return Ok(Verdict::unlimited());
         }
         if let Some(buckets) = &self.local_limits {
-            let local: Vec<StoreCheck> = planned.iter().filter_map(|p| p.local.clone()).collect();
+            let local: Vec<StoreCheck> =
+                plan.parts.iter().filter_map(|p| p.local.clone()).collect();
             if !local.is_empty() {
                 buckets.spend_now(&local);
             }
         }
-        let verdict = verdict::decide(self.spend_regardless(planned).await);
+        let verdict = verdict::decide(self.spend_regardless(plan).await);
         for part in verdict::per_policy(&verdict.evaluated) {
-            let outcome = match (part.mode, part.decision.allowed) {
-                (Mode::FailOpen, _) => "lost",
-                (Mode::FailClosed, _) => "refused",
-                (Mode::Local, _) => "local",
-                (_, true) => "within",
-                (_, false) => "over",
-            };
+            let outcome = ReportOutcome::of(part.mode, part.decision.allowed);
             self.reports
-                .with_label_values(&[part.policy.name(), outcome])
+                .with_label_values(&[part.policy.name(), outcome.as_str()])
                 .inc();
         }
         Ok(verdict)
     }
 
-    async fn spend_regardless(&self, planned: Vec<Planned>) -> Vec<PolicyDecision> {
-        let deadline = planned
+    async fn spend_regardless(&self, plan: Plan) -> Vec<PolicyDecision> {
+        let deadline = plan
+            .parts
             .iter()
             .filter_map(|p| p.policy.timeout_us())
             .max()
             .map(Duration::from_micros);
-        let checks: Vec<StoreCheck> = planned.iter().map(|p| p.check.clone()).collect();
         let asked = Instant::now();
-        let spent = self.store.spend(&checks, deadline).await;
+        let spent = self.store.spend(&plan.checks, deadline).await;
         let decisions: Vec<(Decision, Mode)> = match spent {
-            Ok(decisions) => planned
+            Ok(decisions) => plan
+                .checks
                 .iter()
                 .zip(decisions)
-                .map(|(part, decision)| {
-                    if part.check.enforce {
+                .map(|(check, decision)| {
+                    if check.enforce {
                         // Past the limit the answer is a denial of 1 unit: what the store would
                         // answer the next check, so the local layer may answer it instead.
                         if let Some(hot) = &self.hot {
-                            hot.remember(&part.check.key, 1, &decision, asked);
+                            hot.remember(&check.key, 1, &decision, asked);
                         }
                         (decision, Mode::Enforced)
                     } else {
@@ -93,38 +81,38 @@ impl CheckService {
                 if let Some(hot) = &self.hot {
                     hot.clear();
                 }
-                planned
+                plan.parts
                     .iter()
-                    .map(|part| {
+                    .zip(&plan.checks)
+                    .map(|(part, check)| {
                         let none = |allowed| Decision {
                             allowed,
-                            limit: part.check.algorithm.limit(),
+                            limit: check.algorithm.limit(),
                             remaining: 0,
                             reset_after_us: 0,
                             retry_after_us: 0,
                         };
                         match part.policy.failure_mode() {
                             FailureMode::Open => (none(true), Mode::FailOpen),
-                            FailureMode::Closed if part.check.enforce => {
-                                (none(false), Mode::FailClosed)
-                            }
+                            FailureMode::Closed if check.enforce => (none(false), Mode::FailClosed),
                             FailureMode::Closed => (none(true), Mode::FailOpen),
-                            FailureMode::Local => (self.local.spend(&part.check), Mode::Local),
+                            FailureMode::Local => (self.local.spend(check), Mode::Local),
                         }
                     })
                     .collect()
             }
         };
-        planned
-            .into_iter()
+        plan.into_iter()
             .zip(decisions)
-            .map(|(part, (decision, mode))| PolicyDecision {
-                window_us: part.check.algorithm.window_us(),
-                policy: Arc::clone(&part.policy),
-                key: part.check.key,
+            .enumerate()
+            .map(|(at, ((part, check), (decision, mode)))| PolicyDecision {
+                advertised_us: check.algorithm.advertised_us(),
+                policy: part.policy,
+                key: check.key,
                 decision,
                 mode,
-                window: part.window,
+                window_index: part.window_index,
+                part: at,
             })
             .collect()
     }

@@ -151,7 +151,7 @@ impl CheckService {
     /// Counts a denial in the policy's top list (the partition, every window as one).
     pub(super) fn note_denied(&self, part: &PolicyDecision) {
         // A policy of one window (most) needs no copy of its key.
-        if part.key.window().is_none() {
+        if part.key.period_us().is_none() {
             let id = self.shadow_log.fingerprint_id(&part.key);
             self.top.note(part.policy.name(), id, &part.key);
         } else {

@@ -6,12 +6,12 @@
 
 use std::time::Duration;
 
-use super::CheckRequest;
+use super::{CheckRequest, DecisionOutcome};
 use crate::logging::LogGate;
 use crate::telemetry::Metrics;
 
 /// The `outcome` label of an unmatched check (its `policy` label is empty).
-pub const UNMATCHED: &str = "unmatched";
+const UNMATCHED: DecisionOutcome = DecisionOutcome::Unmatched;
 
 /// Shortest time between two warn lines.
 const QUIET: Duration = Duration::from_secs(10);
@@ -33,12 +33,17 @@ impl Unmatched {
 
     /// Creates the series so that `rate()` sees the first one.
     pub fn register(metrics: &Metrics) {
-        metrics.decisions.with_label_values(&["", UNMATCHED]);
+        metrics
+            .decisions
+            .with_label_values(&["", UNMATCHED.as_str()]);
     }
 
     /// Counts one unmatched check (not a dry run).
     pub fn note(&self, metrics: &Metrics, request: &CheckRequest) {
-        metrics.decisions.with_label_values(&["", UNMATCHED]).inc();
+        metrics
+            .decisions
+            .with_label_values(&["", UNMATCHED.as_str()])
+            .inc();
         if !self.log {
             return;
         }

@@ -4,9 +4,8 @@ use std::sync::Arc;
 
 use crate::limit::{Decision, Key, Micros, Policy};
 
-/// How a policy's decision was reached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
+/// How a policy's decision was reached. Serialised as its name ([`Mode::as_str`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// By the store, and it counts.
     Enforced,
@@ -24,7 +23,17 @@ pub enum Mode {
 }
 
 impl Mode {
-    /// The name used in answers.
+    /// Every mode.
+    pub const ALL: [Self; 6] = [
+        Self::Enforced,
+        Self::Shadow,
+        Self::FailOpen,
+        Self::Local,
+        Self::FailClosed,
+        Self::LocalLimit,
+    ];
+
+    /// The name used in answers, logs and spans.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Enforced => "enforced",
@@ -37,7 +46,7 @@ impl Mode {
     }
 }
 
-/// The overall answer.
+/// The overall answer. Serialised as its name ([`Outcome::as_str`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     /// Go ahead (200).
@@ -47,6 +56,30 @@ pub enum Outcome {
     /// A fail-closed policy could not be checked (503).
     Unavailable,
 }
+
+impl Outcome {
+    /// The name used in answers and spans.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Allowed => "allowed",
+            Self::Denied => "denied",
+            Self::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// Serialises each of these types as its `as_str` name, so each has one list of names.
+macro_rules! serialize_as_name {
+    ($($name:ty),+) => {$(
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.as_str())
+            }
+        }
+    )+};
+}
+
+serialize_as_name!(Mode, Outcome);
 
 /// One policy's part in a verdict.
 #[derive(Debug, Clone)]
@@ -59,12 +92,15 @@ pub struct PolicyDecision {
     pub decision: Decision,
     /// How it was reached.
     pub mode: Mode,
-    /// The window of the quota, for `RateLimit-Policy` (for a token bucket: the time to refill
-    /// from empty, so `limit` per window is exactly the refill rate).
-    pub window_us: Micros,
+    /// The advertised length in which `limit` units fit, for `RateLimit-Policy` (the period; for
+    /// a token bucket the time to refill from empty, so `limit` per length is exactly the refill
+    /// rate). See [`Algorithm::advertised_us`](crate::limit::Algorithm::advertised_us).
+    pub advertised_us: Micros,
     /// Which window of the policy's quota this is (its index in `limits`), for a policy of
     /// several windows; `None` for a policy of one (and for its local limit).
-    pub window: Option<usize>,
+    pub window_index: Option<usize>,
+    /// Its part's index in the plan it was decided from ([`Plan`](super::Plan)).
+    pub part: usize,
 }
 
 /// The answer to a check.
@@ -144,5 +180,36 @@ pub fn decide(evaluated: Vec<PolicyDecision>) -> Verdict {
         outcome,
         deciding_index: deciding,
         evaluated,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Mode, Outcome};
+
+    /// The names answers carry (the wire contract), the same in JSON.
+    #[test]
+    fn modes_are_named_as_on_the_wire() {
+        let names = [
+            "enforced",
+            "shadow",
+            "fail_open",
+            "local",
+            "fail_closed",
+            "local_limit",
+        ];
+        assert_eq!(Mode::ALL.map(Mode::as_str), names);
+        let json = serde_json::to_string(&Mode::ALL).expect("serialises");
+        assert_eq!(
+            json,
+            r#"["enforced","shadow","fail_open","local","fail_closed","local_limit"]"#
+        );
+    }
+
+    #[test]
+    fn outcomes_are_named_as_on_the_wire() {
+        let all = [Outcome::Allowed, Outcome::Denied, Outcome::Unavailable];
+        let json = serde_json::to_string(&all).expect("serialises");
+        assert_eq!(json, r#"["allowed","denied","unavailable"]"#);
     }
 }

@@ -142,7 +142,10 @@ async fn either_window_denies_and_a_denial_spends_from_neither() {
     let denied = service.check(&request("api", "u")).await.expect("valid");
     assert_eq!(denied.outcome, Outcome::Denied);
     let deciding = denied.deciding().expect("decided");
-    assert_eq!((deciding.policy.name(), deciding.window), ("api", Some(0)));
+    assert_eq!(
+        (deciding.policy.name(), deciding.window_index),
+        ("api", Some(0))
+    );
     assert!(deciding.decision.retry_after_us <= SEC);
     assert_eq!(
         remaining(service, "api", "u").await,
@@ -159,14 +162,14 @@ async fn either_window_denies_and_a_denial_spends_from_neither() {
     f.clock.advance(SEC);
     let allowed = service.check(&request("api", "u")).await.expect("valid");
     assert_eq!(
-        allowed.deciding().expect("decided").window,
+        allowed.deciding().expect("decided").window_index,
         Some(1),
         "least remaining"
     );
     let denied = service.check(&request("api", "u")).await.expect("valid");
     assert_eq!(denied.outcome, Outcome::Denied);
     let deciding = denied.deciding().expect("decided");
-    assert_eq!(deciding.window, Some(1));
+    assert_eq!(deciding.window_index, Some(1));
     assert!(deciding.decision.retry_after_us > 3_000 * SEC);
     assert_eq!(
         remaining(service, "api", "u").await,

@@ -4,7 +4,7 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::limit::Micros;
+use crate::limit::{period_name, Micros};
 
 /// Parses `<integer><unit>` groups, summed: units `us`, `ms`, `s`, `m`, `h`, `d`.
 pub fn parse_duration(text: &str) -> Result<Micros, String> {
@@ -53,29 +53,6 @@ pub fn parse_duration(text: &str) -> Result<Micros, String> {
     Ok(total)
 }
 
-fn format_duration(us: Micros) -> String {
-    const UNITS: [(u64, &str); 6] = [
-        (86_400_000_000, "d"),
-        (3_600_000_000, "h"),
-        (60_000_000, "m"),
-        (1_000_000, "s"),
-        (1_000, "ms"),
-        (1, "us"),
-    ];
-    if us == 0 {
-        return "0s".into();
-    }
-    let mut out = String::new();
-    let mut rest = us;
-    for (scale, unit) in UNITS {
-        if rest >= scale {
-            out.push_str(&format!("{}{unit}", rest / scale));
-            rest %= scale;
-        }
-    }
-    out
-}
-
 /// A duration written the human way in config files; holds microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct HumanDuration(pub Micros);
@@ -89,7 +66,8 @@ impl HumanDuration {
 
 impl fmt::Display for HumanDuration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&format_duration(self.0))
+        // The canonical spelling, which key names use too.
+        fmt::Display::fmt(&period_name(self.0), f)
     }
 }
 

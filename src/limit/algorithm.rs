@@ -147,10 +147,10 @@ impl Algorithm {
         }
     }
 
-    /// The window in which [`Algorithm::limit`] units fit, for `RateLimit-Policy`: the period
-    /// for the windows; for a bucket the time to refill from empty (`capacity * period / limit`),
-    /// so that "capacity per window" is exactly the refill rate.
-    pub fn window_us(&self) -> Micros {
+    /// The advertised length in which [`Algorithm::limit`] units fit, for `RateLimit-Policy`:
+    /// the period for the windows; for a bucket the time to refill from empty
+    /// (`capacity * period / limit`), so that "capacity per length" is exactly the refill rate.
+    pub fn advertised_us(&self) -> Micros {
         match self {
             Algorithm::TokenBucket(a) => super::saturate(
                 u128::from(a.capacity()) * u128::from(a.period_us()) / u128::from(a.limit()),

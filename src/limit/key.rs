@@ -19,7 +19,8 @@ use super::Micros;
 pub struct Key {
     policy: Arc<str>,
     partition: String,
-    window: Option<Micros>,
+    /// The period of its window, for a policy of several windows.
+    period_us: Option<Micros>,
 }
 
 impl Key {
@@ -35,7 +36,7 @@ impl Key {
         Self {
             policy,
             partition,
-            window: None,
+            period_us: None,
         }
     }
 
@@ -43,7 +44,7 @@ impl Key {
     /// windows only).
     pub fn for_window(&self, period_us: Micros) -> Self {
         Self {
-            window: Some(period_us),
+            period_us: Some(period_us),
             ..self.clone()
         }
     }
@@ -54,14 +55,14 @@ impl Key {
         Self {
             policy,
             partition,
-            window: None,
+            period_us: None,
         }
     }
 
     /// The partition's own key, without a window: what a policy's local limit counts in.
     pub fn without_window(&self) -> Self {
         Self {
-            window: None,
+            period_us: None,
             ..self.clone()
         }
     }
@@ -78,8 +79,8 @@ impl Key {
 
     /// The period of this counter's window, for a policy of several windows; `None` for a
     /// policy of one.
-    pub fn window(&self) -> Option<Micros> {
-        self.window
+    pub fn period_us(&self) -> Option<Micros> {
+        self.period_us
     }
 
     /// A stable number in 0..100 for this key, the same in every process and release: rollouts
@@ -103,7 +104,7 @@ impl Key {
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:{}", self.policy, self.partition)?;
-        match self.window {
+        match self.period_us {
             Some(period_us) => write!(f, "@{period_us}us"),
             None => Ok(()),
         }
@@ -165,7 +166,7 @@ mod tests {
         assert_ne!(plain, second);
         assert_ne!(second, hour);
         assert_eq!(hour.partition(), plain.partition());
-        assert_eq!(hour.window(), Some(3_600_000_000));
+        assert_eq!(hour.period_us(), Some(3_600_000_000));
         assert_eq!(second.to_string(), "p:x@1000000us");
         assert_eq!(plain.bucket_of_100(), hour.bucket_of_100());
     }

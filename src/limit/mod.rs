@@ -20,6 +20,7 @@ mod fixed_window;
 mod glob;
 mod key;
 mod matcher;
+mod period;
 mod policy;
 mod policy_set;
 mod quota;
@@ -40,6 +41,7 @@ pub use fixed_window::{FixedWindow, WindowState};
 pub use glob::{globs_overlap, Glob};
 pub use key::Key;
 pub use matcher::{Captures, Pattern, Segment};
+pub use period::{period_name, PeriodName};
 pub use policy::{
     field_problems, CostTable, Descriptors, FailureMode, Policy, PolicyError, PolicyParts, Tiers,
     MAX_POLICY_NAME,

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 pub use memory::{MemoryMetrics, MemoryStore};
 pub use redis::error::ErrorKind;
+pub use redis::health::Circuit;
 
 use crate::limit::{Algorithm, Decision, Key};
 
@@ -173,9 +174,9 @@ pub trait RateStore: Send + Sync + 'static {
     /// A short name for logs and the readiness body (`memory`, `redis`).
     fn name(&self) -> &'static str;
 
-    /// The remote store's health (`healthy`, `degraded`, `open`, `half_open`); `None` for a
+    /// The remote store's circuit (`healthy`, `degraded`, `open`, `half_open`); `None` for a
     /// store that cannot fail.
-    fn health(&self) -> Option<&'static str> {
+    fn health(&self) -> Option<Circuit> {
         None
     }
 }

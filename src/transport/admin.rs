@@ -105,7 +105,7 @@ async fn readyz(State(ctx): State<AdminCtx>) -> Response {
         "policies": ctx.service.policies().len(),
     });
     if let Some(health) = ctx.service.store_health() {
-        body["redis"] = health.into();
+        body["redis"] = health.as_str().into();
     }
     (status, Json(body)).into_response()
 }

@@ -61,7 +61,7 @@ impl<'a> ReportReply<'a> {
             Some(part) => Self {
                 within_limit,
                 policy: Some(part.policy.name()),
-                window: part.window,
+                window: part.window_index,
                 limit: Some(part.decision.limit),
                 remaining: Some(part.decision.remaining),
                 reset_after_ms: part.decision.reset_after_us.div_ceil(1_000),

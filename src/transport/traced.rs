@@ -5,7 +5,7 @@
 use std::future::Future;
 
 use super::Transport;
-use crate::check::{CheckError, Outcome, Verdict};
+use crate::check::{CheckError, Verdict};
 use crate::telemetry::{CheckSpan, SpanTransport};
 
 /// The span attribute for a listener.
@@ -30,15 +30,10 @@ pub(crate) fn verdict(span: Option<&CheckSpan>, verdict: &Verdict) {
     let Some(span) = span else {
         return;
     };
-    let outcome = match verdict.outcome {
-        Outcome::Allowed => "allowed",
-        Outcome::Denied => "denied",
-        Outcome::Unavailable => "unavailable",
-    };
     let deciding = verdict.deciding();
     span.answer(
         deciding.map_or("", |part| part.policy.name()),
-        outcome,
+        verdict.outcome.as_str(),
         deciding.map(|part| part.mode.as_str()),
     );
 }

@@ -11,8 +11,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use crate::check::{CheckError, CheckRequest, Mode, Outcome, PolicyDecision, Spend, Verdict};
-use crate::config::HumanDuration;
-use crate::limit::{Descriptors, Micros};
+use crate::limit::{period_name, Descriptors, Micros};
 
 /// `POST /v1/check` body.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -134,7 +133,7 @@ pub struct CheckReply<'a> {
     pub retry_after_ms: u64,
     /// `enforced`, `shadow`, `fail_open`, `local`, `local_limit` (denied by the policy's
     /// per-pod local limit) or `fail_closed` (on a 503).
-    pub mode: &'static str,
+    pub mode: Mode,
     /// `rate_limit` on a 429, `limiter_unavailable` on a 503.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<&'static str>,
@@ -191,14 +190,14 @@ impl<'a> CheckReply<'a> {
                 remaining: None,
                 reset_after_ms: 0,
                 retry_after_ms: 0,
-                mode: Mode::Enforced.as_str(),
+                mode: Mode::Enforced,
                 error,
                 retry_after_sec,
             },
             Some(part) => Self {
                 allowed: verdict.outcome == Outcome::Allowed,
                 policy: Some(part.policy.name()),
-                window: part.window,
+                window: part.window_index,
                 limit: Some(part.decision.limit),
                 remaining: Some(part.decision.remaining),
                 reset_after_ms: ceil_div(part.decision.reset_after_us, 1_000),
@@ -208,7 +207,7 @@ impl<'a> CheckReply<'a> {
                 } else {
                     ceil_div(part.decision.retry_after_us, 1_000)
                 },
-                mode: part.mode.as_str(),
+                mode: part.mode,
                 error,
                 retry_after_sec,
             },
@@ -254,7 +253,7 @@ pub fn headers(verdict: &Verdict) -> HeaderMap {
     let same_counter = |p: &&PolicyDecision| {
         Arc::ptr_eq(&p.policy, &part.policy) && p.key.partition() == part.key.partition()
     };
-    for window in verdict
+    for item in verdict
         .evaluated
         .iter()
         .filter(same_counter)
@@ -263,12 +262,13 @@ pub fn headers(verdict: &Verdict) -> HeaderMap {
         if !policy.is_empty() {
             policy.push_str(", ");
         }
-        let window_sec = ceil_div(window.window_us, 1_000_000).max(1);
+        // `w`: the advertised length, in seconds.
+        let advertised_sec = ceil_div(item.advertised_us, 1_000_000).max(1);
         let _ = write!(
             policy,
-            "\"{}\";q={};w={window_sec}",
-            ItemName(window),
-            window.decision.limit
+            "\"{}\";q={};w={advertised_sec}",
+            ItemName(item),
+            item.decision.limit
         );
     }
     put("ratelimit-policy", policy);
@@ -292,9 +292,9 @@ impl std::fmt::Display for ItemName<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let part = self.0;
         let name = part.policy.name();
-        match (part.mode, part.key.window()) {
+        match (part.mode, part.key.period_us()) {
             (Mode::LocalLimit, _) => write!(f, "{name}/local"),
-            (_, Some(period_us)) => write!(f, "{name}/{}", HumanDuration(period_us)),
+            (_, Some(period_us)) => write!(f, "{name}/{}", period_name(period_us)),
             (_, None) => f.write_str(name),
         }
     }

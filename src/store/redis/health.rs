@@ -49,6 +49,25 @@ impl Circuit {
     }
 }
 
+/// Why the circuit opened: the `cause` of its log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CircuitReason {
+    /// A call failed with this kind (enough failures in a row, or one that opens at once).
+    Failure(ErrorKind),
+    /// Sentinel announced a new primary (`+switch-master`).
+    Failover,
+}
+
+impl CircuitReason {
+    /// The name used in logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Failure(kind) => kind.as_str(),
+            Self::Failover => "failover",
+        }
+    }
+}
+
 /// Shared health of one Redis target.
 pub struct Health {
     state: AtomicU8,
@@ -103,15 +122,15 @@ impl Health {
             return;
         }
         if circuit == Circuit::HalfOpen || failures >= self.threshold || kind.opens_at_once() {
-            self.open(kind.as_str());
+            self.open(CircuitReason::Failure(kind));
         } else if circuit == Circuit::Healthy {
             self.transition(Circuit::Degraded, "Redis calls failing");
         }
     }
 
     /// Opens the circuit (also used by the prober when a probe fails in half-open).
-    pub fn open(&self, kind: &str) {
-        if self.transition(Circuit::Open, kind) {
+    pub fn open(&self, reason: CircuitReason) {
+        if self.transition(Circuit::Open, reason.as_str()) {
             self.opened.notify_one();
         }
     }

@@ -10,8 +10,7 @@
 //! [`MAX_PARTITION_BYTES`] are replaced by `#` and their SHA-1, bounding memory per key; `#`
 //! cannot start an escaped value.
 
-use crate::config::HumanDuration;
-use crate::limit::Key;
+use crate::limit::{period_name, Key};
 
 /// Longest partition stored as is; longer ones are hashed.
 pub const MAX_PARTITION_BYTES: usize = 128;
@@ -20,22 +19,19 @@ pub const MAX_PARTITION_BYTES: usize = 128;
 pub fn redis_key(prefix: &str, key: &Key) -> String {
     let partition = key.partition();
     let policy = key.policy();
-    match (partition.len() > MAX_PARTITION_BYTES, key.window()) {
+    match (partition.len() > MAX_PARTITION_BYTES, key.period_us()) {
         (false, None) => format!("{prefix}:{{{policy}:{partition}}}"),
         (false, Some(period)) => {
-            format!(
-                "{prefix}:{{{policy}:{partition}}}:{}",
-                HumanDuration(period)
-            )
+            format!("{prefix}:{{{policy}:{partition}}}:{}", period_name(period))
         }
-        (true, window) => {
+        (true, period_us) => {
             let digest = sha1_smol::Sha1::from(partition.as_bytes())
                 .digest()
                 .to_string();
-            match window {
+            match period_us {
                 None => format!("{prefix}:{{{policy}:#{digest}}}"),
                 Some(period) => {
-                    format!("{prefix}:{{{policy}:#{digest}}}:{}", HumanDuration(period))
+                    format!("{prefix}:{{{policy}:#{digest}}}:{}", period_name(period))
                 }
             }
         }

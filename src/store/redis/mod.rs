@@ -379,8 +379,8 @@ impl RateStore for RedisStore {
         "redis"
     }
 
-    fn health(&self) -> Option<&'static str> {
-        Some(self.health.circuit().as_str())
+    fn health(&self) -> Option<Circuit> {
+        Some(self.health.circuit())
     }
 }
 

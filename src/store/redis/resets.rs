@@ -44,9 +44,10 @@ pub fn channel(prefix: &str) -> String {
 struct Message<'a> {
     policy: Cow<'a, str>,
     partition: Cow<'a, str>,
-    /// The window's period in µs, for a counter of a policy of several windows.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    window_us: Option<u64>,
+    /// The window's period in µs, for a counter of a policy of several windows (`window_us` in
+    /// the message, which other pods read).
+    #[serde(rename = "window_us", default, skip_serializing_if = "Option::is_none")]
+    period_us: Option<u64>,
 }
 
 /// The message announcing that `key` was reset.
@@ -54,7 +55,7 @@ pub fn encode(key: &Key) -> String {
     let message = Message {
         policy: Cow::Borrowed(key.policy()),
         partition: Cow::Borrowed(key.partition()),
-        window_us: key.window(),
+        period_us: key.period_us(),
     };
     serde_json::to_string(&message).unwrap_or_default()
 }
@@ -69,7 +70,7 @@ pub fn decode(payload: &[u8]) -> Option<Key> {
         Arc::from(message.policy.as_ref()),
         message.partition.into_owned(),
     );
-    Some(match message.window_us {
+    Some(match message.period_us {
         Some(period_us) => key.for_window(period_us),
         None => key,
     })

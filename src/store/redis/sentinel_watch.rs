@@ -11,7 +11,7 @@ use tokio::sync::watch;
 
 use super::access::Access;
 use super::conn::{mask_password, node_client, SentinelTarget};
-use super::health::Health;
+use super::health::{CircuitReason, Health};
 
 /// Watches until the store is dropped (`alive`: see `RedisStore`).
 pub async fn watch(
@@ -58,7 +58,7 @@ async fn listen(
         // "<master name> <old ip> <old port> <new ip> <new port>"
         if payload.split_whitespace().next() == Some(master) {
             tracing::warn!(announcement = %payload, "Sentinel switched the primary; reconnecting");
-            health.open("failover");
+            health.open(CircuitReason::Failover);
         }
     }
     Ok(())

@@ -85,16 +85,16 @@ fn status(item: &Verdict) -> DescriptorStatus {
 /// policy of several windows, the window that decided (named `<policy>/<period>` as in
 /// `RateLimit-Policy`): Envoy takes one status per descriptor.
 fn current_limit(part: &PolicyDecision) -> RateLimit {
-    let (limit, window) = (part.decision.limit, part.window_us.max(1));
+    let (limit, advertised) = (part.decision.limit, part.advertised_us.max(1));
     let (unit, length) = UNITS
         .iter()
         .copied()
-        .find(|(_, length)| *length >= window)
+        .find(|(_, length)| *length >= advertised)
         .unwrap_or(UNITS[UNITS.len() - 1]);
-    let per_unit = if length == window {
+    let per_unit = if length == advertised {
         limit
     } else {
-        let scaled = u128::from(limit) * u128::from(length) / u128::from(window);
+        let scaled = u128::from(limit) * u128::from(length) / u128::from(advertised);
         u64::try_from(scaled).unwrap_or(u64::MAX).max(1)
     };
     RateLimit {

@@ -6,6 +6,7 @@
 //! stream's request read whole and checked before tonic decodes it ([`stream`], [`decode`]).
 
 mod answer;
+mod code;
 pub mod connection;
 pub mod decode;
 pub mod proto;
@@ -25,7 +26,10 @@ use proto::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
+pub use code::GrpcCode;
+
 use super::serve::Drain;
+
 use super::{traced, Transport};
 
 /// The fully qualified service name (for health checks and reflection-less clients).
@@ -53,11 +57,11 @@ impl Rls {
         }
     }
 
-    fn count(&self, code: &str, started: Instant) {
+    fn count(&self, code: GrpcCode, started: Instant) {
         self.duration.observe(started.elapsed().as_secs_f64());
         self.metrics
             .responses
-            .with_label_values(&[Transport::Grpc.as_str(), code])
+            .with_label_values(&[Transport::Grpc.as_str(), code.as_str()])
             .inc();
     }
 }
@@ -79,8 +83,8 @@ impl RateLimitService for Rls {
         let items = match question::items(&request, self.service.limits()) {
             Ok(items) => items,
             Err(reason) => {
-                traced::refused(span, "invalid_argument");
-                self.count("invalid_argument", started);
+                traced::refused(span, GrpcCode::InvalidArgument.as_str());
+                self.count(GrpcCode::InvalidArgument, started);
                 return Err(Status::invalid_argument(reason));
             }
         };
@@ -88,17 +92,12 @@ impl RateLimitService for Rls {
             Ok(verdict) => {
                 traced::verdict(span, &verdict.overall);
                 let response = answer::response(&verdict, self.with_headers);
-                let code = if response.overall_code == 1 {
-                    "ok"
-                } else {
-                    "over_limit"
-                };
-                self.count(code, started);
+                self.count(GrpcCode::of_response(&response), started);
                 Ok(Response::new(response))
             }
             Err(error) => {
                 traced::check_error(span, &error);
-                self.count("invalid_argument", started);
+                self.count(GrpcCode::InvalidArgument, started);
                 Err(Status::invalid_argument(error.to_string()))
             }
         }

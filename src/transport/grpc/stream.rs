@@ -19,6 +19,7 @@ use tonic::codegen::Service as _;
 use tonic::Status;
 
 use super::connection::Activity;
+use super::GrpcCode;
 use crate::telemetry::Metrics;
 use crate::transport::Transport;
 
@@ -79,7 +80,10 @@ impl hyper::service::Service<Request<Incoming>> for Streams {
                 Err(status) => {
                     metrics
                         .responses
-                        .with_label_values(&[Transport::Grpc.as_str(), code_label(status.code())])
+                        .with_label_values(&[
+                            Transport::Grpc.as_str(),
+                            GrpcCode::of_status(status.code()).as_str(),
+                        ])
                         .inc();
                     return Ok(status.into_http());
                 }
@@ -125,16 +129,6 @@ async fn read(body: Incoming, limits: StreamLimits) -> Result<Bytes, Status> {
     let message = collected.to_bytes();
     check_framing(&message)?;
     Ok(message)
-}
-
-/// The metric label of a refusal made here (a bounded set).
-fn code_label(code: tonic::Code) -> &'static str {
-    match code {
-        tonic::Code::DeadlineExceeded => "deadline_exceeded",
-        tonic::Code::ResourceExhausted => "resource_exhausted",
-        tonic::Code::Cancelled => "cancelled",
-        _ => "invalid_argument",
-    }
 }
 
 /// Exactly one complete, uncompressed message, or why not.

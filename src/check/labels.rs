@@ -1,0 +1,163 @@
+//! What each policy's decision counts as: the `outcome` label of `sluice_decisions_total` and of
+//! `sluice_reports_total`, as bounded enums (every series is registered up front from `ALL`).
+
+use super::verdict::Mode;
+
+/// A value of the `outcome` label of `sluice_decisions_total`. `LocalAllowed` and
+/// `LocalDenied` are the `local` failure mode's (the store could not answer); a policy's
+/// `local_limit` denies as `LocalLimitDenied` (the store was not asked); `Unmatched` counts
+/// checks that matched no policy (with an empty `policy` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecisionOutcome {
+    /// Allowed (by the store, or a shadow policy that would allow).
+    Allowed,
+    /// Denied by the store (or the local layer of recent denials).
+    Denied,
+    /// A shadow policy that would have denied.
+    ShadowDenied,
+    /// The store could not answer; the policy fails open.
+    FailOpen,
+    /// The store could not answer; the policy fails closed.
+    FailClosed,
+    /// The store could not answer; this pod's share allowed.
+    LocalAllowed,
+    /// The store could not answer; this pod's share denied.
+    LocalDenied,
+    /// Denied by the policy's local limit in this pod.
+    LocalLimitDenied,
+    /// The check matched no policy.
+    Unmatched,
+}
+
+impl DecisionOutcome {
+    /// Every value, for registering the series up front.
+    pub const ALL: [Self; 9] = [
+        Self::Allowed,
+        Self::Denied,
+        Self::ShadowDenied,
+        Self::FailOpen,
+        Self::FailClosed,
+        Self::LocalAllowed,
+        Self::LocalDenied,
+        Self::LocalLimitDenied,
+        Self::Unmatched,
+    ];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Allowed => "allowed",
+            Self::Denied => "denied",
+            Self::ShadowDenied => "shadow_denied",
+            Self::FailOpen => "fail_open",
+            Self::FailClosed => "fail_closed",
+            Self::LocalAllowed => "local_allowed",
+            Self::LocalDenied => "local_denied",
+            Self::LocalLimitDenied => "local_limit_denied",
+            Self::Unmatched => "unmatched",
+        }
+    }
+
+    /// What a policy's decision reached in `mode` counts as.
+    pub fn of(mode: Mode, allowed: bool) -> Self {
+        match (mode, allowed) {
+            (Mode::FailOpen, _) => Self::FailOpen,
+            (Mode::FailClosed, _) => Self::FailClosed,
+            (Mode::Local, true) => Self::LocalAllowed,
+            (Mode::Local, false) => Self::LocalDenied,
+            (Mode::LocalLimit, _) => Self::LocalLimitDenied,
+            (Mode::Enforced, false) => Self::Denied,
+            (Mode::Shadow, false) => Self::ShadowDenied,
+            (_, true) => Self::Allowed,
+        }
+    }
+
+    /// Whether a policy's decision can count as this (every value but `Unmatched`, which has
+    /// no policy).
+    pub fn has_policy(self) -> bool {
+        self != Self::Unmatched
+    }
+}
+
+/// A value of the `outcome` label of `sluice_reports_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReportOutcome {
+    /// The limit held the cost.
+    Within,
+    /// Spent past the limit: the next check is denied.
+    Over,
+    /// Spent in this pod's share: the store could not answer.
+    Local,
+    /// A fail-open policy's report, lost: the store could not answer.
+    Lost,
+    /// A fail-closed policy's report, refused (503).
+    Refused,
+}
+
+impl ReportOutcome {
+    /// Every value, for registering the series up front.
+    pub const ALL: [Self; 5] = [
+        Self::Within,
+        Self::Over,
+        Self::Local,
+        Self::Lost,
+        Self::Refused,
+    ];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Within => "within",
+            Self::Over => "over",
+            Self::Local => "local",
+            Self::Lost => "lost",
+            Self::Refused => "refused",
+        }
+    }
+
+    /// What a policy's spend reached in `mode` counts as.
+    pub fn of(mode: Mode, allowed: bool) -> Self {
+        match (mode, allowed) {
+            (Mode::FailOpen, _) => Self::Lost,
+            (Mode::FailClosed, _) => Self::Refused,
+            (Mode::Local, _) => Self::Local,
+            (_, true) => Self::Within,
+            (_, false) => Self::Over,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The label values dashboards and alerts name: they never change.
+    #[test]
+    fn labels_are_the_published_ones() {
+        assert_eq!(
+            DecisionOutcome::ALL.map(DecisionOutcome::as_str),
+            [
+                "allowed",
+                "denied",
+                "shadow_denied",
+                "fail_open",
+                "fail_closed",
+                "local_allowed",
+                "local_denied",
+                "local_limit_denied",
+                "unmatched",
+            ]
+        );
+        assert_eq!(
+            ReportOutcome::ALL.map(ReportOutcome::as_str),
+            ["within", "over", "local", "lost", "refused"]
+        );
+    }
+
+    /// The metric's doc comment in `telemetry.rs` names every outcome.
+    #[test]
+    fn the_metric_doc_lists_every_outcome() {
+        let labels = DecisionOutcome::ALL.map(DecisionOutcome::as_str);
+        crate::telemetry::assert_doc_lists("decisions", labels);
+    }
+}
