@@ -3,61 +3,58 @@
 
 use super::verdict::Mode;
 
-/// A value of the `outcome` label of `sluice_decisions_total`. `LocalAllowed` and
-/// `LocalDenied` are the `local` failure mode's (the store could not answer); a policy's
-/// `local_limit` denies as `LocalLimitDenied` (the store was not asked); `Unmatched` counts
-/// checks that matched no policy (with an empty `policy` label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DecisionOutcome {
-    /// Allowed (by the store, or a shadow policy that would allow).
-    Allowed,
-    /// Denied by the store (or the local layer of recent denials).
-    Denied,
-    /// A shadow policy that would have denied.
-    ShadowDenied,
-    /// The store could not answer; the policy fails open.
-    FailOpen,
-    /// The store could not answer; the policy fails closed.
-    FailClosed,
-    /// The store could not answer; this pod's share allowed.
-    LocalAllowed,
-    /// The store could not answer; this pod's share denied.
-    LocalDenied,
-    /// Denied by the policy's local limit in this pod.
-    LocalLimitDenied,
-    /// The check matched no policy.
-    Unmatched,
+/// A label enum: its variants (each with the label it is counted under), `ALL` for
+/// registering every series up front, and `as_str`.
+macro_rules! label_enum {
+    ($(#[$meta:meta])* pub enum $name:ident { $($(#[$doc:meta])* $variant:ident => $label:literal,)+ }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum $name {
+            $($(#[$doc])* $variant,)+
+        }
+
+        impl $name {
+            /// Every value, for registering the series up front.
+            pub const ALL: [Self; [$(Self::$variant),+].len()] = [$(Self::$variant),+];
+
+            /// The metric label.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $label,)+
+                }
+            }
+        }
+    };
+}
+
+label_enum! {
+    /// A value of the `outcome` label of `sluice_decisions_total`. `LocalAllowed` and
+    /// `LocalDenied` are the `local` failure mode's (the store could not answer); a policy's
+    /// `local_limit` denies as `LocalLimitDenied` (the store was not asked); `Unmatched` counts
+    /// checks that matched no policy (with an empty `policy` label).
+    pub enum DecisionOutcome {
+        /// Allowed (by the store, or a shadow policy that would allow).
+        Allowed => "allowed",
+        /// Denied by the store (or the local layer of recent denials).
+        Denied => "denied",
+        /// A shadow policy that would have denied.
+        ShadowDenied => "shadow_denied",
+        /// The store could not answer; the policy fails open.
+        FailOpen => "fail_open",
+        /// The store could not answer; the policy fails closed.
+        FailClosed => "fail_closed",
+        /// The store could not answer; this pod's share allowed.
+        LocalAllowed => "local_allowed",
+        /// The store could not answer; this pod's share denied.
+        LocalDenied => "local_denied",
+        /// Denied by the policy's local limit in this pod.
+        LocalLimitDenied => "local_limit_denied",
+        /// The check matched no policy.
+        Unmatched => "unmatched",
+    }
 }
 
 impl DecisionOutcome {
-    /// Every value, for registering the series up front.
-    pub const ALL: [Self; 9] = [
-        Self::Allowed,
-        Self::Denied,
-        Self::ShadowDenied,
-        Self::FailOpen,
-        Self::FailClosed,
-        Self::LocalAllowed,
-        Self::LocalDenied,
-        Self::LocalLimitDenied,
-        Self::Unmatched,
-    ];
-
-    /// The metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Allowed => "allowed",
-            Self::Denied => "denied",
-            Self::ShadowDenied => "shadow_denied",
-            Self::FailOpen => "fail_open",
-            Self::FailClosed => "fail_closed",
-            Self::LocalAllowed => "local_allowed",
-            Self::LocalDenied => "local_denied",
-            Self::LocalLimitDenied => "local_limit_denied",
-            Self::Unmatched => "unmatched",
-        }
-    }
-
     /// What a policy's decision reached in `mode` counts as.
     pub fn of(mode: Mode, allowed: bool) -> Self {
         match (mode, allowed) {
@@ -79,42 +76,23 @@ impl DecisionOutcome {
     }
 }
 
-/// A value of the `outcome` label of `sluice_reports_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReportOutcome {
-    /// The limit held the cost.
-    Within,
-    /// Spent past the limit: the next check is denied.
-    Over,
-    /// Spent in this pod's share: the store could not answer.
-    Local,
-    /// A fail-open policy's report, lost: the store could not answer.
-    Lost,
-    /// A fail-closed policy's report, refused (503).
-    Refused,
+label_enum! {
+    /// A value of the `outcome` label of `sluice_reports_total`.
+    pub enum ReportOutcome {
+        /// The limit held the cost.
+        Within => "within",
+        /// Spent past the limit: the next check is denied.
+        Over => "over",
+        /// Spent in this pod's share: the store could not answer.
+        Local => "local",
+        /// A fail-open policy's report, lost: the store could not answer.
+        Lost => "lost",
+        /// A fail-closed policy's report, refused (503).
+        Refused => "refused",
+    }
 }
 
 impl ReportOutcome {
-    /// Every value, for registering the series up front.
-    pub const ALL: [Self; 5] = [
-        Self::Within,
-        Self::Over,
-        Self::Local,
-        Self::Lost,
-        Self::Refused,
-    ];
-
-    /// The metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Within => "within",
-            Self::Over => "over",
-            Self::Local => "local",
-            Self::Lost => "lost",
-            Self::Refused => "refused",
-        }
-    }
-
     /// What a policy's spend reached in `mode` counts as.
     pub fn of(mode: Mode, allowed: bool) -> Self {
         match (mode, allowed) {
