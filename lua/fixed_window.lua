@@ -78,7 +78,7 @@ local function fixed_window_decide(packed, now, min_ttl_ms, limit, period, cost)
       reset = 0
     end
     return 1, limit, limit - count - cost, reset, 0, (count + cost) * tag_space + tag,
-      math.max(min_ttl_ms, math.floor((to_next + 999) / 1000))
+      math.max(min_ttl_ms, ceil_div(to_next, 1000))
   end
 
   local reset = 0
@@ -104,7 +104,7 @@ local function fixed_window_full(packed, now, min_ttl_ms, limit, period)
     count = math.floor(packed / tag_space)
   end
   local to_next = (window + 1) * period - now
-  return math.max(count, limit) * tag_space + tag, math.max(min_ttl_ms, math.floor((to_next + 999) / 1000))
+  return math.max(count, limit) * tag_space + tag, math.max(min_ttl_ms, ceil_div(to_next, 1000))
 end
 
 -- sluice:entry

@@ -29,6 +29,13 @@
 -- batch of one check of one counter as a call of this script itself (the lean path: none of the
 -- batch's bookkeeping).
 
+-- Not a pure function of numbers like the other algorithms' decide functions: a log is not a few
+-- numbers, so this one reads the set itself (ZCOUNT, ZRANGE) and, with `commit`, writes it
+-- (ZREMRANGEBYSCORE, ZADD, PEXPIRE) in the same call. Callers that decide several keys as one
+-- check (the batch script) must therefore decide every counter with `commit` false first and call
+-- it with `commit` true only once all of them fit (a report, which is not all or nothing, commits
+-- each at once).
+--
 -- `absent`: decide as if the key held no log, without reading it (the batch script passes it
 -- for a dry run on a key holding another algorithm's value, which a commit deletes first).
 -- `spend` (batch commit 2, a report): record the units even past the limit, then keep only the
@@ -69,7 +76,7 @@ local function sliding_log(key, now, min_ttl_ms, commit, limit, period, cost, ab
       if not fits then
         redis.call('ZREMRANGEBYRANK', key, 0, -(limit + 1))
       end
-      redis.call('PEXPIRE', key, math.max(min_ttl_ms, math.floor((ts + period - now + 999) / 1000)))
+      redis.call('PEXPIRE', key, math.max(min_ttl_ms, ceil_div(ts + period - now, 1000)))
     end
     if not fits then
       return sliding_log(key, now, min_ttl_ms, false, limit, period, 1, false)

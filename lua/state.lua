@@ -45,6 +45,12 @@ local function log_bound(key)
   return nil
 end
 
+-- a / b rounded up, for non-negative integers a and b >= 1 (every algorithm rounds waits and TTLs
+-- up with it).
+local function ceil_div(a, b)
+  return math.floor((a + b - 1) / b)
+end
+
 -- The time every decision of a call uses, in us, and the least TTL a write gets: Redis' own clock
 -- (one TIME per call, so every pod shares it), or, for tests only, `test_now` (an integer other
 -- than 0; then TTLs are at least a minute: real time keeps running while test time stands still,

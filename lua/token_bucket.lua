@@ -33,10 +33,6 @@
 -- the daemon sends a batch of one check of one counter as a call of this script itself (the lean
 -- path: none of the batch's bookkeeping).
 
-local function ceil_div(a, b)
-  return math.floor((a + b - 1) / b)
-end
-
 -- The stored value as numbers: TAT = tat_us + tat_rem / limit. An absent key is (0, 0), a full
 -- bucket, and so is a fixed window's value (a negative integer, see fixed_window.lua): the policy
 -- changed algorithm, its partitions start afresh. nil for anything else (not sluice's). The
