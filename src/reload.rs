@@ -91,6 +91,7 @@ impl Reloader {
 
     /// Reloads if the content changed (or always, when `forced`).
     pub async fn reload(&mut self, forced: bool) {
+        self.metrics.policy_file_polls.inc();
         if !forced && self.stamp.is_some() {
             let now = policy_dir::stamp_async(self.path.clone(), self.limits).await;
             if now.as_ref().ok() == self.stamp.as_ref() {

@@ -46,6 +46,9 @@ pub struct Metrics {
     pub policy_reloads: IntCounterVec,
     /// The loaded policy file's version: the low 32 bits of its content's SHA-1.
     pub policies_version: IntGauge,
+    /// Times the reloader looked at the policy file (each poll and each SIGHUP), whatever it
+    /// found: a flat line means it has stopped looking.
+    pub policy_file_polls: IntCounter,
     /// Checks answered by the local layer (a partition known to be over its limit) without the
     /// store, by policy.
     pub local_layer_hits: IntCounterVec,
@@ -107,6 +110,11 @@ impl Metrics {
             "Version of the loaded policy file: the low 32 bits of its content's SHA-1.",
         )
         .expect("valid metric");
+        let policy_file_polls = IntCounter::new(
+            "sluice_policy_file_polls_total",
+            "Times the policy file was looked at (each poll and each SIGHUP), changed or not.",
+        )
+        .expect("valid metric");
         let local_layer_hits = IntCounterVec::new(
             Opts::new(
                 "sluice_local_layer_hits_total",
@@ -130,6 +138,7 @@ impl Metrics {
             Box::new(policies_loaded.clone()),
             Box::new(policy_reloads.clone()),
             Box::new(policies_version.clone()),
+            Box::new(policy_file_polls.clone()),
             Box::new(local_layer_hits.clone()),
             Box::new(build_info),
             Box::new(prometheus::process_collector::ProcessCollector::for_self()),
@@ -149,6 +158,7 @@ impl Metrics {
             policies_loaded,
             policy_reloads,
             policies_version,
+            policy_file_polls,
             local_layer_hits,
             tracing: Tracing::off(),
         }

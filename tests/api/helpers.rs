@@ -166,6 +166,18 @@ impl TestApp {
         String::from_utf8(reply.body.to_vec()).expect("metrics are UTF-8")
     }
 
+    /// Waits (bounded) until the reloader has looked at its policy file `more` more times than
+    /// it had when called (`sluice_policy_file_polls_total`): with `more` of 2 or above, at least
+    /// one whole look began after the call, so whatever the file held then has been seen.
+    pub async fn wait_policy_polls(&self, more: f64) {
+        let polls = |metrics: &str| metric_value(metrics, "sluice_policy_file_polls_total", &[]);
+        let from = polls(&self.metrics().await);
+        crate::wait::eventually(&format!("{more} more looks at the policy file"), || async {
+            polls(&self.metrics().await) >= from + more
+        })
+        .await;
+    }
+
     /// Moves the daemon's clock forward.
     pub fn advance(&self, us: u64) {
         self.clock.advance(us);

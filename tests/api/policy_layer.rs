@@ -246,7 +246,7 @@ async fn edits_reload_and_an_invalid_file_keeps_the_old_policies() {
         reloads(&app, "invalid").await >= 1.0
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    app.wait_policy_polls(3.0).await;
     assert_eq!(
         reloads(&app, "invalid").await,
         1.0,

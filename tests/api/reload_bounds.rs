@@ -125,8 +125,8 @@ async fn an_unchanged_file_is_not_read_again() {
     // A slow poll: the edit below changes the modification time for a few microseconds before
     // restoring it, and a poll in that window would rightly read the file.
     let app = spawn(dir, |s| s.policies_poll = HumanDuration(500_000)).await;
-    // Let the reloader take its first stamp.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Let the reloader take its first stamp (the second look begins after the first ends).
+    app.wait_policy_polls(2.0).await;
     let modified = std::fs::metadata(&path)
         .expect("meta")
         .modified()
@@ -138,7 +138,7 @@ async fn an_unchanged_file_is_not_read_again() {
         .expect("open");
     file.set_modified(modified).expect("restore mtime");
     drop(file);
-    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    app.wait_policy_polls(2.0).await;
     assert_eq!(policy_name(&app).await, "one", "read although unchanged");
 }
 
