@@ -16,7 +16,7 @@ use serde::Serialize;
 use super::plan::{Part, Plan};
 use super::request::{CheckError, CheckRequest};
 use super::CheckService;
-use crate::limit::Descriptors;
+use crate::limit::{Decision, Descriptors};
 use crate::store::{Fleet, Spend, StoreCheck, StoreError};
 
 /// Which counter: a policy and the descriptors its key is built from.
@@ -65,6 +65,29 @@ pub struct CounterPart {
     /// store (a remembered denial), if it holds one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub local_layer_retry_after_ms: Option<u64>,
+}
+
+impl CounterPart {
+    /// `check`'s counter under `key`, from the two dry runs a read makes: `now` (cost 0: what is
+    /// left) and `next` (the state's cost: whether it would pass).
+    fn read(
+        key: String,
+        check: &StoreCheck,
+        (now, next): (Decision, Decision),
+        local_layer_retry_after_ms: Option<u64>,
+    ) -> Self {
+        Self {
+            key,
+            algorithm: check.algorithm.name(),
+            period_ms: millis(check.algorithm.period_us()),
+            limit: now.limit,
+            remaining: now.remaining,
+            reset_after_ms: millis(now.reset_after_us),
+            allowed: next.allowed,
+            retry_after_ms: millis(next.retry_after_us),
+            local_layer_retry_after_ms,
+        }
+    }
 }
 
 /// A partition's state in its policy's terms.
@@ -158,17 +181,7 @@ impl CheckService {
                     let denial = hot.denial(&check.key, u64::MAX, at)?;
                     Some(millis(denial.retry_after_us))
                 });
-                CounterPart {
-                    key: self.store.stored_key(&check.key),
-                    algorithm: check.algorithm.name(),
-                    period_ms: millis(check.algorithm.period_us()),
-                    limit: now.limit,
-                    remaining: now.remaining,
-                    reset_after_ms: millis(now.reset_after_us),
-                    allowed: next.allowed,
-                    retry_after_ms: millis(next.retry_after_us),
-                    local_layer_retry_after_ms: local,
-                }
+                CounterPart::read(self.store.stored_key(&check.key), check, (now, next), local)
             })
             .collect();
         let deciding = counters
@@ -209,18 +222,9 @@ impl CheckService {
             ..check.clone()
         };
         let decisions = buckets.check_now(&[read, check.clone()], Spend::DryRun);
-        let (now, next) = (decisions.first()?, decisions.get(1)?);
-        Some(CounterPart {
-            key: format!("{} (this pod)", check.key),
-            algorithm: check.algorithm.name(),
-            period_ms: millis(check.algorithm.period_us()),
-            limit: now.limit,
-            remaining: now.remaining,
-            reset_after_ms: millis(now.reset_after_us),
-            allowed: next.allowed,
-            retry_after_ms: millis(next.retry_after_us),
-            local_layer_retry_after_ms: None,
-        })
+        let (now, next) = (*decisions.first()?, *decisions.get(1)?);
+        let key = format!("{} (this pod)", check.key);
+        Some(CounterPart::read(key, check, (now, next), None))
     }
 
     /// Resets the counters `query` names: the next request sees a full quota (on every pod, once

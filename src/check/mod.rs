@@ -21,7 +21,7 @@ mod unmatched;
 mod verdict;
 
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 pub use counters::{CounterError, CounterQuery, CounterState, ResetReport};
 pub use degrade::LocalShare;
@@ -236,13 +236,7 @@ impl CheckService {
     /// Asks the store about every check of `plan` as one group (failure modes if it cannot
     /// answer); records nothing in the metrics. The checks move into the verdict.
     async fn ask_store(&self, spend: Spend, plan: &mut Plan) -> Verdict {
-        // The most patient matched policy sets the deadline; the others' answers come with it.
-        let deadline = plan
-            .parts
-            .iter()
-            .filter_map(|p| p.policy.timeout_us())
-            .max()
-            .map(Duration::from_micros);
+        let deadline = plan.deadline();
         let asked = Instant::now();
         let evaluated = match self.store.check(&plan.checks, spend, deadline).await {
             Ok(decisions) => std::mem::take(&mut plan.checks)

@@ -5,6 +5,7 @@
 //! enforcement); a policy with a local limit also carries that pre-check.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::request::{validate, CheckError, CheckRequest};
 use crate::config::RequestLimits;
@@ -48,6 +49,16 @@ pub struct Part {
 }
 
 impl Plan {
+    /// The store's deadline for the whole plan: the most patient matched policy's `timeout`
+    /// (the others' answers come with it), or the store's own when none sets one.
+    pub fn deadline(&self) -> Option<Duration> {
+        self.parts
+            .iter()
+            .filter_map(|part| part.policy.timeout_us())
+            .max()
+            .map(Duration::from_micros)
+    }
+
     /// A plan with room for `parts` parts.
     fn with_capacity(parts: usize) -> Self {
         Self {

@@ -7,7 +7,7 @@
 //! answer, each policy's failure mode applies: `open` loses the report (counted), `closed`
 //! answers 503, `local` spends in this pod's share.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use prometheus::{IntCounterVec, Opts};
 
@@ -50,12 +50,7 @@ impl CheckService {
     }
 
     async fn spend_regardless(&self, plan: Plan) -> Vec<PolicyDecision> {
-        let deadline = plan
-            .parts
-            .iter()
-            .filter_map(|p| p.policy.timeout_us())
-            .max()
-            .map(Duration::from_micros);
+        let deadline = plan.deadline();
         let asked = Instant::now();
         let spent = self.store.spend(&plan.checks, deadline).await;
         let decisions: Vec<(Decision, Mode)> = match spent {

@@ -50,7 +50,7 @@ fn login(ip: &str, account: &str) -> CheckRequest {
     }
 }
 
-fn outcome_count(service: &CheckService, policy: &str, outcome: &str) -> u64 {
+pub(super) fn outcome_count(service: &CheckService, policy: &str, outcome: &str) -> u64 {
     service
         .metrics
         .decisions

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use super::tests::outcome_count;
 use super::*;
 use crate::clock::ManualClock;
 use crate::config::parse_policies;
@@ -100,14 +101,6 @@ fn request(policy: &str, user: &str) -> CheckRequest {
     }
 }
 
-fn count(service: &CheckService, policy: &str, outcome: &str) -> u64 {
-    service
-        .metrics
-        .decisions
-        .with_label_values(&[policy, outcome])
-        .get()
-}
-
 /// Remaining units of each window of the only policy, without spending.
 async fn remaining(service: &CheckService, policy: &str, user: &str) -> Vec<u64> {
     let mut probe = request(policy, user);
@@ -178,8 +171,8 @@ async fn either_window_denies_and_a_denial_spends_from_neither() {
     );
 
     // One count per policy, not per window.
-    assert_eq!(count(service, "api", "allowed"), 5);
-    assert_eq!(count(service, "api", "denied"), 2);
+    assert_eq!(outcome_count(service, "api", "allowed"), 5);
+    assert_eq!(outcome_count(service, "api", "denied"), 2);
 }
 
 #[tokio::test]
@@ -273,8 +266,8 @@ async fn a_local_limit_denies_before_the_store_with_its_own_retry() {
         2,
         "the store was not asked"
     );
-    assert_eq!(count(service, "api", "local_limit_denied"), 1);
-    assert_eq!(count(service, "api", "denied"), 0);
+    assert_eq!(outcome_count(service, "api", "local_limit_denied"), 1);
+    assert_eq!(outcome_count(service, "api", "denied"), 0);
 
     // A dry run spends no local token; half a second later the store decides again.
     f.clock.advance(SEC / 2 - 1);
@@ -354,5 +347,5 @@ policies:
     assert_eq!(capped.outcome, Outcome::Denied);
     assert_eq!(capped.deciding().expect("decided").mode, Mode::LocalLimit);
     assert_eq!(f.store.calls.load(Ordering::SeqCst), 2);
-    assert_eq!(count(&f.service, "api", "fail_open"), 2);
+    assert_eq!(outcome_count(&f.service, "api", "fail_open"), 2);
 }
