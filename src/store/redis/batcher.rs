@@ -173,6 +173,13 @@ impl Dispatch {
         let mut in_flight = FuturesUnordered::new();
         let mut jobs = Vec::with_capacity(max_batch);
         let mut open = true;
+        // A timer kept armed no later than the deadline of any call written while it is: each
+        // call's own deadline timer is then never the earliest one, and registering it does not
+        // make tokio's time driver wake the I/O driver (an eventfd write per call, which was one
+        // of the 7 syscalls of a lone check). Re-armed by the first call after it fires, so an
+        // idle store sets no timer and a busy one re-arms it once per deadline, not per call.
+        let mut keeper = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
+        let mut keeper_armed = false;
         while open || !in_flight.is_empty() {
             tokio::select! {
                 biased;
@@ -183,12 +190,18 @@ impl Dispatch {
                         open = false;
                         continue;
                     }
+                    if !keeper_armed {
+                        let soonest = jobs.iter().map(|job| job.deadline).min().unwrap_or_default();
+                        keeper.as_mut().reset(tokio::time::Instant::now() + soonest);
+                        keeper_armed = true;
+                    }
                     // The buffer keeps its capacity; the batch gets exactly what it holds.
                     let mut batch = Vec::with_capacity(jobs.len());
                     batch.append(&mut jobs);
                     let current = conn.borrow().clone();
                     in_flight.push(self.batch(current, batch));
                 }
+                () = &mut keeper, if keeper_armed => keeper_armed = false,
             }
         }
     }
