@@ -56,6 +56,11 @@ pub struct BenchArgs {
     /// Only these key mixes (hot, zipf; default both, quick: hot).
     #[arg(long, value_delimiter = ',')]
     mixes: Option<Vec<String>>,
+    /// Only the systems whose name contains one of these (e.g. `grpc,tcp,naive`; default all):
+    /// a short run of the rows a change is judged by, or one system to profile. The overload and
+    /// memory runs are left out.
+    #[arg(long, value_delimiter = ',')]
+    systems: Option<Vec<String>>,
     /// Only measure Redis memory per key.
     #[arg(long)]
     memory_only: bool,
@@ -251,6 +256,11 @@ async fn bench(args: BenchArgs) -> Result<()> {
                     clients::naive(&redis.url(), keys, 1_000_000_000, 1_000_000_000).await?,
                 ));
             }
+            systems.retain(|(system, _)| {
+                args.systems
+                    .as_ref()
+                    .is_none_or(|names| names.iter().any(|name| system.contains(name.as_str())))
+            });
             for &clients in &plan.clients {
                 for (system, factory) in &systems {
                     let process = match system.as_str() {
@@ -309,7 +319,8 @@ async fn bench(args: BenchArgs) -> Result<()> {
     drop((daemon, embedded, naive, traced, sink));
     // Past saturation on one hot key with a real limit: bounded admission, no fail-open.
     let storm_clients = if args.quick { 64 } else { 256 };
-    for local_limit in [false, true] {
+    let whole = args.systems.is_none();
+    for local_limit in [false, true].into_iter().filter(|_| whole) {
         report.overload.push(
             overload::measure(
                 &redis,
@@ -322,7 +333,9 @@ async fn bench(args: BenchArgs) -> Result<()> {
         );
     }
     drop(redis);
-    report.memory = memory::measure(plan.keys)?;
+    if whole {
+        report.memory = memory::measure(plan.keys)?;
+    }
     report.targets = targets::compute(&report.rows);
     report.print();
     report.write_json(&args.json)?;
