@@ -29,8 +29,6 @@ pub(super) struct GrpcListeners {
     tcp: Option<(TcpListener, SocketAddr)>,
     socket: Option<(UnixListener, PathBuf)>,
     with_headers: bool,
-    /// `limits.max_body_bytes`: the largest request message.
-    max_message_bytes: usize,
     /// Every bound (the grace period is set again by `spawn`).
     bounds: ConnectionBounds,
 }
@@ -58,7 +56,6 @@ impl GrpcListeners {
             tcp,
             socket,
             with_headers: settings.envoy.response_headers,
-            max_message_bytes: settings.limits.max_body_bytes,
             bounds: ConnectionBounds::new(settings, settings.shutdown_grace.as_std()),
         })
     }
@@ -82,11 +79,13 @@ impl GrpcListeners {
     ) {
         let mut bounds = self.bounds;
         bounds.accept.grace = grace;
-        let routes = |service: &Arc<CheckService>| {
-            let rls = grpc::Rls::new(service.clone(), metrics.clone(), self.with_headers);
-            grpc::routes(rls, self.max_message_bytes, drain.clone())
-        };
+        let rls = Arc::new(grpc::Rls::new(
+            service.clone(),
+            metrics.clone(),
+            self.with_headers,
+        ));
         let served = |routes| connection::Served {
+            rls: rls.clone(),
             routes,
             metrics: metrics.clone(),
             drain: drain.clone(),
@@ -94,7 +93,7 @@ impl GrpcListeners {
         };
         if let Some((listener, addr)) = self.tcp {
             tracing::info!(%addr, "Envoy rate limit service (gRPC) listening on TCP");
-            let routes = routes(&service).await;
+            let routes = grpc::health_routes(drain.clone()).await;
             // Answers are small single writes: never hold one back for Nagle.
             let listener = listener.tap_io(|tcp| {
                 let _ = tcp.set_nodelay(true);
@@ -103,7 +102,7 @@ impl GrpcListeners {
         }
         if let Some((listener, path)) = self.socket {
             tracing::info!(path = %path.display(), "Envoy rate limit service (gRPC) listening on Unix socket");
-            let routes = routes(&service).await;
+            let routes = grpc::health_routes(drain.clone()).await;
             tasks.spawn(connection::serve(listener, served(routes)));
         }
     }

@@ -307,13 +307,12 @@ async fn malformed_messages_are_invalid_arguments() {
         assert!(!message.is_empty(), "{name}: a reason");
     }
     assert_eq!(ask_raw(&mut send, valid).await.0, "0", "still answers");
-    // The five framing refusals are counted before tonic (the three that do not decode are
-    // tonic's codec's and are not).
+    // Every refusal is counted: the five framing ones and the three that do not decode.
     let metrics = daemon.app.metrics().await;
     let labels = [("transport", "grpc"), ("code", "invalid_argument")];
     assert_eq!(
         metric_value(&metrics, "sluice_http_responses_total", &labels),
-        5.0
+        8.0
     );
 }
 

@@ -19,6 +19,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
 use super::stream::{StreamLimits, Streams};
+use super::Rls;
 use crate::config::Settings;
 use crate::telemetry::Metrics;
 use crate::transport::request_caps::MAX_HEADER_BYTES;
@@ -81,7 +82,9 @@ impl ConnectionBounds {
 
 /// What a gRPC listener serves, and how.
 pub struct Served {
-    /// tonic's routes (the rate limit and health services).
+    /// The rate limit service.
+    pub rls: Arc<Rls>,
+    /// tonic's routes (the health service).
     pub routes: tonic::service::Routes,
     /// Where refusals made before tonic (stalled, oversized, malformed streams) are counted.
     pub metrics: Metrics,
@@ -94,14 +97,15 @@ pub struct Served {
 /// Serves on `listener` until the drain, every connection under the bounds.
 pub async fn serve<L: Listener>(listener: L, served: Served) {
     let Served {
+        rls,
         routes,
         metrics,
         drain,
         bounds,
     } = served;
     accept_loop(listener, drain, bounds.accept, move |io, _, drain| {
-        let (routes, metrics) = (routes.clone(), metrics.clone());
-        let service = move |activity| Streams::new(routes, activity, bounds.stream, metrics);
+        let (rls, routes, metrics) = (rls.clone(), routes.clone(), metrics.clone());
+        let service = move |activity| Streams::new(rls, routes, activity, bounds.stream, metrics);
         connection(io, service, bounds, drain)
     })
     .await;

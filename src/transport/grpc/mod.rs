@@ -3,12 +3,12 @@
 //! service: a thin adapter that turns each request into one all-or-nothing group of checks
 //! ([`question`]) and the group's verdict into Envoy's answer ([`answer`]). Connections are
 //! served by hyper's HTTP/2 server under the check listeners' bounds ([`connection`]), each
-//! stream's request read whole and checked before tonic decodes it ([`stream`], [`decode`]).
+//! stream's request read whole and checked, then `ShouldRateLimit` answered directly (prost in,
+//! prost out) and anything else (health) by tonic's routes ([`stream`]).
 
 mod answer;
 mod code;
 pub mod connection;
-pub mod decode;
 pub mod proto;
 mod question;
 mod stream;
@@ -17,13 +17,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use prometheus::Histogram;
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
 use crate::check::CheckService;
 use crate::telemetry::Metrics;
-use proto::envoy::service::ratelimit::v3::rate_limit_service_server::{
-    RateLimitService, RateLimitServiceServer,
-};
 use proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
 pub use code::GrpcCode;
@@ -34,6 +31,9 @@ use super::{traced, Transport};
 
 /// The fully qualified service name (for health checks and reflection-less clients).
 pub const SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
+
+/// The one method's path, which [`stream`] answers without tonic.
+const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
 /// The rate limit service over a [`CheckService`].
 pub struct Rls {
@@ -57,6 +57,12 @@ impl Rls {
         }
     }
 
+    /// `status`, counted as the answer to a request refused before it was checked.
+    fn refused(&self, status: Status) -> Status {
+        self.count(GrpcCode::of_status(status.code()), Instant::now());
+        status
+    }
+
     fn count(&self, code: GrpcCode, started: Instant) {
         self.duration.observe(started.elapsed().as_secs_f64());
         self.metrics
@@ -66,21 +72,22 @@ impl Rls {
     }
 }
 
-#[tonic::async_trait]
-impl RateLimitService for Rls {
+impl Rls {
+    /// Envoy's answer to `request`, whose stream's headers are `headers` (a trace parent), or
+    /// the status that refuses it; counted either way.
     async fn should_rate_limit(
         &self,
-        request: Request<RateLimitRequest>,
-    ) -> Result<Response<RateLimitResponse>, Status> {
+        headers: &hyper::HeaderMap,
+        request: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, Status> {
         let started = Instant::now();
         let span = self.metrics.tracing().check_span(
             "sluice.should_rate_limit",
             crate::telemetry::SpanTransport::Grpc,
-            request.metadata(),
+            headers,
         );
         let span = span.as_ref();
-        let request = request.into_inner();
-        let items = match question::items(&request, self.service.limits()) {
+        let items = match question::items(request, self.service.limits()) {
             Ok(items) => items,
             Err(reason) => {
                 traced::refused(span, GrpcCode::InvalidArgument.as_str());
@@ -93,7 +100,7 @@ impl RateLimitService for Rls {
                 traced::verdict(span, &verdict.overall);
                 let response = answer::response(&verdict, self.with_headers);
                 self.count(GrpcCode::of_response(&response), started);
-                Ok(Response::new(response))
+                Ok(response)
             }
             Err(error) => {
                 traced::check_error(span, &error);
@@ -104,21 +111,22 @@ impl RateLimitService for Rls {
     }
 }
 
-/// The gRPC routes: the rate limit service and the health service (`""` and [`SERVICE_NAME`]
-/// serving until `drain`); request messages up to `max_message_bytes` (`limits.max_body_bytes`).
-pub async fn routes(rls: Rls, max_message_bytes: usize, drain: Drain) -> tonic::service::Routes {
+/// tonic's routes: the health service (`""` and [`SERVICE_NAME`] serving until `drain`); the
+/// rate limit service itself is answered before them ([`stream`]).
+pub async fn health_routes(drain: Drain) -> tonic::service::Routes {
     let (reporter, health) = tonic_health::server::health_reporter();
-    reporter.set_serving::<RateLimitServiceServer<Rls>>().await;
+    reporter
+        .set_service_status(SERVICE_NAME, tonic_health::ServingStatus::Serving)
+        .await;
     // Tell health-checking Envoys to move away while the listener drains.
     tokio::spawn(async move {
         drain.signaled().await;
         reporter
-            .set_not_serving::<RateLimitServiceServer<Rls>>()
+            .set_service_status(SERVICE_NAME, tonic_health::ServingStatus::NotServing)
             .await;
         reporter
             .set_service_status("", tonic_health::ServingStatus::NotServing)
             .await;
     });
-    let rls = RateLimitServiceServer::new(rls).max_decoding_message_size(max_message_bytes);
-    tonic::service::Routes::new(health).add_service(rls)
+    tonic::service::Routes::new(health)
 }

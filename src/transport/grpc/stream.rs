@@ -2,8 +2,14 @@
 //! `limits.body_read_timeout`, hold at most `limits.max_body_bytes` of message, and be exactly
 //! one complete length-prefixed, uncompressed message. A stalled stream is answered
 //! `DEADLINE_EXCEEDED` and reset; a malformed one (empty, truncated, compressed, several
-//! messages) `INVALID_ARGUMENT`; an oversized one `RESOURCE_EXHAUSTED`. The stream counts as
-//! open on its connection (for the idle timeout) until its answer is ready.
+//! messages, or one that does not decode) `INVALID_ARGUMENT`; an oversized one
+//! `RESOURCE_EXHAUSTED`. The stream counts as open on its connection (for the idle timeout) until
+//! its answer is ready.
+//!
+//! `ShouldRateLimit` is answered here, not through tonic: the message is decoded with prost from
+//! the bytes already read and the answer encoded into one buffer, sent as one DATA frame and the
+//! `grpc-status` trailers. tonic's routing, codec and service layers cost about as much CPU per
+//! check as the check itself (see docs/benchmarks.md); they still serve the health service.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -11,15 +17,18 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
+use bytes::{BufMut, Bytes, BytesMut};
+use http_body_util::{BodyExt, Full, Limited, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use hyper::{Request, Response};
+use prost::Message;
 use tonic::codegen::Service as _;
 use tonic::Status;
 
 use super::connection::Activity;
-use super::GrpcCode;
+use super::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use super::{GrpcCode, Rls, SHOULD_RATE_LIMIT};
 use crate::telemetry::Metrics;
 use crate::transport::Transport;
 
@@ -36,8 +45,9 @@ pub struct StreamLimits {
 }
 
 /// The hyper service of one connection: each stream's request read under [`StreamLimits`],
-/// then handed to tonic's routes.
+/// then answered by the rate limit service or handed to tonic's routes.
 pub(super) struct Streams {
+    rls: Arc<Rls>,
     routes: tonic::service::Routes,
     activity: Arc<Activity>,
     limits: StreamLimits,
@@ -46,12 +56,14 @@ pub(super) struct Streams {
 
 impl Streams {
     pub(super) fn new(
+        rls: Arc<Rls>,
         routes: tonic::service::Routes,
         activity: Arc<Activity>,
         limits: StreamLimits,
         metrics: Metrics,
     ) -> Self {
         Self {
+            rls,
             routes,
             activity,
             limits,
@@ -69,24 +81,27 @@ impl hyper::service::Service<Request<Incoming>> for Streams {
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
         let open = self.activity.stream_opened();
-        let mut routes = self.routes.clone();
         let limits = self.limits;
         let metrics = self.metrics.clone();
+        if request.uri().path() == SHOULD_RATE_LIMIT {
+            let rls = Arc::clone(&self.rls);
+            return Box::pin(async move {
+                let _open = open;
+                let (parts, body) = request.into_parts();
+                let answer = match read(body, limits).await {
+                    Ok(message) => should_rate_limit(&rls, &parts.headers, &message).await,
+                    Err(status) => Err(counted(&metrics, status)),
+                };
+                Ok(answer.unwrap_or_else(Status::into_http))
+            });
+        }
+        let mut routes = self.routes.clone();
         Box::pin(async move {
             let _open = open;
             let (parts, body) = request.into_parts();
             let message = match read(body, limits).await {
                 Ok(message) => message,
-                Err(status) => {
-                    metrics
-                        .responses
-                        .with_label_values(&[
-                            Transport::Grpc.as_str(),
-                            GrpcCode::of_status(status.code()).as_str(),
-                        ])
-                        .inc();
-                    return Ok(status.into_http());
-                }
+                Err(status) => return Ok(counted(&metrics, status).into_http()),
             };
             std::future::poll_fn(|cx| {
                 <tonic::service::Routes as tonic::codegen::Service<Request<Full<Bytes>>>>::poll_ready(
@@ -100,6 +115,54 @@ impl hyper::service::Service<Request<Incoming>> for Streams {
                 .await
         })
     }
+}
+
+/// `status`, counted as the answer to a stream refused before any service saw it.
+fn counted(metrics: &Metrics, status: Status) -> Status {
+    metrics
+        .responses
+        .with_label_values(&[
+            Transport::Grpc.as_str(),
+            GrpcCode::of_status(status.code()).as_str(),
+        ])
+        .inc();
+    status
+}
+
+/// `ShouldRateLimit` for one framed request message (checked by [`read`]): decoded, answered
+/// and encoded without tonic.
+async fn should_rate_limit(
+    rls: &Rls,
+    headers: &HeaderMap,
+    framed: &[u8],
+) -> Result<Answer, Status> {
+    let request = RateLimitRequest::decode(&framed[PREFIX_BYTES..]).map_err(|error| {
+        rls.refused(Status::invalid_argument(format!(
+            "the message does not decode: {error}"
+        )))
+    })?;
+    let response = rls.should_rate_limit(headers, &request).await?;
+    Ok(unary(&response))
+}
+
+/// One message as a gRPC response: HTTP 200, the framed message as the body, `grpc-status: 0`
+/// in the trailers.
+fn unary(message: &impl Message) -> Answer {
+    let len = message.encoded_len();
+    let mut framed = BytesMut::with_capacity(PREFIX_BYTES + len);
+    framed.put_u8(0);
+    framed.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
+    // A `BytesMut` grows as needed: encoding into it cannot run out of room.
+    let _ = message.encode(&mut framed);
+    let mut trailers = HeaderMap::with_capacity(1);
+    trailers.insert("grpc-status", HeaderValue::from_static("0"));
+    let frames = [Frame::data(framed.freeze()), Frame::trailers(trailers)];
+    let body = StreamBody::new(futures_util::stream::iter(frames.map(Ok::<_, Infallible>)));
+    let mut answer = Response::new(tonic::body::Body::new(body));
+    answer
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    answer
 }
 
 /// The request body, whole and well framed, or the status that refuses it.
