@@ -1,7 +1,8 @@
 -- batch.lua: every check of one batch in one call. sluice builds the script from state.lua, the
 -- three algorithm scripts' functions (the part above their `sluice:entry` line), now.lua (`now`
 -- and `min_ttl_ms`, from ARGV[1]) and this driver.
--- A batch of one check of one counter goes out as its algorithm's own script instead (cheaper).
+-- A batch of one check of one counter goes out as its algorithm's own script instead (cheaper);
+-- a batch whose checks have one counter each, each counter once, runs the lean loop (ARGV[3]).
 --
 -- KEYS[1..n]  the batch's counters, each once (in a Cluster: all in one hash slot), or none in a
 --             Cluster node call: then the counters are ARGV[3..] (several slots of one node; the
@@ -13,6 +14,10 @@
 --               decision, a report), then per item: key (index into
 --               KEYS), kind (1 token bucket, 2 sliding log, 3 fixed window), enforce (1|0: shadow
 --               policies never block), cost, limit, period_us, and for a token bucket capacity
+-- ARGV[3]     '1': lean: every check has one item, no counter is in two checks and none is a
+--             report, so each check runs as its algorithm's own script would (its `_check`
+--             function: read, decide, write at once), without the bookkeeping below; absent
+--             otherwise (never in a node call, whose ARGV[3..] are counters)
 -- returns     one flat array, the checks in order: each check's items' figures {allowed (0|1),
 --             limit, remaining, reset_after_us, retry_after_us} (5 integers per item), or one
 --             error reply for that check alone (a key of the wrong type, holding a foreign
@@ -43,6 +48,41 @@ local TOKEN_BUCKET, SLIDING_LOG, FIXED_WINDOW = 1, 2, 3
 local ITEM_WIDTH, BUCKET_WIDTH, HEAD_WIDTH = 6, 7, 2
 
 local spec = cmsgpack.unpack(ARGV[2])
+
+-- The lean loop: one counter per check, each counter once (ARGV[3]). With no counter shared,
+-- "as if one by one" needs no state kept across checks: each check is its algorithm's own script.
+-- A raised error (a sliding log's command) fails its own check only, as below.
+if ARGV[3] == '1' and #KEYS > 0 then
+  local results, n, at = {}, 0, 1
+  while at <= #spec do
+    local commit, key, kind = spec[at + 1] == RECORD, KEYS[spec[at + 2]], spec[at + 3]
+    local cost, limit, period = spec[at + 5], spec[at + 6], spec[at + 7]
+    local ok, reply
+    if kind == TOKEN_BUCKET then
+      ok, reply = true, token_bucket_check(key, commit, limit, period, spec[at + 8], cost, now,
+        min_ttl_ms)
+      at = at + HEAD_WIDTH + BUCKET_WIDTH
+    elseif kind == SLIDING_LOG then
+      ok, reply = pcall(sliding_log_check, key, commit, limit, period, cost, now, min_ttl_ms)
+      at = at + HEAD_WIDTH + ITEM_WIDTH
+    else
+      ok, reply = true, fixed_window_check(key, commit, limit, period, cost, now, min_ttl_ms)
+      at = at + HEAD_WIDTH + ITEM_WIDTH
+    end
+    if not ok then
+      results[n + 1] = redis.error_reply(type(reply) == 'table' and reply.err or reply)
+      n = n + 1
+    elseif reply.err then
+      results[n + 1] = redis.error_reply(reply.err .. ' [item 1]')
+      n = n + 1
+    else
+      results[n + 1], results[n + 2], results[n + 3], results[n + 4], results[n + 5] =
+        reply[1], reply[2], reply[3], reply[4], reply[5]
+      n = n + 5
+    end
+  end
+  return results
+end
 local keys, node_call = KEYS, #KEYS == 0
 if node_call then
   keys = {}

@@ -107,28 +107,31 @@ local function fixed_window_full(packed, now, min_ttl_ms, limit, period)
   return math.max(count, limit) * tag_space + tag, math.max(min_ttl_ms, ceil_div(to_next, 1000))
 end
 
+-- One check of the counter `key` on its own: read, decide, and with `commit` write. Returns the
+-- five figures, or an error reply (a key of the wrong type, or holding no sluice fixed window).
+-- A sliding log's sorted set reads as absent (read_counter), like the batch script does. This
+-- script's entry point and the batch script's lean loop run it.
+local function fixed_window_check(key, commit, limit, period, cost, now, min_ttl_ms)
+  local value = read_counter(key)
+  if type(value) == 'table' then
+    return value
+  end
+  local packed = fixed_window_parse(value)
+  if packed == nil then
+    return {err = 'BADSTATE the value is not a sluice fixed window'}
+  end
+  local allowed, shown_limit, remaining, reset, retry, new_packed, ttl_ms = fixed_window_decide(
+    packed or nil, now, min_ttl_ms, limit, period, cost)
+  if new_packed and commit then
+    redis.call('SET', key, fixed_window_format(new_packed), 'PX', ttl_ms)
+  end
+  return {allowed, shown_limit, remaining, reset, retry}
+end
+
 -- sluice:entry
--- A sorted set within a sliding log's bound is a sliding log's (the policy changed algorithm):
--- read as absent, like the batch script does.
-local key = KEYS[1]
-local value = read_string(key)
-if type(value) == 'table' then
-  if not string.find(value.err, 'WRONGTYPE', 1, true) then
-    return redis.error_reply(value.err .. ' [item 1]')
-  end
-  local failed = log_bound(key)
-  if failed then
-    return redis.error_reply(failed.err .. ' [item 1]')
-  end
-  value = false
+local reply = fixed_window_check(KEYS[1], ARGV[4] == '1', tonumber(ARGV[1]), tonumber(ARGV[2]),
+  tonumber(ARGV[3]), now, min_ttl_ms)
+if reply.err then
+  return redis.error_reply(reply.err .. ' [item 1]')
 end
-local packed = fixed_window_parse(value)
-if packed == nil then
-  return redis.error_reply('BADSTATE the value is not a sluice fixed window [item 1]')
-end
-local allowed, limit, remaining, reset, retry, new_packed, ttl_ms = fixed_window_decide(packed or nil,
-  now, min_ttl_ms, tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]))
-if new_packed and ARGV[4] == '1' then
-  redis.call('SET', key, fixed_window_format(new_packed), 'PX', ttl_ms)
-end
-return {allowed, limit, remaining, reset, retry}
+return reply

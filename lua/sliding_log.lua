@@ -105,28 +105,38 @@ local function sliding_log(key, now, min_ttl_ms, commit, limit, period, cost, ab
   return {0, limit, limit - used, reset, retry}
 end
 
--- sluice:entry
--- A string holding a token bucket's or fixed window's value (token_bucket_parse knows both) is
--- another algorithm's (the policy changed algorithm): read as absent and deleted by a commit,
--- like the batch script does. Anything else fails the check after bounded work.
-local key, commit = KEYS[1], ARGV[4] == '1'
-local stale = false
-local failed = log_bound(key)
-if failed then
-  if not string.find(failed.err, 'WRONGTYPE', 1, true) then
-    return redis.error_reply(failed.err .. ' [item 1]')
+-- One check of the counter `key` on its own: returns the five figures, or an error reply (a
+-- key of the wrong type, or holding no sluice value); raises what `sliding_log` raises. A string
+-- holding a token bucket's or fixed window's value (token_bucket_parse knows both) is another
+-- algorithm's (the policy changed algorithm): read as absent and deleted by a commit, like the
+-- batch script does. Anything else fails the check after bounded work. This script's entry point
+-- and the batch script's lean loop run it.
+local function sliding_log_check(key, commit, limit, period, cost, now, min_ttl_ms)
+  local stale = false
+  local failed = log_bound(key)
+  if failed then
+    if not string.find(failed.err, 'WRONGTYPE', 1, true) then
+      return failed
+    end
+    local value = read_string(key)
+    if type(value) == 'table' then
+      return value
+    end
+    if not token_bucket_parse(value) then
+      return {err = 'BADSTATE the value is not a sluice sliding log'}
+    end
+    stale = true
+    if commit then
+      redis.call('DEL', key)
+    end
   end
-  local value = read_string(key)
-  if type(value) == 'table' then
-    return redis.error_reply(value.err .. ' [item 1]')
-  end
-  if not token_bucket_parse(value) then
-    return redis.error_reply('BADSTATE the value is not a sluice sliding log [item 1]')
-  end
-  stale = true
-  if commit then
-    redis.call('DEL', key)
-  end
+  return sliding_log(key, now, min_ttl_ms, commit, limit, period, cost, stale and not commit)
 end
-return sliding_log(key, now, min_ttl_ms, commit, tonumber(ARGV[1]), tonumber(ARGV[2]),
-  tonumber(ARGV[3]), stale and not commit)
+
+-- sluice:entry
+local reply = sliding_log_check(KEYS[1], ARGV[4] == '1', tonumber(ARGV[1]), tonumber(ARGV[2]),
+  tonumber(ARGV[3]), now, min_ttl_ms)
+if reply.err then
+  return redis.error_reply(reply.err .. ' [item 1]')
+end
+return reply

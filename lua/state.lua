@@ -45,6 +45,20 @@ local function log_bound(key)
   return nil
 end
 
+-- A token bucket's or fixed window's stored string, as read_string gives it, except that a sorted
+-- set within a sliding log's bound reads as absent (false): the policy changed algorithm, its
+-- partitions start afresh. An error reply for anything else.
+local function read_counter(key)
+  local value = read_string(key)
+  if type(value) == 'table' then
+    if not string.find(value.err, 'WRONGTYPE', 1, true) then
+      return value
+    end
+    return log_bound(key) or false
+  end
+  return value
+end
+
 -- a / b rounded up, for non-negative integers a and b >= 1 (every algorithm rounds waits and TTLs
 -- up with it).
 local function ceil_div(a, b)

@@ -118,31 +118,34 @@ local function token_bucket_format(tat_us, tat_rem)
   return string.format('%d', tat_us)
 end
 
+-- One check of the counter `key` on its own: read, decide, and with `commit` write. Returns the
+-- five figures, or an error reply (a key of the wrong type, or holding no sluice token bucket).
+-- A sliding log's sorted set reads as absent (read_counter), like the batch script does. This
+-- script's entry point and the batch script's lean loop (one counter per check, each counter
+-- once) run it.
+local function token_bucket_check(key, commit, limit, period, capacity, cost, now, min_ttl_ms)
+  local value = read_counter(key)
+  if type(value) == 'table' then
+    return value
+  end
+  local tat_us, tat_rem = token_bucket_parse(value)
+  if not tat_us or not tat_rem then
+    return {err = 'BADSTATE the value is not a sluice token bucket'}
+  end
+  local allowed, cap, remaining, reset, retry, ahead_after = token_bucket_decide(tat_us, tat_rem,
+    now, limit, period, capacity, cost)
+  if ahead_after and commit then
+    local ttl_ms
+    tat_us, tat_rem, ttl_ms = token_bucket_after(now, min_ttl_ms, limit, ahead_after)
+    redis.call('SET', key, token_bucket_format(tat_us, tat_rem), 'PX', ttl_ms)
+  end
+  return {allowed, cap, remaining, reset, retry}
+end
+
 -- sluice:entry
--- A sorted set within a sliding log's bound is a sliding log's (the policy changed algorithm):
--- read as absent, like the batch script does.
-local key = KEYS[1]
-local value = read_string(key)
-if type(value) == 'table' then
-  if not string.find(value.err, 'WRONGTYPE', 1, true) then
-    return redis.error_reply(value.err .. ' [item 1]')
-  end
-  local failed = log_bound(key)
-  if failed then
-    return redis.error_reply(failed.err .. ' [item 1]')
-  end
-  value = false
+local reply = token_bucket_check(KEYS[1], ARGV[5] == '1', tonumber(ARGV[1]), tonumber(ARGV[2]),
+  tonumber(ARGV[3]), tonumber(ARGV[4]), now, min_ttl_ms)
+if reply.err then
+  return redis.error_reply(reply.err .. ' [item 1]')
 end
-local tat_us, tat_rem = token_bucket_parse(value)
-if not tat_us or not tat_rem then
-  return redis.error_reply('BADSTATE the value is not a sluice token bucket [item 1]')
-end
-local limit = tonumber(ARGV[1])
-local allowed, cap, remaining, reset, retry, ahead_after = token_bucket_decide(tat_us, tat_rem,
-  now, limit, tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]))
-if ahead_after and ARGV[5] == '1' then
-  local ttl_ms
-  tat_us, tat_rem, ttl_ms = token_bucket_after(now, min_ttl_ms, limit, ahead_after)
-  redis.call('SET', key, token_bucket_format(tat_us, tat_rem), 'PX', ttl_ms)
-end
-return {allowed, cap, remaining, reset, retry}
+return reply

@@ -83,6 +83,22 @@ fn batches(counters: usize, limit: u64, period: u64) -> impl Strategy<Value = Ve
     prop::collection::vec((step, prop::collection::vec(check, 1..12)), 1..12)
 }
 
+/// Fewer than `counters` counters (each an algorithm with one quota) and batches on them.
+fn histories(counters: usize) -> impl Strategy<Value = (Vec<Algorithm>, Vec<Batch>)> {
+    (
+        prop::collection::vec(0u8..3, 1..counters),
+        1u64..12,
+        1u64..20_000,
+    )
+        .prop_flat_map(|(kinds, limit, period)| {
+            let algorithms: Vec<Algorithm> = kinds
+                .iter()
+                .map(|&k| counter_algorithm(k, limit, period))
+                .collect();
+            (Just(algorithms), batches(kinds.len(), limit, period))
+        })
+}
+
 /// Replays `batches` through the batch script and, check by check, through the embedded store
 /// (the Rust twin) at the same instant; every decision must be identical.
 fn compare(
@@ -138,17 +154,64 @@ proptest! {
 
     #[test]
     fn batches_agree_with_checks_one_by_one(
-        (kinds, limit, period, history) in (prop::collection::vec(0u8..3, 1..4), 1u64..12, 1u64..20_000)
-            .prop_flat_map(|(kinds, l, p)| {
-                let n = kinds.len();
-                (Just(kinds), Just(l), Just(p), batches(n, l, p))
-            }),
+        (algorithms, history) in histories(4),
         offset in 0u64..1_000_000,
     ) {
-        let algorithms: Vec<Algorithm> =
-            kinds.iter().map(|&k| counter_algorithm(k, limit, period)).collect();
         compare(&algorithms, &history, START + offset)?;
     }
+
+    /// Batches the daemon sends through the lean loop (one counter per check, each counter
+    /// once, no report) agree with the Rust twin too.
+    #[test]
+    fn lean_batches_agree_with_checks_one_by_one(
+        (algorithms, history) in histories(9),
+        offset in 0u64..1_000_000,
+    ) {
+        let lean: Vec<Batch> = history
+            .into_iter()
+            .map(|(step, checks)| {
+                let mut seen = Vec::new();
+                let checks = checks
+                    .into_iter()
+                    .filter(|&(first, ..)| !seen.contains(&first) && { seen.push(first); true })
+                    .map(|(first, _, cost, dry_run, enforce)| (first, None, cost, dry_run, enforce))
+                    .collect();
+                (step, checks)
+            })
+            .collect();
+        compare(&algorithms, &lean, START + offset)?;
+    }
+}
+
+/// Whether the daemon would send `checks` through the batch script's lean loop.
+fn is_lean(checks: &[Check]) -> bool {
+    let (_, args) = batch_arguments(
+        checks.iter().map(|(commit, items)| (*commit, &items[..])),
+        None,
+    );
+    args.len() == 3
+}
+
+#[test]
+fn only_one_counter_per_check_each_once_is_lean() {
+    let bucket = Algorithm::TokenBucket(TokenBucket::new(10, 1_000_000, 10).expect("valid"));
+    let item = |name: &str| Item {
+        key: format!("{{lean}}:{name}"),
+        algorithm: bucket,
+        cost: 1,
+        enforce: true,
+    };
+    let one = |name: &str| (Spend::Record, vec![item(name)]);
+    assert!(is_lean(&[
+        one("a"),
+        one("b"),
+        (Spend::DryRun, vec![item("c")])
+    ]));
+    assert!(!is_lean(&[one("a"), one("a")]), "a counter twice");
+    assert!(
+        !is_lean(&[(Spend::Record, vec![item("a"), item("b")])]),
+        "two counters"
+    );
 }
 
 #[test]
@@ -233,6 +296,7 @@ fn a_bad_key_fails_only_its_own_check() {
             (Spend::Record, vec![item("good", bucket)]),
         ];
         let replies = run_batch(conn, &checks, START);
+        assert!(!is_lean(&checks));
         let code = |value: &Value| match value {
             Value::ServerError(error) => error.code().to_owned(),
             other => panic!("expected an error, got {other:?}"),
@@ -248,6 +312,63 @@ fn a_bad_key_fails_only_its_own_check() {
             .map(|&i| decisions(&replies[i], 1)[0].remaining)
             .collect();
         assert_eq!(remaining, [9, 8, 7]);
+        let list_len: u64 = redis::cmd("LLEN")
+            .arg(key("list"))
+            .query(conn)
+            .expect("LLEN");
+        assert_eq!(list_len, 1, "the foreign key is untouched");
+    });
+}
+
+/// The lean loop fails a bad key's check alone too, with the same error codes.
+#[test]
+fn a_bad_key_fails_only_its_own_check_in_the_lean_loop() {
+    let bucket = Algorithm::TokenBucket(TokenBucket::new(10, 1_000_000, 10).expect("valid"));
+    let window = Algorithm::FixedWindow(FixedWindow::new(10, 1_000_000).expect("valid"));
+    let log = Algorithm::SlidingLog(SlidingLog::new(10, 1_000_000).expect("valid"));
+    let base = fresh_base();
+    let key = |name: &str| format!("{{{base}}}:{name}");
+    let check = |name: &str, algorithm: Algorithm| {
+        let item = Item {
+            key: key(name),
+            algorithm,
+            cost: 1,
+            enforce: true,
+        };
+        (Spend::Record, vec![item])
+    };
+    with_redis(|conn| {
+        for (name, value) in [
+            ("list", None),
+            ("foreign", Some("not a number")),
+            ("text", Some("x")),
+        ] {
+            let command = match value {
+                None => redis::cmd("RPUSH").arg(key(name)).arg("x").clone(),
+                Some(value) => redis::cmd("SET").arg(key(name)).arg(value).clone(),
+            };
+            let _: () = command.query(conn).expect("setup");
+        }
+        let checks: Vec<Check> = vec![
+            check("good", bucket),
+            check("list", bucket),
+            check("foreign", window),
+            check("text", log),
+            check("good window", window),
+            check("good log", log),
+        ];
+        assert!(is_lean(&checks));
+        let replies = run_batch(conn, &checks, START);
+        let code = |value: &Value| match value {
+            Value::ServerError(error) => error.code().to_owned(),
+            other => panic!("expected an error, got {other:?}"),
+        };
+        assert_eq!(code(&replies[1]), "WRONGTYPE");
+        assert_eq!(code(&replies[2]), "BADSTATE");
+        assert_eq!(code(&replies[3]), "BADSTATE");
+        for i in [0, 4, 5] {
+            assert_eq!(decisions(&replies[i], 1)[0].remaining, 9, "check {i}");
+        }
         let list_len: u64 = redis::cmd("LLEN")
             .arg(key("list"))
             .query(conn)

@@ -89,16 +89,24 @@ pub(crate) fn batch_command<'a>(
     by: ScriptRef,
     counters: Counters,
 ) -> Cmd {
-    let (keys, packed) = batch_keys_and_checks(checks);
+    let BatchArgs { keys, packed, lean } = batch_keys_and_checks(checks);
     let (verb, script) = by.of(script);
     let size = script.len() + packed.len() + keys.iter().map(|k| k.len()).sum::<usize>() + 32;
-    let mut cmd = Cmd::with_capacity(keys.len() + 5, size);
+    let mut cmd = Cmd::with_capacity(keys.len() + 6, size);
     cmd.arg(verb).arg(script);
-    // `now` 0: the script reads Redis `TIME`.
+    // `now` 0: the script reads Redis `TIME`. A node call's ARGV[3..] are its counters: never
+    // lean.
     match counters {
-        Counters::Declared => cmd.arg(keys.len()).arg(&keys).arg(0).arg(packed),
-        Counters::AfterChecks => cmd.arg(0).arg(0).arg(packed).arg(&keys),
-    };
+        Counters::Declared => {
+            cmd.arg(keys.len()).arg(&keys).arg(0).arg(packed);
+            if lean {
+                cmd.arg(LEAN);
+            }
+        }
+        Counters::AfterChecks => {
+            cmd.arg(0).arg(0).arg(packed).arg(&keys);
+        }
+    }
     cmd
 }
 
@@ -115,17 +123,33 @@ pub(crate) fn single_command(scripts: &Scripts, item: &Item, commit: Commit, by:
     cmd
 }
 
-/// `KEYS` (each distinct key once) and the packed checks of a batch.
+/// A batch call's arguments: `KEYS` (each distinct key once), the packed checks, and whether
+/// the lean loop of `lua/batch.lua` may run it (every check one item and not a report, no key
+/// in two checks: each check is then its algorithm's own script).
+pub(crate) struct BatchArgs<'a> {
+    pub(crate) keys: Vec<&'a str>,
+    pub(crate) packed: Vec<u8>,
+    pub(crate) lean: bool,
+}
+
+/// The `ARGV[3]` that selects the lean loop.
+pub(crate) const LEAN: &str = "1";
+
+/// The arguments of a batch of `checks`.
 pub(crate) fn batch_keys_and_checks<'a, C: Into<Commit>>(
     checks: impl ExactSizeIterator<Item = (C, &'a [Item])>,
-) -> (Vec<&'a str>, Vec<u8>) {
+) -> BatchArgs<'a> {
     // Small batches (most of them at low load) scan; large ones hash.
     const SCAN: usize = 16;
-    let mut keys: Vec<&str> = Vec::with_capacity(checks.len());
+    let count = checks.len();
+    let mut keys: Vec<&str> = Vec::with_capacity(count);
     let mut index: HashMap<&str, usize> = HashMap::new();
-    let hashed = checks.len() > SCAN;
-    let mut packed = Packed::with_capacity(checks.len() * 12);
+    let hashed = count > SCAN;
+    let mut packed = Packed::with_capacity(count * 12);
+    let mut one_item_each = true;
     for (commit, items) in checks {
+        let commit = commit.into();
+        one_item_each &= items.len() == 1 && commit != Commit::Report;
         packed.check(items.len(), commit);
         for item in items {
             let known = if hashed {
@@ -143,7 +167,11 @@ pub(crate) fn batch_keys_and_checks<'a, C: Into<Commit>>(
             packed.item(at, &item.algorithm, item.cost, item.enforce);
         }
     }
-    (keys, packed.finish())
+    BatchArgs {
+        lean: one_item_each && keys.len() == count,
+        keys,
+        packed: packed.finish(),
+    }
 }
 
 /// The checks of a batch as one MessagePack array of unsigned integers (see `lua/batch.lua`),

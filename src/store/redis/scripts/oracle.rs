@@ -6,7 +6,7 @@
 use redis::Value;
 
 use super::command::{
-    batch_keys_and_checks, quota_args, Packed, BUCKET_QUOTA, CHECK_HEAD, ITEM_HEAD,
+    batch_keys_and_checks, quota_args, BatchArgs, Packed, BUCKET_QUOTA, CHECK_HEAD, ITEM_HEAD, LEAN,
 };
 use super::{parse_fields, parse_figures, split_batch_reply, Commit, Item, Script, Scripts};
 use crate::limit::{Algorithm, Decision, Micros};
@@ -77,18 +77,20 @@ impl ScriptCalls for Scripts {
     }
 }
 
-/// `KEYS` and `ARGV` of a batch script call for `checks` (each: commit, items), in order: each
-/// distinct key once in `KEYS`, so that the script reads and writes it once; `ARGV` is `now` (0:
-/// read `TIME`; for tests only) and the checks packed as MessagePack.
+/// `KEYS` and `ARGV` of a batch script call for `checks` (each: commit, items), in order, as the
+/// daemon sends them: each distinct key once in `KEYS`, so that the script reads and writes it
+/// once; `ARGV` is `now` (0: read `TIME`; for tests only), the checks packed as MessagePack, and
+/// the lean flag when the batch qualifies (`lua/batch.lua`).
 pub fn batch_arguments<'a, C: Into<Commit>>(
     checks: impl ExactSizeIterator<Item = (C, &'a [Item])>,
     now: Option<Micros>,
 ) -> (Vec<&'a str>, Vec<Vec<u8>>) {
-    let (keys, packed) = batch_keys_and_checks(checks);
-    (
-        keys,
-        vec![now.unwrap_or(0).to_string().into_bytes(), packed],
-    )
+    let BatchArgs { keys, packed, lean } = batch_keys_and_checks(checks);
+    let mut args = vec![now.unwrap_or(0).to_string().into_bytes(), packed];
+    if lean {
+        args.push(LEAN.as_bytes().to_vec());
+    }
+    (keys, args)
 }
 
 /// Reads a script reply `{allowed, limit, remaining, reset_after_us, retry_after_us}`.
