@@ -24,7 +24,7 @@ use clap::Args;
 
 use self::load::{Factory, KeyMix, Run};
 pub use self::naive_sidecar::{run as run_naive_sidecar, NaiveArgs};
-use self::procs::{cpu_seconds, Daemon, NaiveSidecar, Redis};
+use self::procs::{cpu_seconds, cpu_wait_seconds, Daemon, NaiveSidecar, Redis};
 use self::report::{Report, Row};
 use crate::client::Target;
 use crate::limit::{Algorithm, FixedWindow, SlidingLog, TokenBucket};
@@ -358,10 +358,13 @@ async fn measure(
     let stats_before = report::script_stats(&redis.url())?;
     let daemon_cpu = process.map(cpu_seconds);
     let redis_cpu = cpu_seconds(redis.pid());
+    let waited = || cpu_wait_seconds(redis.pid()) + process.map_or(0.0, cpu_wait_seconds);
+    let waited_before = waited();
     let run: Run = match rate {
         None => load::closed(factory, clients, mix, plan.warmup, plan.duration).await?,
         Some(rate) => load::open(factory, clients, rate, mix, plan.warmup, plan.duration).await?,
     };
+    let waited = waited() - waited_before;
     let stats_after = report::script_stats(&redis.url())?;
     let total_time = (plan.warmup + plan.duration).as_secs_f64() / plan.duration.as_secs_f64();
     // CPU over warm-up and measurement, attributed to the measured share of the checks.
@@ -382,6 +385,7 @@ async fn measure(
             stats_after.usec_per_call(&stats_before),
             checks_all / stats_after.calls_since(&stats_before).max(1.0),
         ),
+        waited / (plan.warmup + plan.duration).as_secs_f64() * 100.0,
     ))
 }
 

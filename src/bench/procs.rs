@@ -294,6 +294,20 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) / clock_ticks()
 }
 
+/// Seconds the threads of process `pid` have spent runnable but waiting for a CPU (the second
+/// field of each thread's `/proc/<pid>/task/<tid>/schedstat`); 0 when unknown.
+pub fn cpu_wait_seconds(pid: u32) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(Path::new("/proc").join(pid.to_string()).join("task")) else {
+        return 0.0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
+        .filter_map(|stat| stat.split_whitespace().nth(1)?.parse::<f64>().ok())
+        .sum::<f64>()
+        / 1e9
+}
+
 fn clock_ticks() -> f64 {
     static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
     *TICKS.get_or_init(|| {

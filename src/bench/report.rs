@@ -90,6 +90,10 @@ pub struct Row {
     pub redis_usec_per_call: f64,
     /// Checks per script call (sluice sends a batch as one call).
     pub checks_per_call: f64,
+    /// Share of the run's time the answering process and Redis spent runnable but waiting for
+    /// a CPU (`/proc/<pid>/task/*/schedstat`), percent: the machine's own contention, which a
+    /// tail includes.
+    pub cpu_wait_percent: f64,
 }
 
 impl Row {
@@ -105,6 +109,7 @@ impl Row {
         daemon_cpu_us: Option<f64>,
         redis_cpu_us: f64,
         (redis_usec_per_call, checks_per_call): (f64, f64),
+        cpu_wait_percent: f64,
     ) -> Self {
         let q = |p: f64| run.latency.value_at_quantile(p);
         Self {
@@ -123,6 +128,7 @@ impl Row {
             redis_cpu_us,
             redis_usec_per_call,
             checks_per_call,
+            cpu_wait_percent,
         }
     }
 }
@@ -202,9 +208,9 @@ impl Report {
     pub fn print(&self) {
         println!("\nsluice bench on {}\n", self.machine);
         println!(
-            "| system | alg | keys | clients | mode | checks/s | p50 us | p99 us | p99.9 us | max us | vs naive sidecar | vs raw EVALSHA | daemon CPU us/check | CPU vs naive sidecar | Redis CPU us/check | Redis CPU vs raw | Redis us/call | checks/call |"
+            "| system | alg | keys | clients | mode | checks/s | p50 us | p99 us | p99.9 us | max us | vs naive sidecar | vs raw EVALSHA | daemon CPU us/check | CPU vs naive sidecar | Redis CPU us/check | Redis CPU vs raw | Redis us/call | checks/call | waited for a CPU |"
         );
-        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         let x = |ratio: Option<f64>| ratio.map_or("-".into(), |r| format!("{r:.2}x"));
         for row in &self.rows {
             let compared = row.system.starts_with("sluice") && row.offered_rate.is_none();
@@ -216,7 +222,7 @@ impl Report {
                 .offered_rate
                 .map_or("closed".into(), |r| format!("open {r:.0}/s"));
             println!(
-                "| {} | {} | {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {} | {:.1} | {:.1} |",
+                "| {} | {} | {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {} | {:.1} | {:.1} | {:.0}% |",
                 row.system,
                 row.algorithm,
                 row.keys,
@@ -235,6 +241,7 @@ impl Report {
                 x(against("raw EVALSHA", |r| Some(r.redis_cpu_us))),
                 row.redis_usec_per_call,
                 row.checks_per_call,
+                row.cpu_wait_percent,
             );
         }
         println!("\n| Redis layout | keys | used_memory / key | MEMORY USAGE |");

@@ -235,6 +235,7 @@ mod tests {
             redis_cpu_us: redis,
             redis_usec_per_call: 1.0,
             checks_per_call: 1.0,
+            cpu_wait_percent: 0.0,
         }
     }
 
