@@ -17,8 +17,7 @@
 //!   understands only 401 and 403 as "deny" (anything else becomes a 500).
 
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::response::Response;
 
 use super::http::error_response;
 use super::wire::{self, CheckReply, ErrorReply};
@@ -64,7 +63,7 @@ pub async fn authz(
             if status == StatusCode::TOO_MANY_REQUESTS {
                 status = deny_status.unwrap_or(status);
             }
-            (status, wire::headers(&verdict), Json(reply)).into_response()
+            super::http::json_response(status, wire::headers(&verdict), &reply)
         }
     }
 }

@@ -81,7 +81,7 @@ async fn check(State(ctx): State<Ctx>, request: Request) -> Response {
             Ok(verdict) => {
                 traced::verdict(span, &verdict);
                 let (status, reply) = CheckReply::from_verdict(&verdict);
-                (status, wire::headers(&verdict), Json(reply)).into_response()
+                json_response(status, wire::headers(&verdict), &reply)
             }
         },
     };
@@ -156,8 +156,12 @@ async fn batch(State(ctx): State<Ctx>, request: Request) -> Response {
                         .iter()
                         .map(|v| CheckReply::from_verdict(v).1)
                         .collect();
-                    let headers = [(header::CACHE_CONTROL, "no-store")];
-                    (StatusCode::OK, headers, Json(BatchReply { results })).into_response()
+                    let mut headers = HeaderMap::with_capacity(2);
+                    headers.insert(
+                        header::CACHE_CONTROL,
+                        header::HeaderValue::from_static("no-store"),
+                    );
+                    json_response(StatusCode::OK, headers, &BatchReply { results })
                 }
             },
         },
@@ -248,6 +252,29 @@ pub(crate) async fn read_json<T: DeserializeOwned>(
             ErrorReply::new("bad_request", format!("invalid JSON body: {error}")),
         ))
     })
+}
+
+/// A JSON answer with `headers` as its whole header map (plus the content type): built directly,
+/// not merged header by header into a fresh map as axum's tuple responses do, and serialised
+/// into one buffer sized for a check's answer.
+pub(crate) fn json_response(
+    status: StatusCode,
+    mut headers: HeaderMap,
+    body: &impl serde::Serialize,
+) -> Response {
+    let mut bytes = Vec::with_capacity(256);
+    if let Err(error) = serde_json::to_writer(&mut bytes, body) {
+        tracing::error!(%error, "an answer did not serialise");
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    }
+    headers.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    let mut response = Response::new(Body::from(bytes));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    response
 }
 
 pub(crate) fn error_response((status, reply): (StatusCode, ErrorReply)) -> Response {
