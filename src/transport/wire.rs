@@ -237,18 +237,11 @@ pub fn headers(verdict: &Verdict) -> HeaderMap {
     }
     let d = &part.decision;
     let reset_sec = ceil_div(d.reset_after_us, 1_000_000);
-    for (name, value) in [
-        ("x-ratelimit-limit", d.limit),
-        ("x-ratelimit-remaining", d.remaining),
-        ("x-ratelimit-reset", reset_sec),
-    ] {
-        headers.insert(HeaderName::from_static(name), HeaderValue::from(value));
-    }
-    let mut put = |name: &'static str, value: String| {
-        if let Ok(value) = HeaderValue::try_from(value) {
-            headers.insert(HeaderName::from_static(name), value);
-        }
-    };
+    headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(d.limit));
+    headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(d.remaining));
+    headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset_sec));
+    // The structured fields are written piece by piece (no `format!`): this runs for every
+    // answer, and the formatting machinery cost more than the rest of the headers together.
     let mut policy = String::with_capacity(64);
     let same_counter = |p: &&PolicyDecision| {
         Arc::ptr_eq(&p.policy, &part.policy) && p.key.partition() == part.key.partition()
@@ -264,19 +257,41 @@ pub fn headers(verdict: &Verdict) -> HeaderMap {
         }
         // `w`: the advertised length, in seconds.
         let advertised_sec = ceil_div(item.advertised_us, 1_000_000).max(1);
-        let _ = write!(
-            policy,
-            "\"{}\";q={};w={advertised_sec}",
-            ItemName(item),
-            item.decision.limit
+        push_item(
+            &mut policy,
+            item,
+            ("q", item.decision.limit),
+            ("w", advertised_sec),
         );
     }
-    put("ratelimit-policy", policy);
-    put(
-        "ratelimit",
-        format!("\"{}\";r={};t={reset_sec}", ItemName(part), d.remaining),
-    );
+    let mut current = String::with_capacity(48);
+    push_item(&mut current, part, ("r", d.remaining), ("t", reset_sec));
+    for (name, value) in [(RATELIMIT_POLICY, policy), (RATELIMIT, current)] {
+        if let Ok(value) = HeaderValue::try_from(value) {
+            headers.insert(name, value);
+        }
+    }
     headers
+}
+
+const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// Appends one structured-field item, `"<name>";<key>=<n>;<key>=<n>`, to `out`.
+fn push_item(out: &mut String, part: &PolicyDecision, first: (&str, u64), second: (&str, u64)) {
+    let mut digits = itoa::Buffer::new();
+    out.push('"');
+    ItemName(part).push_to(out);
+    out.push('"');
+    for (key, value) in [first, second] {
+        out.push(';');
+        out.push_str(key);
+        out.push('=');
+        out.push_str(digits.format(value));
+    }
 }
 
 /// Whether a part's figures may be shown to the client.
@@ -287,6 +302,18 @@ fn advertised(part: &PolicyDecision) -> bool {
 /// A part's name in `RateLimit-Policy` and `RateLimit`: the policy's name for a policy of one
 /// window, `<policy>/<period>` for one of several, `<policy>/local` for its local limit.
 pub struct ItemName<'a>(pub &'a PolicyDecision);
+
+impl ItemName<'_> {
+    /// Appends the name to `out` (a policy of one window, the common case, without formatting).
+    fn push_to(&self, out: &mut String) {
+        match (self.0.mode, self.0.key.period_us()) {
+            (Mode::LocalLimit, _) | (_, Some(_)) => {
+                let _ = write!(out, "{self}");
+            }
+            (_, None) => out.push_str(self.0.policy.name()),
+        }
+    }
+}
 
 impl std::fmt::Display for ItemName<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
