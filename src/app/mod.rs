@@ -27,7 +27,7 @@ use crate::limit::PolicySet;
 use crate::reload::Reloader;
 use crate::store::MemoryStore;
 use crate::telemetry::Metrics;
-use crate::transport::serve::{serve, Drain, Peers};
+use crate::transport::serve::{serve, serve_service, Drain, Peers};
 use crate::transport::{admin, http, uds, Transport};
 
 /// How long the admin listener's last requests get once the check listeners are closed.
@@ -174,8 +174,8 @@ impl App {
         let until = |stop: Drain| async move { stop.signaled().await };
 
         let mut checks = JoinSet::new();
-        let router = |transport| {
-            http::router(
+        let api = |transport| {
+            http::CheckApi::new(
                 self.service.clone(),
                 self.metrics.clone(),
                 transport,
@@ -189,8 +189,8 @@ impl App {
             let listener = listener.tap_io(|tcp| {
                 let _ = tcp.set_nodelay(true);
             });
-            let app = router(Transport::Tcp);
-            checks.spawn(serve(
+            let app = api(Transport::Tcp);
+            checks.spawn(serve_service(
                 listener,
                 app,
                 drain.clone(),
@@ -202,8 +202,8 @@ impl App {
         let socket_path = self.socket.as_ref().map(|(_, path)| path.clone());
         if let Some((listener, path)) = self.socket {
             tracing::info!(path = %path.display(), "check API listening on Unix socket");
-            let app = router(Transport::Uds);
-            checks.spawn(serve(
+            let app = api(Transport::Uds);
+            checks.spawn(serve_service(
                 listener,
                 app,
                 drain.clone(),

@@ -9,14 +9,17 @@
 //! A listener that logs who asked (the admin listener: counter resets) hands each request its
 //! peer's address (axum's `ConnectInfo`).
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::ConnectInfo;
 use axum::http::Request;
+use axum::response::Response;
 use axum::serve::Listener;
 use axum::Router;
+use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
@@ -80,13 +83,35 @@ pub async fn serve<L: Listener>(
 ) where
     L::Addr: Clone + Send + Sync + 'static,
 {
+    let service = TowerToHyperService::new(router);
+    serve_service(listener, service, drain, grace, max_connections, peers).await;
+}
+
+/// [`serve`] for any hyper service (the check API answers `POST /v1/check` before its router).
+pub async fn serve_service<L, S>(
+    listener: L,
+    service: S,
+    drain: Drain,
+    grace: Duration,
+    max_connections: usize,
+    peers: Peers,
+) where
+    L: Listener,
+    L::Addr: Clone + Send + Sync + 'static,
+    S: hyper::service::Service<Request<Incoming>, Response = Response, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
     let bounds = Bounds {
         grace,
         max_connections,
     };
     accept_loop(listener, drain, bounds, move |io, peer, drain| {
         let service = Capped(WithPeer {
-            inner: TowerToHyperService::new(router.clone()),
+            inner: service.clone(),
             peer: (peers == Peers::Record).then_some(peer),
         });
         async move {
