@@ -64,15 +64,3 @@ end
 local function ceil_div(a, b)
   return math.floor((a + b - 1) / b)
 end
-
--- The time every decision of a call uses, in us, and the least TTL a write gets: Redis' own clock
--- (one TIME per call, so every pod shares it), or, for tests only, `test_now` (an integer other
--- than 0; then TTLs are at least a minute: real time keeps running while test time stands still,
--- and state must not expire under a test; expiry never changes a decision).
-local function clock(test_now)
-  if test_now and test_now ~= '' and test_now ~= '0' then
-    return tonumber(test_now), 60000
-  end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2]), 1
-end
