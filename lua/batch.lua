@@ -137,17 +137,10 @@ local function load(k, kind)
   if not hold(k, kind) then
     return bad[k]
   end
-  local value = read_string(keys[k])
+  local value = read_counter(keys[k])
   if type(value) == 'table' then
-    if not string.find(value.err, 'WRONGTYPE', 1, true) then
-      bad[k] = value
-      return value
-    end
-    bad[k] = log_bound(keys[k])
-    if bad[k] then
-      return bad[k]
-    end
-    value = false
+    bad[k] = value
+    return value
   end
   if kind == TOKEN_BUCKET then
     a[k], b[k] = token_bucket_parse(value)

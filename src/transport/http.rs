@@ -14,7 +14,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::http::{Method, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, post};
-use axum::{Json, Router};
+use axum::Router;
 use hyper::body::Incoming;
 use prometheus::Histogram;
 use serde::de::DeserializeOwned;
@@ -329,7 +329,7 @@ pub(crate) fn json_response(
 }
 
 pub(crate) fn error_response((status, reply): (StatusCode, ErrorReply)) -> Response {
-    (status, Json(reply)).into_response()
+    json_response(status, HeaderMap::new(), &reply)
 }
 
 async fn not_found() -> Response {

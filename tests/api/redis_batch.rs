@@ -259,11 +259,18 @@ fn a_hot_key_in_one_batch_is_read_and_written_once() {
     });
 }
 
+/// A token bucket, a fixed window and a sliding log, each 10 per second.
+fn ten_per_second() -> [Algorithm; 3] {
+    [
+        Algorithm::TokenBucket(TokenBucket::new(10, 1_000_000, 10).expect("valid")),
+        Algorithm::FixedWindow(FixedWindow::new(10, 1_000_000).expect("valid")),
+        Algorithm::SlidingLog(SlidingLog::new(10, 1_000_000).expect("valid")),
+    ]
+}
+
 #[test]
 fn a_bad_key_fails_only_its_own_check() {
-    let bucket = Algorithm::TokenBucket(TokenBucket::new(10, 1_000_000, 10).expect("valid"));
-    let window = Algorithm::FixedWindow(FixedWindow::new(10, 1_000_000).expect("valid"));
-    let log = Algorithm::SlidingLog(SlidingLog::new(10, 1_000_000).expect("valid"));
+    let [bucket, window, log] = ten_per_second();
     let base = fresh_base();
     let key = |name: &str| format!("{{{base}}}:{name}");
     let item = |name: &str, algorithm: Algorithm| Item {
@@ -323,9 +330,7 @@ fn a_bad_key_fails_only_its_own_check() {
 /// The lean loop fails a bad key's check alone too, with the same error codes.
 #[test]
 fn a_bad_key_fails_only_its_own_check_in_the_lean_loop() {
-    let bucket = Algorithm::TokenBucket(TokenBucket::new(10, 1_000_000, 10).expect("valid"));
-    let window = Algorithm::FixedWindow(FixedWindow::new(10, 1_000_000).expect("valid"));
-    let log = Algorithm::SlidingLog(SlidingLog::new(10, 1_000_000).expect("valid"));
+    let [bucket, window, log] = ten_per_second();
     let base = fresh_base();
     let key = |name: &str| format!("{{{base}}}:{name}");
     let check = |name: &str, algorithm: Algorithm| {
@@ -571,4 +576,60 @@ async fn cluster_node_calls_survive_a_resharding() {
     );
     // Every attempt after the limit is denied, wherever the partition lives now.
     assert_eq!(admitted_per_partition(&app, 2).await, [0; 16]);
+}
+
+/// A policy that changed algorithm on a reload meets its old counters in the lean loop too: each
+/// other algorithm's value reads as absent (the partition starts afresh under the new one) and
+/// the first commit replaces it.
+#[test]
+fn the_lean_loop_reads_another_algorithms_counter_as_absent() {
+    let [bucket, window, log] = ten_per_second();
+    let base = fresh_base();
+    let key = |name: &str| format!("{{{base}}}:{name}");
+    let check = |name: &str, algorithm: Algorithm| {
+        let item = Item {
+            key: key(name),
+            algorithm,
+            cost: 1,
+            enforce: true,
+        };
+        (Spend::Record, vec![item])
+    };
+    with_redis(|conn| {
+        let _: () = redis::cmd("ZADD")
+            .arg(key("was log"))
+            .arg(START)
+            .arg("m")
+            .query(conn)
+            .expect("ZADD");
+        for (name, value) in [
+            ("was bucket", format!("{START}:3")),
+            ("was window", "-5".into()),
+        ] {
+            let _: () = redis::cmd("SET")
+                .arg(key(name))
+                .arg(value)
+                .query(conn)
+                .expect("SET");
+        }
+        let checks: Vec<Check> = vec![
+            check("was log", bucket),
+            check("was bucket", log),
+            check("was window", bucket),
+            check("was bucket too", window),
+        ];
+        assert!(is_lean(&checks));
+        let replies = run_batch(conn, &checks, START);
+        for (i, reply) in replies.iter().enumerate() {
+            let decided = decisions(reply, 1)[0];
+            assert!(
+                decided.allowed && decided.remaining == 9,
+                "check {i}: {decided:?}"
+            );
+        }
+        let mut kind =
+            |name: &str| -> String { redis::cmd("TYPE").arg(key(name)).query(conn).expect("TYPE") };
+        assert_eq!(kind("was log"), "string", "the bucket replaced the log");
+        assert_eq!(kind("was bucket"), "zset", "the log replaced the bucket");
+    });
 }
