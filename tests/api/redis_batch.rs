@@ -259,6 +259,17 @@ fn a_hot_key_in_one_batch_is_read_and_written_once() {
     });
 }
 
+/// A check of cost 1 on the one counter `key`.
+fn recorded(key: String, algorithm: Algorithm) -> Check {
+    let item = Item {
+        key,
+        algorithm,
+        cost: 1,
+        enforce: true,
+    };
+    (Spend::Record, vec![item])
+}
+
 /// A token bucket, a fixed window and a sliding log, each 10 per second.
 fn ten_per_second() -> [Algorithm; 3] {
     [
@@ -333,15 +344,7 @@ fn a_bad_key_fails_only_its_own_check_in_the_lean_loop() {
     let [bucket, window, log] = ten_per_second();
     let base = fresh_base();
     let key = |name: &str| format!("{{{base}}}:{name}");
-    let check = |name: &str, algorithm: Algorithm| {
-        let item = Item {
-            key: key(name),
-            algorithm,
-            cost: 1,
-            enforce: true,
-        };
-        (Spend::Record, vec![item])
-    };
+    let check = |name: &str, algorithm: Algorithm| recorded(key(name), algorithm);
     with_redis(|conn| {
         for (name, value) in [
             ("list", None),
@@ -586,15 +589,7 @@ fn the_lean_loop_reads_another_algorithms_counter_as_absent() {
     let [bucket, window, log] = ten_per_second();
     let base = fresh_base();
     let key = |name: &str| format!("{{{base}}}:{name}");
-    let check = |name: &str, algorithm: Algorithm| {
-        let item = Item {
-            key: key(name),
-            algorithm,
-            cost: 1,
-            enforce: true,
-        };
-        (Spend::Record, vec![item])
-    };
+    let check = |name: &str, algorithm: Algorithm| recorded(key(name), algorithm);
     with_redis(|conn| {
         let _: () = redis::cmd("ZADD")
             .arg(key("was log"))
