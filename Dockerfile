@@ -6,26 +6,27 @@
 #   docker run --rm --read-only --tmpfs /tmp -e SLUICE_LISTEN__HTTP=0.0.0.0:7070 -p 7070:7070 \
 #     ghcr.io/sluice-rs/sluice:0.1.0
 # Both stages are Debian 12 (bookworm), so the binary links against the glibc it runs with.
-# tests/api/image.rs builds the build stage's inputs (every COPY below, in an empty directory)
+# tests/deploy/image.rs builds the build stage's inputs (every COPY below, in an empty directory)
 # and runs this file's final stage offline (podman), so keep both stages' lines simple:
 # `COPY <src>... <dest>`, `ENV KEY=value`, `USER`, `ENTRYPOINT` and `CMD` in JSON form.
 
 ARG RUST_VERSION=1.95
 FROM rust:${RUST_VERSION}-bookworm AS build
 WORKDIR /src
-COPY Cargo.toml Cargo.lock build.rs ./
-COPY proto ./proto
+COPY Cargo.toml Cargo.lock ./
 COPY src ./src
-COPY lua ./lua
+COPY crates ./crates
 COPY config ./config
 # The OpenAPI document served on the admin listener (built in with include_str!).
 COPY docs/openapi.json ./docs/openapi.json
 # Cache the registry and the target dir between builds (BuildKit). The release profile keeps
-# debug info for profiling (`sluice bench`); the image does not ship it (76 MB -> ~9 MB).
+# debug info for profiling (`sluice bench`); the image does not ship it (76 MB -> ~9 MB). The
+# image's binary leaves out `sluice bench` (feature `bench`): the injector Deployment runs this
+# image too, so `k8s` (inject, injector) stays.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols \
-    cargo build --release --locked --bin sluice \
+    cargo build --release --locked --bin sluice --no-default-features --features k8s \
     && cp target/release/sluice /sluice
 
 FROM gcr.io/distroless/cc-debian12:nonroot

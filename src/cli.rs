@@ -1,6 +1,6 @@
 //! The command line: `sluice serve`, `sluice check`, `sluice report`, `sluice top`,
 //! `sluice counters`, `sluice config check`,
-//! `sluice inject`, `sluice injector`.
+//! `sluice inject`, `sluice injector` (feature `k8s`), `sluice bench` (feature `bench`).
 //! Exit codes: 0 ok / allowed, 1 denied or runtime failure, 2 limiter unavailable, 64 bad usage or
 //! configuration, 69 daemon unreachable.
 
@@ -13,10 +13,10 @@ mod counters;
 mod report;
 mod top;
 
-use crate::app::{App, StartError};
-use crate::client::{self, Target};
-use crate::config::{load_policies, FileLimits, Settings};
-use crate::transport::wire::CheckBody;
+use sluice::app::{shutdown_signal, App, StartError};
+use sluice::client::{self, Target};
+use sluice::config::{load_policies, FileLimits, Settings};
+use sluice::transport::wire::CheckBody;
 
 /// Exit code for bad usage or configuration (sysexits EX_USAGE).
 pub const EXIT_CONFIG: u8 = 64;
@@ -56,15 +56,19 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    #[cfg(feature = "k8s")]
     /// Add the sluice native sidecar to Kubernetes YAML (stdin or a file) and print it.
-    Inject(crate::inject::InjectArgs),
+    Inject(sluice_k8s::inject::InjectArgs),
+    #[cfg(feature = "k8s")]
     /// The mutating admission webhook that injects the sidecar into opted-in pods.
-    Injector(Box<crate::injector::InjectorArgs>),
+    Injector(Box<sluice_k8s::injector::InjectorArgs>),
+    #[cfg(feature = "bench")]
     /// Benchmark: own Redis and daemon, load through both transports and raw-Redis baselines.
-    Bench(crate::bench::BenchArgs),
+    Bench(sluice_bench::BenchArgs),
+    #[cfg(feature = "bench")]
     /// The benchmark's naive-sidecar baseline (started by `sluice bench`).
     #[command(hide = true)]
-    BenchNaiveSidecar(crate::bench::NaiveArgs),
+    BenchNaiveSidecar(sluice_bench::NaiveArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -134,17 +138,21 @@ pub fn main() -> ExitCode {
         } => config_check(&file),
         Command::Config {
             command: ConfigCommand::Convert { file },
-        } => match crate::config::envoy::convert_file(&file) {
+        } => match sluice::config::envoy::convert_file(&file) {
             Ok(policies) => {
                 print!("{policies}");
                 ExitCode::SUCCESS
             }
             Err(error) => fail(EXIT_CONFIG, error),
         },
-        Command::Inject(args) => crate::inject::run(args),
-        Command::Injector(args) => crate::injector::run(*args),
-        Command::Bench(args) => crate::bench::run(args),
-        Command::BenchNaiveSidecar(args) => crate::bench::run_naive_sidecar(args),
+        #[cfg(feature = "k8s")]
+        Command::Inject(args) => sluice_k8s::inject::run(args),
+        #[cfg(feature = "k8s")]
+        Command::Injector(args) => sluice_k8s::injector::run(*args),
+        #[cfg(feature = "bench")]
+        Command::Bench(args) => sluice_bench::run(args),
+        #[cfg(feature = "bench")]
+        Command::BenchNaiveSidecar(args) => sluice_bench::run_naive_sidecar(args),
     }
 }
 
@@ -160,7 +168,7 @@ fn serve(config: Option<&Path>) -> ExitCode {
         Ok((settings, _)) => settings,
         Err(error) => return fail(EXIT_CONFIG, format_args!("invalid settings: {error}")),
     };
-    crate::telemetry::init_tracing(&settings.log);
+    sluice::telemetry::init_tracing(&settings.log);
     let threads = match settings.worker_threads {
         // A sidecar shares its node with the app (and often Redis): half the cores, 1 to 4.
         0 => std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).clamp(1, 4)),
@@ -197,29 +205,9 @@ fn serve(config: Option<&Path>) -> ExitCode {
     })
 }
 
-/// Resolves on SIGTERM or SIGINT.
-pub(crate) async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => tracing::info!("SIGTERM received"),
-                _ = int.recv() => tracing::info!("SIGINT received"),
-            }
-        }
-        _ => {
-            tracing::warn!("cannot install signal handlers; stop with SIGKILL");
-            std::future::pending::<()>().await;
-        }
-    }
-}
-
 /// `-d NAME=VALUE` arguments as descriptors.
-fn parse_descriptors(pairs: &[String]) -> Result<crate::limit::Descriptors, String> {
-    let mut descriptors = crate::limit::Descriptors::new();
+fn parse_descriptors(pairs: &[String]) -> Result<sluice::limit::Descriptors, String> {
+    let mut descriptors = sluice::limit::Descriptors::new();
     for pair in pairs {
         let Some((name, value)) = pair.split_once('=') else {
             return Err(format!("descriptor {pair:?} is not NAME=VALUE"));
@@ -360,7 +348,7 @@ fn config_check(file: &Path) -> ExitCode {
             Err(error) => return fail(EXIT_CONFIG, format_args!("{}: {error}", file.display())),
         };
         // The same checks `serve` makes before it connects (TLS files, URLs, clients).
-        if let Err(error) = crate::app::check_redis(&settings.redis, resolved.redis.as_ref()) {
+        if let Err(error) = sluice::app::check_redis(&settings.redis, resolved.redis.as_ref()) {
             return fail(EXIT_CONFIG, format_args!("{}: {error}", file.display()));
         }
         (settings.policies, settings.files, settings.local.replicas)
@@ -369,7 +357,7 @@ fn config_check(file: &Path) -> ExitCode {
     };
     match load_policies(&policy_file, &limits) {
         Ok((set, _)) => {
-            for warning in crate::config::local_limit_warnings(&set, replicas) {
+            for warning in sluice::config::local_limit_warnings(&set, replicas) {
                 eprintln!("{}: warning: {warning}", policy_file.display());
             }
             let names: Vec<&str> = set.iter().map(|p| p.name()).collect();

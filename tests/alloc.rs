@@ -4,7 +4,7 @@
 //! `redis-server`, asked over keep-alive HTTP on TCP. Prints the figures
 //! (`cargo test --release --test alloc -- --nocapture`) and holds them to the targets.
 
-#[path = "api/redis_server.rs"]
+#[path = "api/support/redis_server.rs"]
 #[allow(dead_code)]
 mod redis_server;
 

@@ -10,8 +10,8 @@ use axum::http::Method;
 use clap::{Args, Subcommand};
 
 use super::{ask_daemon, fail, field, parse_descriptors, EXIT_CONFIG};
-use crate::client::{self, Target};
-use crate::config::Settings;
+use sluice::client::{self, Target};
+use sluice::config::Settings;
 
 /// `sluice counters ...`.
 #[derive(Debug, Subcommand)]

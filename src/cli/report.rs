@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 
 use super::{ask_daemon, fail, field, parse_descriptors, target, CheckArgs, EXIT_CONFIG};
-use crate::transport::wire::CheckBody;
+use sluice::transport::wire::CheckBody;
 
 /// Runs `sluice report`.
 pub(super) fn run(args: CheckArgs) -> ExitCode {

@@ -10,7 +10,7 @@ use clap::Args;
 
 use super::counters::admin_target;
 use super::{ask_daemon, fail, field, EXIT_CONFIG};
-use crate::client::Target;
+use sluice::client::Target;
 
 /// `sluice top ...`.
 #[derive(Debug, Args)]

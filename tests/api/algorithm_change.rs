@@ -18,8 +18,8 @@ use sluice::store::redis::scripts::Item;
 use sluice::store::Spend;
 
 use crate::helpers::{json_of, spawn_served, test_settings, TestApp};
-use crate::redis_batch::{decisions, run_batch, Check};
-use crate::redis_differential::{with_redis, START};
+use crate::redis::batch::{decisions, run_batch, Check};
+use crate::redis::differential::{with_redis, START};
 use crate::redis_server::{RedisCluster, RedisServer};
 
 const ALGORITHMS: [&str; 3] = ["token_bucket", "sliding_log", "fixed_window"];

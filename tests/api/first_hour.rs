@@ -4,9 +4,9 @@
 
 use sluice::client::Target;
 
-use crate::examples::example;
 use crate::helpers::{repo_root, run_async, sluice_command, spawn_app};
 use crate::tools;
+use crate::tools::example;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_takes_every_address_form_and_the_environment() {

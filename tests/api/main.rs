@@ -1,80 +1,45 @@
-//! Integration tests of the public API: real daemons on loopback and temporary Unix sockets (with a
-//! manual clock), and the real `sluice` binary.
+//! Integration tests of the daemon: real daemons on loopback and temporary Unix sockets (with a
+//! manual clock), and the real `sluice` binary. Support code is in `support/`; scenarios are the
+//! other modules, grouped in folders by protocol or store. Checks of what ships beside the daemon
+//! (image, manifests, examples) are the `deploy` test binary.
+
+mod support;
+use support::{
+    grpc_client, helpers, injector_support, kustomize, otlp_receiver, redis_server, stores,
+    tls_pki, tools, wait,
+};
 
 mod admin;
 mod algorithm_change;
 mod authz;
 mod bad_input;
 mod batch;
-mod certificate_expiry;
 mod check;
 mod cli;
 mod counters;
-mod dockerfile;
 mod envoy_upstream;
-mod envoy_upstream_figures;
-mod envoy_upstream_flows;
-mod envoy_upstream_replaces;
-mod envoy_upstream_stats;
-mod examples;
 mod first_hour;
 mod grpc;
-mod grpc_client;
-mod grpc_envoy_config;
-mod grpc_envoy_example;
-mod grpc_fd_limit;
-mod grpc_hardening;
-mod grpc_redis;
-mod grpc_stock_client;
-mod grpc_uds_authority;
 mod hardening;
-mod helpers;
 mod hostile_client;
-mod image;
-mod image_name;
-mod inject;
 mod injector;
-mod injector_hardening;
-mod injector_manifests;
-mod injector_support;
-mod k8s;
-mod k8s_grpc;
-mod kustomize;
 mod local_limit;
 mod log_safety;
 mod matching;
-mod nginx;
-mod observability;
 mod openapi;
 mod operator_messages;
-mod otlp_receiver;
 mod poisoned_key;
 mod policies;
 mod policy_dir;
 mod policy_layer;
-mod redis_acl;
-mod redis_batch;
-mod redis_differential;
-mod redis_exactness;
-mod redis_failures;
-mod redis_policies;
-mod redis_serve_env;
-mod redis_server;
-mod redis_single;
-mod redis_store;
-mod redis_tls;
-mod redis_tls_topologies;
+mod redis;
 mod reload_bounds;
 mod reload_signal;
 mod report;
 mod report_differential;
 mod shutdown;
-mod stores;
-mod tls_pki;
-mod tools;
 mod top;
 mod tracing_off;
 mod tracing_otlp;
 mod transports;
-mod wait;
 mod windows;

@@ -15,8 +15,8 @@ use sluice::store::redis::scripts::Item;
 use sluice::store::Spend;
 
 use crate::helpers::{json_of, metric_value, post, sluice_command, ChildGuard};
-use crate::redis_batch::{decisions, run_batch, Check};
-use crate::redis_differential::{with_redis, START};
+use crate::redis::batch::{decisions, run_batch, Check};
+use crate::redis::differential::{with_redis, START};
 use crate::redis_server::RedisServer;
 
 /// Members of the foreign sorted set.
@@ -219,7 +219,7 @@ fn oversized_values_fail_their_own_check_after_bounded_work() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acl_user_without_getrange_still_reads_values_whole() {
     let redis = RedisServer::start();
-    let older: Vec<String> = crate::redis_acl::documented_acl("sluice", "pw")
+    let older: Vec<String> = crate::redis::acl::documented_acl("sluice", "pw")
         .into_iter()
         .filter(|word| word != "+getrange")
         .collect();
@@ -230,7 +230,7 @@ async fn an_acl_user_without_getrange_still_reads_values_whole() {
         .expect("ACL SETUSER");
     let policies = "policies:\n  - {name: api, key: [k], algorithm: token_bucket, limit: 2, period: 1h, burst: 2, failure_mode: closed}\n  - {name: page, key: [k], algorithm: fixed_window, limit: 2, period: 1h, failure_mode: closed}\n";
     let url = format!("redis://sluice:pw@127.0.0.1:{}", redis.port);
-    let app = crate::redis_tls::spawn_on_redis(policies, |s| s.redis.url = Some(url)).await;
+    let app = crate::redis::tls::spawn_on_redis(policies, |s| s.redis.url = Some(url)).await;
     app.wait_for_store().await;
     let mut statuses = Vec::new();
     for policy in ["api", "page"] {

@@ -13,7 +13,7 @@ use sluice::store::redis::scripts::oracle::{parse_group_reply, ScriptCall, Scrip
 use sluice::store::redis::scripts::{Commit, Scripts};
 use sluice::store::{MemoryStore, Spend, StoreCheck};
 
-use crate::redis_differential::{with_redis, START};
+use crate::redis::differential::{with_redis, START};
 
 fn eval(conn: &mut redis::Connection, call: &ScriptCall) -> redis::Value {
     redis::cmd("EVAL")

@@ -1,0 +1,415 @@
+//! `sluice bench`: the project's benchmark. It starts its own `redis-server` and daemon, drives
+//! load through the daemon (TCP and Unix socket) and, in the same run, through the baselines an
+//! app without sluice would use (the same Lua script by unpipelined EVALSHA, and a naive
+//! token-bucket script), then reports checks/s, latency percentiles, CPU and Redis time per
+//! check, ratios to the baselines, and Redis memory per key. Figures, not assertions.
+
+mod clients;
+mod grpc;
+mod load;
+mod memory;
+mod naive_sidecar;
+mod overload;
+mod procs;
+mod report;
+mod targets;
+mod trace_sink;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::Args;
+
+use self::load::{Factory, KeyMix, Run};
+pub use self::naive_sidecar::{run as run_naive_sidecar, NaiveArgs};
+use self::procs::{cpu_seconds, cpu_wait_seconds, Daemon, NaiveSidecar, Redis};
+use self::report::{Report, Row};
+use sluice::client::Target;
+use sluice::limit::{Algorithm, FixedWindow, SlidingLog, TokenBucket};
+
+/// Options of `sluice bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// A small run in seconds (a smoke test: one key mix, one client count, short runs).
+    #[arg(long)]
+    quick: bool,
+    /// Concurrent clients of the closed-loop runs (default 1, 4, 64, 256; quick: 16).
+    #[arg(long, value_delimiter = ',')]
+    clients: Option<Vec<usize>>,
+    /// Seconds measured per run, after a warm-up (default 3; quick: 1).
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// Keys for the Zipf mix and for the memory measurement (default 100000; quick: 10000).
+    #[arg(long)]
+    keys: Option<usize>,
+    /// Worker threads of the daemon under test (0: its default).
+    #[arg(long, default_value_t = 0)]
+    daemon_threads: usize,
+    /// Extra `[redis]` settings for the daemon under test, TOML lines (e.g. `pipelines_in_flight = 1`).
+    #[arg(long, default_value = "")]
+    redis_settings: String,
+    /// Only these algorithms' policies (tb, sl, fw; default all).
+    #[arg(long, value_delimiter = ',')]
+    policies: Option<Vec<String>>,
+    /// Only these key mixes (hot, zipf; default both, quick: hot).
+    #[arg(long, value_delimiter = ',')]
+    mixes: Option<Vec<String>>,
+    /// Only the systems whose name contains one of these (e.g. `grpc,tcp,naive`; default all):
+    /// a short run of the rows a change is judged by, or one system to profile. The overload and
+    /// memory runs are left out.
+    #[arg(long, value_delimiter = ',')]
+    systems: Option<Vec<String>>,
+    /// Only measure Redis memory per key.
+    #[arg(long)]
+    memory_only: bool,
+    /// Also run a second daemon with `[tracing]` on (every trace sampled, OTLP/HTTP to a local
+    /// sink) and add its rows as `traced tcp`, to compare with `sluice tcp` (tracing off).
+    #[arg(long)]
+    tracing: bool,
+    /// Where to write the JSON report.
+    #[arg(long, default_value = "target/bench/latest.json")]
+    json: PathBuf,
+}
+
+/// The policies the daemon runs: limits high enough that every check goes to Redis and passes,
+/// so that sluice and the raw script do the same work.
+const POLICIES: &str = "
+policies:
+  - {name: tb, key: [k], algorithm: token_bucket, limit: 1000000000, period: 1s, burst: 1000000000, failure_mode: closed}
+  - {name: sl, key: [k], algorithm: sliding_log, limit: 10000, period: 100ms, failure_mode: closed}
+  - {name: fw, key: [k], algorithm: fixed_window, limit: 1000000000, period: 1s, failure_mode: closed}
+";
+
+fn algorithms() -> Vec<(&'static str, Algorithm)> {
+    let ok = "valid parameters";
+    vec![
+        (
+            "tb",
+            Algorithm::TokenBucket(
+                TokenBucket::new(1_000_000_000, 1_000_000, 1_000_000_000).expect(ok),
+            ),
+        ),
+        (
+            "sl",
+            Algorithm::SlidingLog(SlidingLog::new(10_000, 100_000).expect(ok)),
+        ),
+        (
+            "fw",
+            Algorithm::FixedWindow(FixedWindow::new(1_000_000_000, 1_000_000).expect(ok)),
+        ),
+    ]
+}
+
+/// Runs the benchmark; exit code 1 if it could not run.
+pub fn run(args: BenchArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("sluice bench: {error}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(bench(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("sluice bench: {error:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+struct Plan {
+    clients: Vec<usize>,
+    warmup: Duration,
+    duration: Duration,
+    mixes: Vec<KeyMix>,
+    keys: usize,
+    open_loop: bool,
+}
+
+async fn bench(args: BenchArgs) -> Result<()> {
+    if let Some(unknown) = args.policies.iter().flatten().find(|name| {
+        !algorithms()
+            .iter()
+            .any(|(policy, _)| policy == &name.as_str())
+    }) {
+        anyhow::bail!("unknown policy {unknown:?} (tb, sl, fw)");
+    }
+    let keys = args
+        .keys
+        .unwrap_or(if args.quick { 10_000 } else { 100_000 });
+    let plan = Plan {
+        clients: args.clients.clone().unwrap_or(if args.quick {
+            vec![16]
+        } else {
+            vec![1, 4, 64, 256]
+        }),
+        warmup: Duration::from_millis(if args.quick { 300 } else { 1_000 }),
+        duration: Duration::from_secs_f64(args.seconds.unwrap_or(if args.quick {
+            1.0
+        } else {
+            3.0
+        })),
+        mixes: match &args.mixes {
+            Some(names) => names
+                .iter()
+                .map(|name| match name.as_str() {
+                    "hot" => Ok(KeyMix::Hot),
+                    "zipf" => Ok(KeyMix::zipf(keys)),
+                    other => Err(anyhow::anyhow!("unknown key mix {other:?} (hot, zipf)")),
+                })
+                .collect::<Result<_>>()?,
+            None if args.quick => vec![KeyMix::Hot],
+            None => vec![KeyMix::Hot, KeyMix::zipf(keys)],
+        },
+        keys,
+        open_loop: !args.quick,
+    };
+    let mut report = Report::new(machine());
+    if args.memory_only {
+        report.memory = memory::measure(plan.keys)?;
+        report.print();
+        return report.write_json(&args.json);
+    }
+    let redis = Redis::start()?;
+    let policies = format!("{POLICIES}{}", grpc::POLICIES);
+    let daemon = Daemon::start(
+        Some(&redis.url()),
+        &policies,
+        args.daemon_threads,
+        &format!("{}\n", args.redis_settings.replace(';', "\n")),
+    )?;
+    // The same daemon with tracing on, exporting every span: what tracing costs a check.
+    let sink = match args.tracing {
+        true => Some(trace_sink::TraceSink::start().await?),
+        false => None,
+    };
+    let traced = match &sink {
+        Some(sink) => Some(Daemon::start_full(
+            Some(&redis.url()),
+            &policies,
+            args.daemon_threads,
+            &format!("{}\n", args.redis_settings.replace(';', "\n")),
+            true,
+            &sink.settings(),
+        )?),
+        None => None,
+    };
+    // The same daemon on its embedded store: what HTTP and the check path cost without Redis.
+    let embedded = Daemon::start(None, &policies, args.daemon_threads, "")?;
+    // What a team writes in an afternoon, with as many worker threads as the daemon.
+    let threads = match args.daemon_threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).clamp(1, 4)),
+        n => n,
+    };
+    let naive = NaiveSidecar::start(&redis.url(), threads)?;
+    let wanted = |policy: &str| {
+        args.policies
+            .as_ref()
+            .is_none_or(|names| names.iter().any(|name| name == policy))
+    };
+    for (policy, algorithm) in algorithms().into_iter().filter(|(p, _)| wanted(p)) {
+        for mix in &plan.mixes {
+            let keys = if matches!(mix, KeyMix::Hot) {
+                1
+            } else {
+                plan.keys
+            };
+            let raw = clients::raw_evalsha(&redis.url(), policy, &algorithm, keys).await?;
+            let mut systems: Vec<(String, Factory)> = vec![
+                (
+                    "sluice tcp".into(),
+                    clients::sluice(Target::Tcp(daemon.http), policy, keys),
+                ),
+                (
+                    "sluice uds".into(),
+                    clients::sluice(Target::Unix(daemon.socket.clone()), policy, keys),
+                ),
+                (
+                    "sluice grpc".into(),
+                    grpc::sluice(daemon.grpc, policy, keys),
+                ),
+                ("raw EVALSHA".into(), raw),
+            ];
+            if let Some(traced) = &traced {
+                systems.push((
+                    "traced tcp".into(),
+                    clients::sluice(Target::Tcp(traced.http), policy, keys),
+                ));
+            }
+            systems.extend([(
+                "naive sidecar".into(),
+                clients::sluice(Target::Tcp(naive.http), policy, keys),
+            )]);
+            if policy == "tb" {
+                systems.push((
+                    "embedded uds".into(),
+                    clients::sluice(Target::Unix(embedded.socket.clone()), policy, keys),
+                ));
+                systems.push((
+                    "naive script".into(),
+                    clients::naive(&redis.url(), keys, 1_000_000_000, 1_000_000_000).await?,
+                ));
+            }
+            systems.retain(|(system, _)| {
+                args.systems
+                    .as_ref()
+                    .is_none_or(|names| names.iter().any(|name| system.contains(name.as_str())))
+            });
+            for &clients in &plan.clients {
+                for (system, factory) in &systems {
+                    let process = match system.as_str() {
+                        s if s.starts_with("embedded") => Some(embedded.pid()),
+                        "traced tcp" => traced.as_ref().map(Daemon::pid),
+                        s if s.starts_with("sluice") => Some(daemon.pid()),
+                        "naive sidecar" => Some(naive.pid()),
+                        _ => None,
+                    };
+                    let row = measure(
+                        &redis, process, system, policy, mix, clients, None, factory, &plan,
+                    )
+                    .await?;
+                    report.push(row);
+                }
+            }
+            if plan.open_loop {
+                // Open loop at half the 64-caller closed-loop rate of each transport (and of the
+                // naive sidecar, for comparison), with 64 callers.
+                let open_loop = |s: &str| s.starts_with("sluice") || s == "naive sidecar";
+                for (system, factory) in systems.iter().filter(|(s, _)| open_loop(s)) {
+                    let clients = if plan.clients.contains(&64) {
+                        64
+                    } else {
+                        plan.clients.iter().copied().max().unwrap_or(64)
+                    };
+                    let best = report.closed_rate(system, policy, &mix.name(), clients);
+                    let process = if system == "naive sidecar" {
+                        naive.pid()
+                    } else {
+                        daemon.pid()
+                    };
+                    let row = measure(
+                        &redis,
+                        Some(process),
+                        system,
+                        policy,
+                        mix,
+                        clients,
+                        Some(best / 2.0),
+                        factory,
+                        &plan,
+                    )
+                    .await?;
+                    report.push(row);
+                }
+            }
+        }
+    }
+    if let Some(sink) = &sink {
+        println!(
+            "tracing: {} OTLP export requests reached the sink",
+            sink.exports()
+        );
+    }
+    drop((daemon, embedded, naive, traced, sink));
+    // Past saturation on one hot key with a real limit: bounded admission, no fail-open.
+    let storm_clients = if args.quick { 64 } else { 256 };
+    let whole = args.systems.is_none();
+    for local_limit in [false, true].into_iter().filter(|_| whole) {
+        report.overload.push(
+            overload::measure(
+                &redis,
+                storm_clients,
+                args.daemon_threads,
+                plan.duration * 2,
+                local_limit,
+            )
+            .await?,
+        );
+    }
+    drop(redis);
+    if whole {
+        report.memory = memory::measure(plan.keys)?;
+    }
+    report.targets = targets::compute(&report.rows);
+    report.print();
+    report.write_json(&args.json)?;
+    println!("\nJSON report: {}", args.json.display());
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn measure(
+    redis: &Redis,
+    process: Option<u32>,
+    system: &str,
+    policy: &str,
+    mix: &KeyMix,
+    clients: usize,
+    rate: Option<f64>,
+    factory: &Factory,
+    plan: &Plan,
+) -> Result<Row> {
+    let stats_before = report::script_stats(&redis.url())?;
+    let daemon_cpu = process.map(cpu_seconds);
+    let redis_cpu = cpu_seconds(redis.pid());
+    let waited = || cpu_wait_seconds(redis.pid()) + process.map_or(0.0, cpu_wait_seconds);
+    let waited_before = waited();
+    let run: Run = match rate {
+        None => load::closed(factory, clients, mix, plan.warmup, plan.duration).await?,
+        Some(rate) => load::open(factory, clients, rate, mix, plan.warmup, plan.duration).await?,
+    };
+    let waited = waited() - waited_before;
+    let stats_after = report::script_stats(&redis.url())?;
+    let total_time = (plan.warmup + plan.duration).as_secs_f64() / plan.duration.as_secs_f64();
+    // CPU over warm-up and measurement, attributed to the measured share of the checks.
+    let checks_all = run.checks as f64 * total_time;
+    let per_check = |cpu: f64| cpu / checks_all.max(1.0) * 1e6;
+    Ok(Row::new(
+        system,
+        policy,
+        &mix.name(),
+        clients,
+        rate,
+        &run,
+        process
+            .zip(daemon_cpu)
+            .map(|(pid, before)| per_check(cpu_seconds(pid) - before)),
+        per_check(cpu_seconds(redis.pid()) - redis_cpu),
+        (
+            stats_after.usec_per_call(&stats_before),
+            checks_all / stats_after.calls_since(&stats_before).max(1.0),
+        ),
+        waited / (plan.warmup + plan.duration).as_secs_f64() * 100.0,
+    ))
+}
+
+fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let redis = std::process::Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|v| {
+            v.split_whitespace()
+                .find(|w| w.starts_with("v="))
+                .map(|w| w[2..].to_owned())
+        })
+        .unwrap_or_default();
+    format!("{cores} cores, {cpu}, Redis {redis}")
+}

@@ -1,0 +1,389 @@
+//! The Redis store: counters shared by every pod, changed only by the Lua scripts in `lua/`, which
+//! read Redis `TIME` so that all pods share one clock. The [`batcher`] turns concurrent checks into
+//! one call of the batch script per batch; a single primary, a Sentinel-watched primary or a
+//! Cluster ([`conn`]) holds them, one hash tag per counter ([`keys`]). [`health`] keeps a circuit
+//! breaker so that an unreachable Redis costs microseconds per check, and the [`prober`]
+//! reconnects.
+//!
+//! A check of several policies (per-IP and per-account on login) is one check of the batch
+//! script, recording every allowed key or none, whenever its keys can be in one script: always on
+//! a single primary, and in a Cluster when they share a hash slot. Keys in different Cluster slots
+//! are decided in two steps: every key evaluated without recording, then, if no enforced policy
+//! denied, each allowed key recorded by its own (atomic, re-deciding) check; a race can then deny
+//! in the second step after another key was spent.
+//!
+//! An operator's reset deletes the counter's key and announces it on the [`resets`] channel, so
+//! that every pod's local layer forgets its remembered denial.
+
+pub mod access;
+pub mod batcher;
+pub mod conn;
+pub mod error;
+pub mod health;
+pub mod keys;
+pub mod metrics;
+pub mod prober;
+pub mod resets;
+pub mod scripts;
+pub mod sentinel_watch;
+pub mod slot_map;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus::Registry;
+use tokio::sync::watch;
+
+use self::access::Access;
+use self::batcher::{BatchConfig, Batcher};
+use self::conn::Timeouts;
+use self::error::ErrorKind;
+use self::health::{Circuit, Health};
+pub use self::metrics::RedisMetrics;
+use self::prober::{Backoff, Prober};
+use self::resets::{Follower, ResetEvent};
+use self::scripts::{Commit, Item, Scripts};
+use super::{
+    Fleet, RateStore, ResetFuture, ResetOutcome, Spend, StoreCheck, StoreError, StoreFuture,
+};
+use crate::config::RedisTarget;
+use crate::limit::{Decision, Key};
+
+/// Everything the Redis store is configured with.
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    /// Where Redis is.
+    pub target: RedisTarget,
+    /// Credentials and TLS.
+    pub access: Access,
+    /// Prefix of every key.
+    pub key_prefix: String,
+    /// Default deadline of one check's Redis round trip (from the write of its batch).
+    pub timeout: Duration,
+    /// Connection attempt and reply backstop timeouts.
+    pub timeouts: Timeouts,
+    /// Pipelining limits.
+    pub batch: BatchConfig,
+    /// Consecutive failures that open the circuit.
+    pub breaker_failures: u32,
+    /// Pacing of reconnection attempts.
+    pub backoff: Backoff,
+    /// In a Cluster of Redis >= 7.0: one call per node rather than one per hash slot.
+    pub node_calls: bool,
+    /// Spans for batch calls (off unless `[tracing]` is set).
+    pub tracing: crate::telemetry::Tracing,
+}
+
+/// Counters in Redis.
+pub struct RedisStore {
+    cluster: bool,
+    batcher: Batcher,
+    connection: watch::Receiver<Option<conn::Conn>>,
+    prefix: String,
+    timeout: Duration,
+    health: Arc<Health>,
+    /// How to follow the reset channel (started by [`RedisStore::follow_resets`]).
+    resets: Follower,
+    /// The lifetime of every background task of the store (the prober, the dispatcher, the
+    /// Sentinel watch, the reset follower): each holds a receiver and ends when `changed()`
+    /// fails, that is when the store is dropped (nothing is ever sent).
+    alive: watch::Sender<()>,
+}
+
+/// Longest a check waits inside sluice (queued behind other batches) beyond its Redis deadline
+/// before it gives up. It is a backstop, not a Redis failure: the circuit is not touched.
+const QUEUE_BACKSTOP: Duration = Duration::from_secs(1);
+
+impl RedisStore {
+    /// Starts connecting in the background and returns at once. Until connected the circuit is
+    /// open: checks skip Redis and their failure modes apply. Needs a Tokio runtime.
+    pub fn start(options: RedisOptions, registry: &Registry) -> Result<Self, String> {
+        conn::validate(&options.target, &options.access)?;
+        if options.key_prefix.contains(['{', '}']) {
+            return Err("redis.key_prefix must not contain `{` or `}`".into());
+        }
+        tracing::info!(redis = %conn::describe(&options.target), tls = %options.access.tls, "using the Redis store");
+        if options.access.tls.insecure {
+            tracing::warn!(
+                "redis.tls.insecure is on: Redis' certificate is NOT verified, anyone on the path \
+                 can read and change the counters; for self-signed test setups only"
+            );
+        }
+        let metrics = RedisMetrics::register(registry)
+            .map_err(|error| format!("registering the Redis metrics: {error}"))?;
+        let health = Arc::new(Health::new(
+            Circuit::Open,
+            options.breaker_failures,
+            metrics.circuit,
+            metrics.up,
+        ));
+        let scripts = Scripts::default();
+        let cluster = matches!(options.target, RedisTarget::Cluster(_));
+        let resets = Follower {
+            target: options.target.clone(),
+            access: options.access.clone(),
+            timeouts: options.timeouts,
+            channel: resets::channel(&options.key_prefix),
+        };
+        let alive = watch::channel(()).0;
+        let (publish, connection) = watch::channel(None);
+        if let RedisTarget::Sentinel(sentinel) = &options.target {
+            tokio::spawn(sentinel_watch::watch(
+                sentinel.clone(),
+                options.access.clone(),
+                Arc::clone(&health),
+                alive.subscribe(),
+            ));
+        }
+        let node_script = (matches!(options.target, RedisTarget::Cluster(_)) && options.node_calls)
+            .then(|| Arc::clone(&scripts.node_batch().source));
+        let prober = Prober {
+            target: options.target,
+            access: options.access,
+            timeouts: options.timeouts,
+            probe_key: format!("{}:{{sluice:probe}}", options.key_prefix),
+            scripts: scripts.sources(),
+            node_script,
+            health: Arc::clone(&health),
+            publish,
+            backoff: options.backoff,
+            errors: metrics.batch.errors.clone(),
+            alive: alive.subscribe(),
+        };
+        tokio::spawn(prober.run());
+        let batcher = Batcher::spawn(
+            connection.clone(),
+            scripts.clone(),
+            options.batch,
+            metrics.batch,
+            Arc::clone(&health),
+            options.tracing,
+            alive.subscribe(),
+        );
+        Ok(Self {
+            cluster,
+            batcher,
+            connection,
+            prefix: options.key_prefix,
+            timeout: options.timeout,
+            health,
+            resets,
+            alive,
+        })
+    }
+
+    /// Subscribes to the reset channel in the background (until the store is dropped) and hands
+    /// every announced reset to `on_reset`, e.g. to drop the key from the local layer.
+    pub fn follow_resets(&self, on_reset: impl Fn(ResetEvent) + Send + Sync + 'static) {
+        tokio::spawn(self.resets.clone().run(on_reset, self.alive.subscribe()));
+    }
+
+    /// The current connection, for a one-off command; fails fast while the circuit is open.
+    fn current(&self) -> Result<conn::Conn, StoreError> {
+        if !self.health.allows_calls() {
+            return Err(StoreError::CircuitOpen);
+        }
+        let current = self.connection.borrow().clone();
+        current.ok_or_else(|| StoreError::failed(ErrorKind::NotConnected, "not connected to Redis"))
+    }
+
+    /// `HGET <prefix>:<name> <field>` on the current connection (for small shared tables such as
+    /// tenant tiers); fails fast while the circuit is open.
+    pub async fn hash_get(&self, name: &str, field: &str) -> Result<Option<String>, StoreError> {
+        let mut conn = self.current()?;
+        let key = format!("{}:{name}", self.prefix);
+        conn.hash_get(&key, field).await.map_err(|e| failed(&e))
+    }
+
+    /// Deletes the counter's key (on its primary, through the check path's connection but not
+    /// its batcher) and announces the reset; the announcement failing does not undo the reset.
+    async fn reset_key(&self, key: &Key) -> Result<ResetOutcome, StoreError> {
+        let mut conn = self.current()?;
+        let existed = conn
+            .delete(&keys::redis_key(&self.prefix, key))
+            .await
+            .map_err(|e| failed(&e))?;
+        let fleet = match conn
+            .publish(&self.resets.channel, &resets::encode(key))
+            .await
+        {
+            Ok(receivers) => Fleet::Announced { receivers },
+            Err(error) => {
+                tracing::warn!(channel = %self.resets.channel, %error, "counter reset but not announced: other pods' local layers keep their denial until its retry instant");
+                Fleet::NotAnnounced
+            }
+        };
+        Ok(ResetOutcome { existed, fleet })
+    }
+
+    fn item(&self, check: &StoreCheck) -> Item {
+        Item {
+            key: keys::redis_key(&self.prefix, &check.key),
+            algorithm: check.algorithm,
+            cost: check.cost,
+            enforce: check.enforce,
+        }
+    }
+
+    async fn check_group(
+        &self,
+        checks: &[StoreCheck],
+        spend: Spend,
+        deadline: Duration,
+    ) -> Result<Vec<Decision>, StoreError> {
+        let items: Vec<Item> = checks.iter().map(|c| self.item(c)).collect();
+        let one_slot = !self.cluster
+            || items
+                .windows(2)
+                .all(|w| keys::slot(&w[0].key) == keys::slot(&w[1].key));
+        if one_slot {
+            let reply = self.batcher.submit(items, spend, deadline).await?;
+            return answer(reply, deadline).await;
+        }
+        // Different Cluster slots: evaluate all, then record the allowed ones one by one. Every
+        // call is queued before any is awaited, so that they share batches.
+        let mut decisions = self.each(items, Spend::DryRun, deadline).await?;
+        let group_allowed = checks
+            .iter()
+            .zip(&decisions)
+            .all(|(check, decision)| decision.allowed || !check.enforce);
+        if spend == Spend::DryRun || !group_allowed {
+            return Ok(decisions);
+        }
+        let allowed: Vec<usize> = (0..checks.len())
+            .filter(|&i| decisions[i].allowed)
+            .collect();
+        let items = allowed.iter().map(|&i| self.item(&checks[i])).collect();
+        let recorded =
+            self.each(items, Spend::Record, deadline)
+                .await
+                .map_err(|error| match error {
+                    StoreError::BadKey { item, detail } => StoreError::BadKey {
+                        item: allowed.get(item).copied().unwrap_or(item),
+                        detail,
+                    },
+                    other => other,
+                })?;
+        for (i, decision) in allowed.into_iter().zip(recorded) {
+            decisions[i] = decision;
+        }
+        Ok(decisions)
+    }
+
+    /// Spends every check regardless (a report): one call when the keys can share a script,
+    /// else one per key (they need not be all or nothing: nothing is refused).
+    async fn spend_group(
+        &self,
+        checks: &[StoreCheck],
+        deadline: Duration,
+    ) -> Result<Vec<Decision>, StoreError> {
+        let items: Vec<Item> = checks.iter().map(|c| self.item(c)).collect();
+        let one_slot = !self.cluster
+            || items
+                .windows(2)
+                .all(|w| keys::slot(&w[0].key) == keys::slot(&w[1].key));
+        if one_slot {
+            let reply = self.batcher.submit(items, Commit::Report, deadline).await?;
+            return answer(reply, deadline).await;
+        }
+        self.each(items, Commit::Report, deadline).await
+    }
+
+    /// Each item as its own check, all queued before any answer is awaited.
+    async fn each(
+        &self,
+        items: Vec<Item>,
+        commit: impl Into<Commit> + Copy,
+        deadline: Duration,
+    ) -> Result<Vec<Decision>, StoreError> {
+        let mut pending = Vec::with_capacity(items.len());
+        for item in items {
+            pending.push(self.batcher.submit(vec![item], commit, deadline).await?);
+        }
+        let mut decisions = Vec::with_capacity(pending.len());
+        for (index, reply) in pending.into_iter().enumerate() {
+            // Each job is one item: a bad key is the item's own, number `index` here.
+            let decided = answer(reply, deadline).await.map_err(|error| match error {
+                StoreError::BadKey { detail, .. } => StoreError::BadKey {
+                    item: index,
+                    detail,
+                },
+                other => other,
+            })?;
+            decisions.extend(decided);
+        }
+        Ok(decisions)
+    }
+}
+
+fn failed(error: &redis::RedisError) -> StoreError {
+    StoreError::failed(ErrorKind::of(error), error.to_string())
+}
+
+/// Waits for a submitted check's decisions. The dispatcher answers every job (the call's own
+/// deadline counts from its write to Redis); the backstop only guards against a stalled daemon.
+async fn answer(
+    reply: tokio::sync::oneshot::Receiver<batcher::Reply>,
+    deadline: Duration,
+) -> Result<Vec<Decision>, StoreError> {
+    match tokio::time::timeout(deadline + QUEUE_BACKSTOP, reply).await {
+        Ok(Ok(reply)) => reply,
+        Ok(Err(_)) => Err(StoreError::failed(ErrorKind::Other, "Redis call dropped")),
+        Err(_) => Err(StoreError::failed(
+            ErrorKind::Overloaded,
+            "waited too long in sluice's own queue",
+        )),
+    }
+}
+
+impl RateStore for RedisStore {
+    fn check<'a>(
+        &'a self,
+        checks: &'a [StoreCheck],
+        spend: Spend,
+        deadline: Option<Duration>,
+    ) -> StoreFuture<'a> {
+        Box::pin(async move {
+            if !self.health.allows_calls() {
+                return Err(StoreError::CircuitOpen);
+            }
+            // The batcher reports each call's outcome to the breaker (a bad key, or a check
+            // that waited too long inside sluice, says nothing about Redis).
+            self.check_group(checks, spend, deadline.unwrap_or(self.timeout))
+                .await
+        })
+    }
+
+    fn spend<'a>(
+        &'a self,
+        checks: &'a [StoreCheck],
+        deadline: Option<Duration>,
+    ) -> StoreFuture<'a> {
+        Box::pin(async move {
+            if !self.health.allows_calls() {
+                return Err(StoreError::CircuitOpen);
+            }
+            self.spend_group(checks, deadline.unwrap_or(self.timeout))
+                .await
+        })
+    }
+
+    fn reset<'a>(&'a self, key: &'a Key) -> ResetFuture<'a> {
+        Box::pin(self.reset_key(key))
+    }
+
+    fn stored_key(&self, key: &Key) -> String {
+        keys::redis_key(&self.prefix, key)
+    }
+
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    fn health(&self) -> Option<Circuit> {
+        Some(self.health.circuit())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,11 @@
+//! Envoy's rate limit service (gRPC): the check itself, the Envoy configurations it is used with,
+//! hostile and stock clients, and the Unix socket's `:authority`.
+
+mod check;
+mod envoy_config;
+mod envoy_example;
+mod fd_limit;
+mod hardening;
+mod redis;
+pub mod stock_client;
+mod uds_authority;

@@ -1,0 +1,197 @@
+//! ACL users against a real `redis-server`: the docs' `ACL SETUSER` line (read from docs/redis.md,
+//! so the documented line is the tested one) gives exactly what sluice needs; credentials from
+//! the URL or from `redis.username` / `redis.password`; a user without the key pattern is refused
+//! (counted as `auth`) while the failure mode answers; a counter reset (DEL, PUBLISH) and its
+//! subscription work under that user.
+
+use std::time::Duration;
+
+use serde_json::json;
+use sluice::config::Settings;
+
+use crate::helpers::{metric_value, repo_root, TestApp};
+use crate::redis::tls::spawn_on_redis;
+use crate::redis_server::RedisServer;
+use crate::wait::eventually_within;
+
+const POLICIES: &str = "
+policies:
+  - {name: login, key: [ip], algorithm: sliding_log, limit: 2, period: 1h, failure_mode: closed}
+  - {name: api, key: [tenant, api_key], algorithm: token_bucket, limit: 2, period: 1h, burst: 2, failure_mode: closed, tiers: {descriptor: tier, levels: {enterprise: {multiplier: 10}}}}
+  - {name: page, key: [page], algorithm: fixed_window, limit: 2, period: 1h, failure_mode: closed}
+";
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// The ACL line of docs/redis.md, with its placeholder password replaced.
+pub fn documented_acl(user: &str, password: &str) -> Vec<String> {
+    let doc = std::fs::read_to_string(repo_root().join("docs/redis.md")).expect("docs/redis.md");
+    let line = doc
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER sluice "))
+        .expect("docs/redis.md gives an `ACL SETUSER sluice ...` line");
+    line.split_whitespace()
+        .skip(2)
+        .map(|word| match word {
+            "sluice" => user.to_owned(),
+            ">CHANGE-ME" => format!(">{password}"),
+            other => other.to_owned(),
+        })
+        .collect()
+}
+
+fn set_user(redis: &RedisServer, args: &[String]) {
+    let mut conn = redis.connection();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg(args)
+        .query(&mut conn)
+        .expect("ACL SETUSER");
+    let _: () = redis::cmd("HSET")
+        .arg("rl:tenant-tiers")
+        .arg("acme")
+        .arg("enterprise")
+        .query(&mut conn)
+        .expect("HSET tenant tier");
+}
+
+async fn spawn(url: String, tweak: impl FnOnce(&mut Settings)) -> TestApp {
+    spawn_on_redis(POLICIES, |s| {
+        s.redis.url = Some(url);
+        tweak(s);
+    })
+    .await
+}
+
+/// Every algorithm (and the tenant tier lookup) through Redis: three checks of each policy; the
+/// tenant table lifts `api` to 20 (so a refused HGET would show as a 429).
+async fn statuses(app: &TestApp) -> Vec<u16> {
+    let checks = [
+        json!({"policy": "login", "descriptors": {"ip": "203.0.113.9"}}),
+        // No tier descriptor: `acme` is enterprise (10x) only through the tenant table (HGET).
+        json!({"policy": "api", "descriptors": {"api_key": "k1", "tenant": "acme"}}),
+        json!({"policy": "page", "descriptors": {"page": "home"}}),
+    ];
+    let mut out = Vec::new();
+    for check in &checks {
+        for _ in 0..3 {
+            out.push(app.check_tcp(check).await.status.as_u16());
+        }
+    }
+    out
+}
+
+async fn wait_connected(app: &TestApp) {
+    let probe = json!({"policy": "page", "descriptors": {"page": "probe"}});
+    eventually_within("connected as the ACL user", WAIT, || async {
+        app.check_tcp(&probe).await.status != 503
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_acl_line_is_enough_with_credentials_in_the_url() {
+    let redis = RedisServer::start();
+    set_user(&redis, &documented_acl("sluice", "pw-in-url"));
+    let app = spawn(
+        format!("redis://sluice:pw-in-url@127.0.0.1:{}", redis.port),
+        |_| {},
+    )
+    .await;
+    wait_connected(&app).await;
+    assert_eq!(
+        statuses(&app).await,
+        [200, 200, 429, 200, 200, 200, 200, 200, 429]
+    );
+    // A reset: DEL, PUBLISH on the reset channel, which this daemon follows (SUBSCRIBE).
+    eventually_within("subscribed as the ACL user", WAIT, || {
+        let subscribed = crate::counters::numsub(&mut redis.connection()) >= 1;
+        async move { subscribed }
+    })
+    .await;
+    let path = sluice::client::counters_path(
+        "login",
+        &[("ip".to_owned(), "203.0.113.9".to_owned())].into(),
+        None,
+    );
+    let admin = sluice::client::Target::Tcp(app.admin);
+    let reply = sluice::client::request(&admin, axum::http::Method::DELETE, &path, None)
+        .await
+        .expect("reset");
+    assert_eq!(reply.status, 200, "{}", reply.json());
+    assert_eq!(
+        (&reply.json()["existed"], &reply.json()["fleet"]),
+        (&json!(true), &json!("announced"))
+    );
+    let login = json!({"policy": "login", "descriptors": {"ip": "203.0.113.9"}});
+    assert_eq!(app.check_tcp(&login).await.status, 200, "reset");
+    // Nothing was refused on the way (no NOPERM, no script errors).
+    let metrics = app.metrics().await;
+    for kind in ["auth", "other", "bad_key"] {
+        let errors = metric_value(&metrics, "sluice_redis_errors_total", &[("kind", kind)]);
+        assert_eq!(errors, 0.0, "{kind} errors with the README's ACL");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn username_and_password_settings_override_the_url() {
+    let redis = RedisServer::start();
+    set_user(&redis, &documented_acl("rl-app", "from-a-secret"));
+    // The URL carries no credentials (or stale ones); the settings (a Secret's env vars) win.
+    let url = format!("redis://old:stale@127.0.0.1:{}", redis.port);
+    let app = spawn(url, |s| {
+        s.redis.username = Some("rl-app".into());
+        s.redis.password = Some("from-a-secret".into());
+    })
+    .await;
+    wait_connected(&app).await;
+    assert_eq!(
+        statuses(&app).await,
+        [200, 200, 429, 200, 200, 200, 200, 200, 429]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_the_acl_line_is_refused() {
+    let redis = RedisServer::start();
+    // The documented line, but for other keys than sluice's prefix.
+    let mut narrow = documented_acl("narrow", "pw");
+    for word in &mut narrow {
+        if word == "~rl:*" {
+            *word = "~app:*".into();
+        }
+    }
+    set_user(&redis, &narrow);
+    let app = spawn(
+        format!("redis://narrow:pw@127.0.0.1:{}", redis.port),
+        |_| {},
+    )
+    .await;
+    eventually_within("ACL refusals are counted as auth errors", WAIT, || async {
+        let reply = app
+            .check_tcp(&json!({"policy": "login", "descriptors": {"ip": "203.0.113.10"}}))
+            .await;
+        assert_eq!(
+            reply.status, 503,
+            "fail closed: the user cannot touch the counters"
+        );
+        let refused = metric_value(
+            &app.metrics().await,
+            "sluice_redis_errors_total",
+            &[("kind", "auth")],
+        );
+        refused >= 2.0
+    })
+    .await;
+    // A wrong password is refused the same way.
+    let app = spawn(
+        format!("redis://sluice:wrong@127.0.0.1:{}", redis.port),
+        |_| {},
+    )
+    .await;
+    eventually_within("a wrong password is counted", WAIT, || async {
+        let metrics = app.metrics().await;
+        metric_value(&metrics, "sluice_redis_errors_total", &[("kind", "auth")]) >= 1.0
+    })
+    .await;
+}

@@ -1,0 +1,14 @@
+//! The Redis store: the scripts against their Rust twins, batches, exactness across daemons,
+//! failures and failover, ACL users, TLS, and the settings that pick a topology.
+
+pub mod acl;
+pub mod batch;
+pub mod differential;
+mod exactness;
+mod failures;
+mod policies;
+mod serve_env;
+mod single;
+mod store;
+pub mod tls;
+mod tls_topologies;

@@ -1,0 +1,25 @@
+//! Checks of what ships beside the daemon: the Dockerfile and the image built from it (podman),
+//! the Kubernetes manifests and kustomize overlays (`kubectl kustomize`, kubernetes-validate), the
+//! injector's manifests, the client examples, the nginx example, and the dashboards and alerts
+//! against a real Prometheus.
+
+// The API tests' support modules (each resolves its siblings as `crate::NAME`); this binary uses
+// some of them.
+#[allow(unused)]
+#[path = "../api/support/mod.rs"]
+mod support;
+#[allow(unused_imports)]
+use support::{
+    grpc_client, helpers, injector_support, kustomize, otlp_receiver, redis_server, stores,
+    tls_pki, tools, wait,
+};
+
+mod dockerfile;
+mod examples;
+mod image;
+mod image_name;
+mod injector_manifests;
+mod k8s;
+mod k8s_grpc;
+mod nginx;
+mod observability;
