@@ -9,21 +9,11 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use sluice::clock::ManualClock;
 use sluice::limit::{Algorithm, FixedWindow, Key, Micros, SlidingLog, TokenBucket};
-use sluice::store::redis::scripts::oracle::{parse_group_reply, ScriptCall, ScriptCalls};
+use sluice::store::redis::scripts::oracle::{parse_group_reply, ScriptCalls};
 use sluice::store::redis::scripts::{Commit, Scripts};
 use sluice::store::{MemoryStore, Spend, StoreCheck};
 
-use crate::redis::differential::{with_redis, START};
-
-fn eval(conn: &mut redis::Connection, call: &ScriptCall) -> redis::Value {
-    redis::cmd("EVAL")
-        .arg(&*call.script.source)
-        .arg(call.keys.len())
-        .arg(&call.keys)
-        .arg(&call.args)
-        .query(conn)
-        .expect("EVAL runs")
-}
+use crate::redis::differential::{eval, with_redis, START};
 
 /// Steps of (time advance, cost, report?).
 fn compare(algorithms: &[Algorithm], history: &[(u64, u64, bool)]) -> Result<(), TestCaseError> {

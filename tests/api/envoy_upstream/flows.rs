@@ -6,10 +6,10 @@
 use std::path::Path;
 
 use sluice::config::envoy::{convert_sources, DomainMerge};
-use sluice::transport::grpc::proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use sluice::transport::grpc::proto::envoy::service::ratelimit::v3::RateLimitResponse;
+use sluice::transport::grpc::proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 
-use crate::envoy_upstream::{daemon, fixture, Case, Want};
+use crate::envoy_upstream::{daemon, fixture, statuses_of, Case, Status, Want};
 use crate::grpc_client::{ask, descriptor, request, GrpcApp, OK, OVER_LIMIT};
 use crate::redis_server::RedisServer;
 
@@ -30,31 +30,14 @@ fn runtime() -> String {
 }
 
 /// `(overall, [(code, requests_per_unit, unit, remaining)])`, `0` per unit when no limit.
-type Figures = (i32, Vec<(i32, u32, Unit, u32)>);
-
-fn figures(answer: &RateLimitResponse) -> Figures {
-    let statuses = answer
-        .statuses
-        .iter()
-        .map(|s| match &s.current_limit {
-            Some(l) => (
-                s.code,
-                l.requests_per_unit,
-                Unit::try_from(l.unit).expect("a unit"),
-                s.limit_remaining,
-            ),
-            None => (s.code, 0, Unit::Unknown, s.limit_remaining),
-        })
-        .collect();
-    (answer.overall_code, statuses)
-}
+type Figures = (i32, Vec<Status>);
 
 /// Runs upstream's flows; returns how many requests gave upstream's answer.
 async fn flows(daemon: &GrpcApp) -> usize {
     let mut c = daemon.tcp().await;
     let mut asked = 0;
     let mut expect = |answer: RateLimitResponse, want: Figures, what: &str| {
-        assert_eq!(figures(&answer), want, "{what}");
+        assert_eq!(statuses_of(&answer), want, "{what}");
         asked += 1;
     };
     // An unknown domain: OK, no limit.

@@ -17,6 +17,7 @@ use serde_json::json;
 use sluice::config::envoy::{convert, convert_sources, DomainMerge};
 use sluice::config::{parse_policies, HumanDuration};
 use sluice::transport::grpc::proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use sluice::transport::grpc::proto::envoy::service::ratelimit::v3::RateLimitResponse;
 
 use crate::grpc_client::{ask, descriptor, grpc_settings, request, spawn_grpc_in, GrpcApp, OK};
 use crate::redis_server::RedisServer;
@@ -293,4 +294,26 @@ fn upstream_refusals_are_refused_with_a_reason() {
     assert!(convert(&basic)
         .expect("loads")
         .contains("name: key4_rate_limit"));
+}
+
+/// A status as `(code, requests_per_unit, unit, remaining)`; no `current_limit` is `(code, 0,
+/// Unknown, remaining)`.
+pub type Status = (i32, u32, Unit, u32);
+
+/// An answer as `(overall code, [status])`.
+pub fn statuses_of(answer: &RateLimitResponse) -> (i32, Vec<Status>) {
+    let statuses = answer
+        .statuses
+        .iter()
+        .map(|s| match &s.current_limit {
+            Some(l) => (
+                s.code,
+                l.requests_per_unit,
+                Unit::try_from(l.unit).expect("a unit"),
+                s.limit_remaining,
+            ),
+            None => (s.code, 0, Unit::Unknown, s.limit_remaining),
+        })
+        .collect();
+    (answer.overall_code, statuses)
 }

@@ -14,7 +14,7 @@ use sluice::transport::grpc::proto::envoy::service::ratelimit::v3::rate_limit_se
 use sluice::transport::grpc::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use tonic::transport::Channel;
 
-use crate::envoy_upstream::fixture;
+use crate::envoy_upstream::{fixture, statuses_of, Status};
 use crate::grpc_client::{
     ask, descriptor, grpc_settings, request, spawn_grpc, spawn_grpc_in, with_override, GrpcApp, OK,
     OVER_LIMIT,
@@ -22,31 +22,13 @@ use crate::grpc_client::{
 use crate::helpers::json_of;
 use crate::redis_server::RedisServer;
 
-/// A status as `(code, requests_per_unit, unit, remaining)`; no `current_limit` is `(code, 0,
-/// Unknown, remaining)`.
-type Status = (i32, u32, Unit, u32);
-
 const NOTHING: Status = (OK, 0, Unit::Unknown, 0);
 
 async fn statuses(
     client: &mut RateLimitServiceClient<Channel>,
     asked: RateLimitRequest,
 ) -> (i32, Vec<Status>) {
-    let answer = ask(client, asked).await;
-    let statuses = answer
-        .statuses
-        .iter()
-        .map(|s| match &s.current_limit {
-            Some(l) => (
-                s.code,
-                l.requests_per_unit,
-                Unit::try_from(l.unit).expect("a unit"),
-                s.limit_remaining,
-            ),
-            None => (s.code, 0, Unit::Unknown, s.limit_remaining),
-        })
-        .collect();
-    (answer.overall_code, statuses)
+    statuses_of(&ask(client, asked).await)
 }
 
 /// README example 7, request by request; returns how many requests gave upstream's answer.

@@ -55,7 +55,8 @@ fn run_lua(
     parse_reply(&eval(conn, &call)).expect("script reply parses")
 }
 
-fn eval(conn: &mut redis::Connection, call: &ScriptCall) -> redis::Value {
+/// One `EVAL` of a script call (its source, keys and arguments).
+pub fn eval(conn: &mut redis::Connection, call: &ScriptCall) -> redis::Value {
     redis::cmd("EVAL")
         .arg(&*call.script.source)
         .arg(call.keys.len())
