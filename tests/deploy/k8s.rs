@@ -297,7 +297,7 @@ fn manifests_validate_against_kubernetes_schemas() {
 
 const PROMETHEUS_RULE_HEADER: &str = "\
 # Generated from deploy/prometheus/alerts.yaml (the source: edit that file, then run
-#   UPDATE_PROMETHEUSRULE=1 cargo test --test api k8s::prometheusrule
+#   UPDATE_PROMETHEUSRULE=1 cargo test --test deploy k8s::prometheusrule
 # to refresh this copy; a test fails while the two differ).
 ";
 
@@ -330,7 +330,7 @@ fn prometheusrule_carries_the_alert_rules() {
     assert!(
         documents(&actual) == documents(&expected),
         "{} differs from deploy/prometheus/alerts.yaml; regenerate with \
-         UPDATE_PROMETHEUSRULE=1 cargo test --test api k8s::prometheusrule",
+         UPDATE_PROMETHEUSRULE=1 cargo test --test deploy k8s::prometheusrule",
         path.display()
     );
     let Some(monitoring) = render(&k8s_dir().join("monitoring")) else {

@@ -1,9 +1,10 @@
-//! sluice: a rate-limit sidecar daemon.
+//! sluice's daemon: the library the `sluice` binary, the bench and the Kubernetes tools build on.
 //!
-//! Dependencies point one way: [`limit`] (pure math) <- [`store`] (where state lives) <-
-//! [`check`] (the one decision path) <- [`transport`] (HTTP on TCP and a Unix socket, admin) <-
-//! [`app`] (binds and runs everything) <- `main`. [`config`], [`clock`] and [`telemetry`] are
-//! leaves that the others may use; [`tenants`] (the tenant tier table) sits beside `store`.
+//! Modules point one way (ARCHITECTURE.md; `tests/arrows.rs` keeps it): [`limit`] (pure math) <-
+//! [`clock`], [`config`], [`client`] <- [`store`] (where state lives) <- [`tenants`] <- [`check`]
+//! (the one decision path) <- [`transport`] (HTTP on TCP and a Unix socket, gRPC, admin) and
+//! [`reload`] <- [`app`] (binds and runs everything). [`telemetry`] (with [`logging`] and
+//! [`process_cpu`]) may be used from `store` up.
 
 pub mod app;
 pub mod check;
