@@ -17,7 +17,7 @@ use crate::config::{ListenAddrs, Settings};
 use crate::telemetry::Metrics;
 use crate::transport::grpc;
 use crate::transport::grpc::connection::{self, ConnectionBounds};
-use crate::transport::serve::Drain;
+use tokio_util::sync::CancellationToken;
 
 /// Connections the kernel completes and queues for the gRPC TCP listener while
 /// `limits.max_connections` are open (std's default is 128): Envoy opens one per worker at once,
@@ -74,7 +74,7 @@ impl GrpcListeners {
         tasks: &mut JoinSet<()>,
         service: Arc<CheckService>,
         metrics: Metrics,
-        drain: Drain,
+        drain: CancellationToken,
         grace: Duration,
     ) {
         let mut bounds = self.bounds;

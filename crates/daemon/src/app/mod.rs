@@ -12,6 +12,7 @@ use std::time::Duration;
 use axum::serve::ListenerExt;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 mod banner;
 mod bind;
@@ -29,7 +30,7 @@ use crate::limit::PolicySet;
 use crate::reload::Reloader;
 use crate::store::MemoryStore;
 use crate::telemetry::Metrics;
-use crate::transport::serve::{serve, serve_service, Drain, Peers};
+use crate::transport::serve::{serve, serve_service, Peers};
 use crate::transport::{admin, http, uds, Transport};
 
 /// How long the admin listener's last requests get once the check listeners are closed.
@@ -171,9 +172,12 @@ impl App {
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) {
         // The check listeners drain first; the admin listener and the background tasks stop
         // once they are done.
-        let (start_drain, drain) = Drain::new();
-        let (start_stop, stop) = Drain::new();
-        let until = |stop: Drain| async move { stop.signaled().await };
+        // Dropped with this future, the guards stop everything too.
+        let drain = CancellationToken::new();
+        let stop = CancellationToken::new();
+        let (_drain_on_drop, _stop_on_drop) =
+            (drain.clone().drop_guard(), stop.clone().drop_guard());
+        let until = |stop: CancellationToken| async move { stop.cancelled().await };
 
         let mut checks = JoinSet::new();
         let api = |transport| {
@@ -259,7 +263,7 @@ impl App {
         shutdown.await;
         tracing::info!("shutting down: draining in-flight checks");
         self.ready.store(false, Ordering::SeqCst);
-        start_drain.signal();
+        drain.cancel();
         // Each listener closes its own leftover connections once the grace period is over.
         while let Some(result) = checks.join_next().await {
             if let Err(error) = result {
@@ -269,7 +273,7 @@ impl App {
         for path in socket_path.iter().chain(grpc_socket.iter()) {
             uds::remove(path);
         }
-        start_stop.signal();
+        stop.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(1), admin_task).await;
         let _ = sweeper.await;
         if let Some(reloader) = reloader {

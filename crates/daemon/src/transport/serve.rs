@@ -23,8 +23,9 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 use super::request_caps::{Capped, HYPER_MAX_BUF};
 
@@ -40,43 +41,12 @@ pub enum Peers {
     Ignore,
 }
 
-/// The signal that ends serving, shared by every listener and task that stops with it: once its
-/// [`DrainSignal`] is given (or dropped), [`Drain::signaled`] resolves on every clone, at once for
-/// one cloned after. Cheap to clone (one `watch` channel underneath).
-#[derive(Debug, Clone)]
-pub struct Drain(watch::Receiver<bool>);
-
-/// What starts a [`Drain`]; held by whoever decides when serving ends.
-#[derive(Debug)]
-pub struct DrainSignal(watch::Sender<bool>);
-
-impl Drain {
-    /// A drain not yet started, and the signal that starts it.
-    pub fn new() -> (DrainSignal, Self) {
-        let (signal, drain) = watch::channel(false);
-        (DrainSignal(signal), Self(drain))
-    }
-
-    /// Resolves once the drain has started (or its signal is gone).
-    pub async fn signaled(&self) {
-        let mut drain = self.0.clone();
-        let _ = drain.wait_for(|started| *started).await;
-    }
-}
-
-impl DrainSignal {
-    /// Starts the drain: every [`Drain`] of it resolves.
-    pub fn signal(&self) {
-        let _ = self.0.send(true);
-    }
-}
-
 /// Serves `router` on `listener` until `drain`, with at most `max_connections` open; then waits
 /// up to `grace` for open connections to finish and closes the rest.
 pub async fn serve<L: Listener>(
     listener: L,
     router: Router,
-    drain: Drain,
+    drain: CancellationToken,
     grace: Duration,
     max_connections: usize,
     peers: Peers,
@@ -91,7 +61,7 @@ pub async fn serve<L: Listener>(
 pub async fn serve_service<L, S>(
     listener: L,
     service: S,
-    drain: Drain,
+    drain: CancellationToken,
     grace: Duration,
     max_connections: usize,
     peers: Peers,
@@ -123,7 +93,7 @@ pub async fn serve_service<L, S>(
             tokio::pin!(conn);
             tokio::select! {
                 _ = conn.as_mut() => {}
-                () = drain.signaled() => {
+                () = drain.cancelled() => {
                     conn.as_mut().graceful_shutdown();
                     let _ = conn.await;
                 }
@@ -148,26 +118,26 @@ pub struct Bounds {
 /// `bounds.grace` and are then closed.
 pub async fn accept_loop<L, F, Fut>(
     mut listener: L,
-    drain: Drain,
+    drain: CancellationToken,
     bounds: Bounds,
     mut connection: F,
 ) where
     L: Listener,
-    F: FnMut(L::Io, L::Addr, Drain) -> Fut,
+    F: FnMut(L::Io, L::Addr, CancellationToken) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let mut connections = JoinSet::new();
     let slots = Arc::new(Semaphore::new(bounds.max_connections));
     loop {
         let slot = tokio::select! {
-            () = drain.signaled() => break,
+            () = drain.cancelled() => break,
             slot = slots.clone().acquire_owned() => slot,
             // Reap finished connections so the set does not grow with the daemon's age.
             Some(_) = connections.join_next(), if !connections.is_empty() => continue,
         };
         let Ok(slot) = slot else { break };
         tokio::select! {
-            () = drain.signaled() => break,
+            () = drain.cancelled() => break,
             (io, peer) = listener.accept() => {
                 let served = connection(io, peer, drain.clone());
                 connections.spawn(async move {

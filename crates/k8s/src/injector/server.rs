@@ -26,8 +26,9 @@ use crate::inject::Options;
 use sluice::app::StartError;
 use sluice::config::{HumanDuration, RequestLimits};
 use sluice::transport::http::{error_response, read_json};
-use sluice::transport::serve::{serve, Drain, Peers};
+use sluice::transport::serve::{serve, Peers};
 use sluice::transport::wire::ErrorReply;
+use tokio_util::sync::CancellationToken;
 
 /// Largest AdmissionReview body: the API server caps an object near 1.5 MiB, and a review
 /// carries it once for `CREATE` (plus metadata); twice that leaves room without unbounded reads.
@@ -134,8 +135,10 @@ impl Injector {
     /// Serves until `shutdown` resolves; then readiness turns false, the webhook stops accepting
     /// and finishes its reviews (up to the grace period), and the admin listener closes last.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) {
-        let (start_drain, drain) = Drain::new();
-        let (start_stop, stop) = Drain::new();
+        let drain = CancellationToken::new();
+        let stop = CancellationToken::new();
+        let (_drain_on_drop, _stop_on_drop) =
+            (drain.clone().drop_guard(), stop.clone().drop_guard());
         let limits = RequestLimits {
             max_body_bytes: MAX_REVIEW_BYTES,
             body_read_timeout: BODY_READ_TIMEOUT,
@@ -151,7 +154,7 @@ impl Injector {
         let webhook_task = tokio::spawn(serve(
             listener,
             webhook,
-            drain,
+            drain.clone(),
             self.config.shutdown_grace,
             self.config.max_connections,
             Peers::Ignore,
@@ -174,7 +177,7 @@ impl Injector {
             self.stamps,
             self.config.reload_interval,
             self.metrics.clone(),
-            stop,
+            stop.clone(),
         ));
         tracing::info!(
             webhook = %self.webhook_addr,
@@ -185,11 +188,11 @@ impl Injector {
         shutdown.await;
         tracing::info!("shutting down: finishing in-flight reviews");
         self.ready.store(false, Ordering::SeqCst);
-        start_drain.signal();
+        drain.cancel();
         if let Err(error) = webhook_task.await {
             tracing::warn!(%error, "webhook listener task failed");
         }
-        start_stop.signal();
+        stop.cancel();
         let _ = tokio::time::timeout(ADMIN_GRACE * 2, admin_task).await;
         let _ = watcher.await;
         tracing::info!("sluice injector stopped");

@@ -29,7 +29,7 @@ use tokio_rustls::{Accept, TlsAcceptor};
 use super::metrics::{InjectorMetrics, Reload};
 use sluice::config::bounded_read::{self, FileStamp};
 use sluice::config::{FileLimits, HumanDuration};
-use sluice::transport::serve::Drain;
+use tokio_util::sync::CancellationToken;
 
 /// Bounds on reading the PEM files (a certificate chain is a few KiB).
 const PEM_LIMITS: FileLimits = FileLimits {
@@ -132,11 +132,11 @@ pub async fn watch_files(
     mut seen: Stamps,
     interval: Duration,
     metrics: InjectorMetrics,
-    stop: Drain,
+    stop: CancellationToken,
 ) {
     loop {
         tokio::select! {
-            () = stop.signaled() => return,
+            () = stop.cancelled() => return,
             () = tokio::time::sleep(interval) => {}
         }
         let now = files.stamps().await;

@@ -27,6 +27,7 @@ use std::time::Duration;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use prometheus::{Histogram, IntCounterVec};
 use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
 
 use self::call::{Stalls, Via};
 use super::conn::Conn;
@@ -120,7 +121,7 @@ impl Batcher {
         metrics: BatchMetrics,
         health: Arc<Health>,
         tracing: Tracing,
-        alive: watch::Receiver<()>,
+        alive: CancellationToken,
     ) -> Self {
         let (tx, rx) = mpsc::channel(config.queue.max(1));
         let dispatch = Dispatch {
@@ -166,7 +167,7 @@ impl Dispatch {
         self,
         mut rx: mpsc::Receiver<Job>,
         conn: watch::Receiver<Option<Conn>>,
-        mut alive: watch::Receiver<()>,
+        alive: CancellationToken,
     ) {
         let max_batch = self.config.max_batch.max(1);
         let in_flight_max = self.config.in_flight.max(1);
@@ -184,7 +185,7 @@ impl Dispatch {
             tokio::select! {
                 biased;
                 Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
-                _ = alive.changed(), if open => open = false,
+                () = alive.cancelled(), if open => open = false,
                 taken = rx.recv_many(&mut jobs, max_batch), if open && in_flight.len() < in_flight_max => {
                     if taken == 0 {
                         open = false;

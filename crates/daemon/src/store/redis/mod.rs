@@ -33,6 +33,7 @@ use std::time::Duration;
 
 use prometheus::Registry;
 use tokio::sync::watch;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use self::access::Access;
 use self::batcher::{BatchConfig, Batcher};
@@ -85,9 +86,10 @@ pub struct RedisStore {
     /// How to follow the reset channel (started by [`RedisStore::follow_resets`]).
     resets: Follower,
     /// The lifetime of every background task of the store (the prober, the dispatcher, the
-    /// Sentinel watch, the reset follower): each holds a receiver and ends when `changed()`
-    /// fails, that is when the store is dropped (nothing is ever sent).
-    alive: watch::Sender<()>,
+    /// Sentinel watch, the reset follower): each holds a clone and ends when it is cancelled,
+    /// which `_stop_tasks` does when the store is dropped.
+    alive: CancellationToken,
+    _stop_tasks: DropGuard,
 }
 
 /// Longest a check waits inside sluice (queued behind other batches) beyond its Redis deadline
@@ -125,14 +127,14 @@ impl RedisStore {
             timeouts: options.timeouts,
             channel: resets::channel(&options.key_prefix),
         };
-        let alive = watch::channel(()).0;
+        let alive = CancellationToken::new();
         let (publish, connection) = watch::channel(None);
         if let RedisTarget::Sentinel(sentinel) = &options.target {
             tokio::spawn(sentinel_watch::watch(
                 sentinel.clone(),
                 options.access.clone(),
                 Arc::clone(&health),
-                alive.subscribe(),
+                alive.clone(),
             ));
         }
         let node_script = (matches!(options.target, RedisTarget::Cluster(_)) && options.node_calls)
@@ -148,7 +150,7 @@ impl RedisStore {
             publish,
             backoff: options.backoff,
             errors: metrics.batch.errors.clone(),
-            alive: alive.subscribe(),
+            alive: alive.clone(),
         };
         tokio::spawn(prober.run());
         let batcher = Batcher::spawn(
@@ -158,7 +160,7 @@ impl RedisStore {
             metrics.batch,
             Arc::clone(&health),
             options.tracing,
-            alive.subscribe(),
+            alive.clone(),
         );
         Ok(Self {
             cluster,
@@ -168,6 +170,7 @@ impl RedisStore {
             timeout: options.timeout,
             health,
             resets,
+            _stop_tasks: alive.clone().drop_guard(),
             alive,
         })
     }
@@ -175,7 +178,7 @@ impl RedisStore {
     /// Subscribes to the reset channel in the background (until the store is dropped) and hands
     /// every announced reset to `on_reset`, e.g. to drop the key from the local layer.
     pub fn follow_resets(&self, on_reset: impl Fn(ResetEvent) + Send + Sync + 'static) {
-        tokio::spawn(self.resets.clone().run(on_reset, self.alive.subscribe()));
+        tokio::spawn(self.resets.clone().run(on_reset, self.alive.clone()));
     }
 
     /// The current connection, for a one-off command; fails fast while the circuit is open.

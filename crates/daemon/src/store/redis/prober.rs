@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use prometheus::IntCounterVec;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use super::access::Access;
 use super::conn::{self, Conn, Timeouts};
@@ -55,13 +56,13 @@ pub struct Prober {
     /// Error counter (by kind).
     pub errors: IntCounterVec,
     /// Ends the prober when the store is dropped (see `RedisStore`'s `alive`).
-    pub alive: watch::Receiver<()>,
+    pub alive: CancellationToken,
 }
 
 impl Prober {
     /// Runs until the store is dropped.
     pub async fn run(self) {
-        let mut alive = self.alive.clone();
+        let alive = self.alive.clone();
         let mut delay = Duration::ZERO;
         let jitter = RandomState::new();
         let mut attempt: u64 = 0;
@@ -73,7 +74,7 @@ impl Prober {
             if self.health.circuit() != Circuit::Open {
                 tokio::select! {
                     _ = opened => {}
-                    _ = alive.changed() => return,
+                    () = alive.cancelled() => return,
                 }
                 delay = Duration::ZERO;
                 continue;
@@ -81,7 +82,7 @@ impl Prober {
             if !delay.is_zero() {
                 tokio::select! {
                     _ = tokio::time::sleep(jittered(delay, attempt, &jitter)) => {}
-                    _ = alive.changed() => return,
+                    () = alive.cancelled() => return,
                 }
             }
             attempt += 1;

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use super::access::Access;
 use super::conn::{self, Timeouts};
@@ -105,7 +105,7 @@ impl Follower {
     pub async fn run(
         self,
         on_reset: impl Fn(ResetEvent) + Send + Sync + 'static,
-        mut alive: watch::Receiver<()>,
+        alive: CancellationToken,
     ) {
         let jitter = RandomState::new();
         let mut delay = Duration::ZERO;
@@ -115,12 +115,12 @@ impl Follower {
             if !delay.is_zero() {
                 tokio::select! {
                     _ = tokio::time::sleep(jittered(delay, attempt as u64, &jitter)) => {}
-                    _ = alive.changed() => return,
+                    () = alive.cancelled() => return,
                 }
             }
             let subscribed = tokio::select! {
                 subscribed = self.subscribe(attempt) => subscribed,
-                _ = alive.changed() => return,
+                () = alive.cancelled() => return,
             };
             attempt += 1;
             let pubsub = match subscribed {
@@ -143,7 +143,7 @@ impl Follower {
             loop {
                 let message = tokio::select! {
                     message = messages.next() => message,
-                    _ = alive.changed() => return,
+                    () = alive.cancelled() => return,
                 };
                 let Some(message) = message else { break };
                 match decode(message.get_payload_bytes()) {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use super::access::Access;
 use super::conn::{mask_password, node_client};
@@ -19,7 +19,7 @@ pub async fn watch(
     target: SentinelTarget,
     access: Access,
     health: Arc<Health>,
-    mut alive: watch::Receiver<()>,
+    alive: CancellationToken,
 ) {
     let mut next = 0usize;
     loop {
@@ -29,14 +29,14 @@ pub async fn watch(
         next += 1;
         let listened = tokio::select! {
             listened = listen(url, &access, &target.master, &health) => listened,
-            _ = alive.changed() => return,
+            () = alive.cancelled() => return,
         };
         if let Err(error) = listened {
             tracing::debug!(sentinel = %mask_password(url), %error, "Sentinel announcements lost; trying another");
         }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-            _ = alive.changed() => return,
+            () = alive.cancelled() => return,
         }
     }
 }

@@ -17,13 +17,14 @@ use hyper::server::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::stream::{StreamLimits, Streams};
 use super::Rls;
 use crate::config::Settings;
 use crate::telemetry::Metrics;
 use crate::transport::request_caps::MAX_HEADER_BYTES;
-use crate::transport::serve::{accept_loop, Bounds, Drain};
+use crate::transport::serve::{accept_loop, Bounds};
 
 /// The client's connection preface (24 bytes) and the SETTINGS frame's header (9 bytes): once
 /// this much has arrived, the handshake is in.
@@ -89,7 +90,7 @@ pub struct Served {
     /// Where refusals made before tonic (stalled, oversized, malformed streams) are counted.
     pub metrics: Metrics,
     /// When the listener is to drain.
-    pub drain: Drain,
+    pub drain: CancellationToken,
     /// Every bound.
     pub bounds: ConnectionBounds,
 }
@@ -133,7 +134,7 @@ async fn connection<IO>(
     io: IO,
     service: impl FnOnce(Arc<Activity>) -> Streams + Send + 'static,
     bounds: ConnectionBounds,
-    drain: Drain,
+    drain: CancellationToken,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -168,7 +169,7 @@ async fn connection<IO>(
         }
         tokio::select! {
             _ = conn.as_mut() => return,
-            () = drain.signaled() => break Close::Drain,
+            () = drain.cancelled() => break Close::Drain,
             () = tokio::time::sleep_until(next) => {
                 let now = Instant::now();
                 if !activity.shaken() && now >= handshake_by {

@@ -25,7 +25,7 @@ use proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
 pub use code::GrpcCode;
 
-use super::serve::Drain;
+use tokio_util::sync::CancellationToken;
 
 use super::{traced, Transport};
 
@@ -113,14 +113,14 @@ impl Rls {
 
 /// tonic's routes: the health service (`""` and [`SERVICE_NAME`] serving until `drain`); the
 /// rate limit service itself is answered before them ([`stream`]).
-pub async fn health_routes(drain: Drain) -> tonic::service::Routes {
+pub async fn health_routes(drain: CancellationToken) -> tonic::service::Routes {
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_service_status(SERVICE_NAME, tonic_health::ServingStatus::Serving)
         .await;
     // Tell health-checking Envoys to move away while the listener drains.
     tokio::spawn(async move {
-        drain.signaled().await;
+        drain.cancelled().await;
         reporter
             .set_service_status(SERVICE_NAME, tonic_health::ServingStatus::NotServing)
             .await;
