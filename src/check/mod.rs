@@ -147,7 +147,11 @@ impl CheckService {
             }
         }
         self.top.replace_policies(&policies);
-        *self.policies.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policies);
+        // Numbered under the lock, so generations only grow in the order sets come in force.
+        let mut in_force = self.policies.write().unwrap_or_else(|p| p.into_inner());
+        let generation = in_force.generation() + 1;
+        *in_force = Arc::new(policies.with_generation(generation));
+        drop(in_force);
         if let Some(hot) = &self.hot {
             hot.clear();
         }

@@ -118,6 +118,14 @@ impl Algorithm {
         }
     }
 
+    /// The answer to a check planned under a policy set older than the one that already wrote
+    /// its counter (a reload came between planning and the store): denied, nothing spent, 0
+    /// remaining, retry in 1 µs (the retry is planned under the set in force). Never an
+    /// admission: the old quota no longer applies, and the new one is not this check's to read.
+    pub fn superseded(&self) -> Decision {
+        Decision::deny(self.limit(), 0, 1, 1)
+    }
+
     /// The instant from which `state` is equivalent to a fresh one, i.e. when the store may
     /// drop it. A state of the wrong variant already counts as fresh, so this is 0 for it.
     pub fn idle_at(&self, state: &State) -> Micros {

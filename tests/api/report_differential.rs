@@ -50,6 +50,7 @@ fn compare(algorithms: &[Algorithm], history: &[(u64, u64, bool)]) -> Result<(),
                         cost.min(algorithm.limit())
                     },
                     enforce: true,
+                    generation: 0,
                 })
                 .collect();
             let (rust, commit) = if report {

@@ -56,6 +56,7 @@ fn arguments_follow_the_script_headers() {
         algorithm: bucket,
         cost: 3,
         enforce: false,
+        generation: 0,
     };
     let call = scripts.group_call(&[("k".into(), &check)], Spend::Record, Some(9));
     // now, then packed (an array32 of 9 integers): one check of one item (committed): key 1, token bucket, shadow, cost 3, quota.
