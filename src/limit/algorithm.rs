@@ -178,7 +178,9 @@ impl Algorithm {
         };
         let shared = match self {
             Algorithm::TokenBucket(a) => {
-                TokenBucket::new(part(a.limit()), a.period_us(), part(a.capacity())).map(Self::from)
+                TokenBucket::new(part(a.limit()), a.period_us(), part(a.capacity()))
+                    .map(|b| a.report_debt().map_or(b, |d| b.with_report_debt(d)))
+                    .map(Self::from)
             }
             Algorithm::SlidingLog(a) => {
                 SlidingLog::new(part(a.limit()), a.period_us()).map(Self::from)
@@ -188,6 +190,17 @@ impl Algorithm {
             }
         };
         shared.unwrap_or(*self)
+    }
+
+    /// The same algorithm with a report's debt bounded to `periods` periods (see
+    /// [`TokenBucket::with_report_debt`]). Only a token bucket carries debt: a sliding log keeps
+    /// its newest `limit` units and a fixed window counts its limit, so after a report their next
+    /// check never waits more than one period anyway.
+    pub fn with_report_debt(self, periods: u64) -> Self {
+        match self {
+            Algorithm::TokenBucket(a) => Algorithm::TokenBucket(a.with_report_debt(periods)),
+            other => other,
+        }
     }
 
     /// Stable name for configuration, metrics and logs.
