@@ -7,6 +7,8 @@
 //! `capacity * period_us` units and `now` is `now * limit` units. The only state is the
 //! theoretical arrival time (TAT): the instant at which the bucket would be full again.
 
+use std::num::NonZeroU64;
+
 use super::{check_rate, saturate, Decision, Micros, ParamError, NEVER};
 
 /// The furthest a spend regardless ([`TokenBucket::spend`]) puts the TAT past `now`, in 1/limit
@@ -23,8 +25,9 @@ pub struct TokenBucket {
     period_us: Micros,
     capacity: u64,
     /// The most periods a report may leave the next token waiting ([`TokenBucket::spend`]);
-    /// `None`: only [`MAX_AHEAD`] bounds the debt.
-    report_debt: Option<u64>,
+    /// `None`: only [`MAX_AHEAD`] bounds the debt. (Non-zero: the option costs no space in a
+    /// type copied along the hot path.)
+    report_debt: Option<NonZeroU64>,
 }
 
 /// Per-key state: TAT = `tat_us + tat_rem / limit` µs. A fresh (all-zero) state is a full bucket.
@@ -68,13 +71,13 @@ impl TokenBucket {
     /// The same bucket, with the debt a report may leave bounded to `periods` periods: after any
     /// spend the next check of 1 token waits at most `periods * period_us` (0 is read as 1).
     pub fn with_report_debt(mut self, periods: u64) -> Self {
-        self.report_debt = Some(periods.max(1));
+        self.report_debt = NonZeroU64::new(periods.max(1));
         self
     }
 
     /// The debt bound in periods, if one was set ([`TokenBucket::with_report_debt`]).
     pub fn report_debt(&self) -> Option<u64> {
-        self.report_debt
+        self.report_debt.map(NonZeroU64::get)
     }
 
     /// The furthest a spend puts the TAT past `now`, in 1/limit µs: with a debt bound of `d`
@@ -86,7 +89,7 @@ impl TokenBucket {
         };
         let p = u128::from(self.period_us);
         let tokens = u128::from(self.capacity - 1)
-            .saturating_add(u128::from(periods).saturating_mul(u128::from(self.limit)));
+            .saturating_add(u128::from(periods.get()).saturating_mul(u128::from(self.limit)));
         p.saturating_mul(tokens).min(MAX_AHEAD)
     }
 
