@@ -120,8 +120,10 @@ impl CheckService {
         Arc::clone(&guard)
     }
 
-    /// Replaces the policy set atomically; checks in flight finish with the old one. Logs a
-    /// warning for each local limit too low for its shared quota.
+    /// Replaces the policy set atomically, as the next generation; checks in flight finish with
+    /// the old one (the embedded store answers one that reaches a counter the new set already
+    /// wrote as superseded, see `MemoryStore`). Logs a warning for each local limit too low for
+    /// its shared quota.
     pub fn replace_policies(&self, policies: PolicySet) {
         for warning in crate::config::local_limit_warnings(&policies, self.local.replicas()) {
             tracing::warn!("{warning}");
