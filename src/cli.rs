@@ -351,6 +351,9 @@ fn config_check(file: &Path) -> ExitCode {
         if let Err(error) = sluice::app::check_redis(&settings.redis, resolved.redis.as_ref()) {
             return fail(EXIT_CONFIG, format_args!("{}: {error}", file.display()));
         }
+        if let Some(warning) = settings.embedded_store_warning(resolved.redis.as_ref()) {
+            eprintln!("{}: warning: {warning}", file.display());
+        }
         (settings.policies, settings.files, settings.local.replicas)
     } else {
         (file.to_owned(), FileLimits::default(), 1)

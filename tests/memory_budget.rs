@@ -48,6 +48,7 @@ fn two_million_keys_stay_within_the_byte_budget_plus_the_fixed_overhead() {
             algorithm,
             cost: 1,
             enforce: true,
+            generation: 0,
         }];
         let decisions = store
             .check(&check, Spend::Record, None)

@@ -110,6 +110,11 @@ async fn policy_dump_lists_every_policy_with_its_parameters() {
     assert_eq!(enterprise["limit"], 10_000);
     assert_eq!(enterprise["burst"], 1500);
     assert_eq!(enterprise["algorithm"], "token_bucket");
+    assert_eq!(
+        (&api["reports"], &api["report_debt_periods"]),
+        (&json!(true), &json!(1))
+    );
+    assert_eq!(enterprise["report_debt_periods"], 1);
 
     let login = policies
         .iter()
@@ -123,4 +128,9 @@ async fn policy_dump_lists_every_policy_with_its_parameters() {
     assert_eq!(login["failure_mode"], "closed");
     assert!(login.get("burst").is_none(), "a sliding log has no burst");
     assert!(login.get("tiers").is_none());
+    assert_eq!(login["reports"], false, "the shipped login refuses reports");
+    assert!(
+        login.get("report_debt_periods").is_none(),
+        "a log owes no debt"
+    );
 }

@@ -110,6 +110,22 @@ fn config_check_validates_windows_and_warns_about_low_local_limits() {
             .contains("warning: policy `api`: field `local_limit`: 2 per 1s on each of 3 pods"),
         "{out:?}"
     );
+    // 3 pods and no Redis: each enforces the whole limit alone.
+    assert!(
+        out.stderr.contains(&format!(
+            "{settings}: warning: local.replicas is 3 but no Redis is set"
+        )),
+        "{out:?}"
+    );
+    // With a Redis the pods share the limit: no such warning.
+    let shared = write(
+        dir.path(),
+        "shared.toml",
+        &format!("policies = {policies:?}\n[local]\nreplicas = 3\n[redis]\nurl = \"redis://127.0.0.1:1\"\n"),
+    );
+    let out = run(sluice_command(dir.path(), &["config", "check", &shared]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(!out.stderr.contains("local.replicas is"), "{out:?}");
 }
 
 #[test]
@@ -477,7 +493,7 @@ async fn serve_runs_answers_and_stops_cleanly_on_sigterm() {
         &format!(
             "policies = {policies:?}\nshutdown_grace = \"5s\"\nworker_threads = 1\n\
              [listen]\nhttp = \"127.0.0.1:{http_port}\"\nadmin = \"127.0.0.1:{admin_port}\"\n\
-             socket = {socket:?}\n"
+             socket = {socket:?}\n[local]\nreplicas = 2\n"
         ),
     );
     let log = std::fs::File::create(dir.path().join("log")).expect("log file");
@@ -533,4 +549,11 @@ async fn serve_runs_answers_and_stops_cleanly_on_sigterm() {
     assert!(exit.success(), "exit {exit:?}; log:\n{log}");
     assert!(!socket.exists(), "socket file removed; log:\n{log}");
     assert!(log.contains("SIGTERM"), "log says why it stopped:\n{log}");
+    // Two pods meant to share a limit, no Redis: said at warn, once, at start.
+    let warned: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("local.replicas is 2 but no Redis is set"))
+        .collect();
+    assert_eq!(warned.len(), 1, "log:\n{log}");
+    assert!(warned[0].contains("WARN"), "log:\n{log}");
 }

@@ -1,8 +1,9 @@
 //! `POST /v1/report` and `sluice report`: a cost known afterwards (an LLM's tokens) is spent on
 //! every policy the request matches whatever its counters hold, never a 429; past the limit the
 //! next check is denied exactly as long as the overspend requires (each algorithm), on the
-//! embedded store and on a real Redis; bad reports are 400s that spend nothing; a store that
-//! cannot take a report gives each policy's failure mode.
+//! embedded store and on a real Redis, up to the policy's debt bound (`report_debt_periods`,
+//! default 1); bad reports are 400s and reports to a policy with `reports: false` 403s, which
+//! spend nothing; a store that cannot take a report gives each policy's failure mode.
 
 use serde_json::{json, Value};
 use sluice::client::Target;
@@ -14,13 +15,82 @@ use crate::helpers::{
 };
 use crate::redis_server::RedisServer;
 
-/// 10 tokens per second, bursts of 10; a window and a log of 10 per second.
+/// 10 tokens per second, bursts of 10, up to 5 s of debt; a window and a log of 10 per second;
+/// 5 per hour with the default debt bound (1 period); a login that refuses reports.
 const POLICIES: &str = "
 policies:
-  - {name: llm, key: [user], match: {route: llm}, algorithm: token_bucket, limit: 10, period: 1s, burst: 10}
+  - {name: llm, key: [user], match: {route: llm}, algorithm: token_bucket, limit: 10, period: 1s, burst: 10, report_debt_periods: 5}
   - {name: window, key: [user], match: {route: window}, algorithm: fixed_window, limit: 10, period: 1s}
   - {name: log, key: [user], match: {route: log}, algorithm: sliding_log, limit: 10, period: 1s, failure_mode: closed}
+  - {name: hourly, key: [user], match: {route: hourly}, algorithm: token_bucket, limit: 5, period: 1h, burst: 5}
+  - {name: login, key: [user], match: {route: login}, algorithm: sliding_log, limit: 10, period: 1m, failure_mode: closed, reports: false}
 ";
+
+const HOUR_MS: u64 = 3_600_000;
+
+/// The largest report (cost 1,000,000) on the 5-per-hour bucket: the next check waits one
+/// period (its default debt bound), not the 22.8 years the whole cost would take to refill;
+/// returns the answer's `retry_after_ms`.
+async fn a_largest_report_owes_one_period(app: &TestApp) -> u64 {
+    let (status, body) = report(app, &ask("hourly", "max", 1_000_000)).await;
+    assert_eq!(
+        (status, &body["within_limit"], &body["remaining"]),
+        (200, &json!(false), &json!(0)),
+        "{body}"
+    );
+    let retry = body["retry_after_ms"].as_u64().expect("a wait");
+    assert!(
+        (HOUR_MS - 1_000..=HOUR_MS).contains(&retry),
+        "one period: {body}"
+    );
+    let reset = body["reset_after_ms"].as_u64().expect("a reset");
+    assert!(reset <= HOUR_MS * 9 / 5, "4 tokens and one period: {body}");
+    // A second one adds nothing: the bound holds whatever is reported.
+    let (_, again) = report(app, &ask("hourly", "max", 1_000_000)).await;
+    assert!(again["retry_after_ms"].as_u64() <= Some(HOUR_MS), "{again}");
+    retry
+}
+
+/// A report to `login` (`reports: false`) is a 403 naming the policy, spends nothing and is
+/// counted `disabled`.
+async fn a_login_refuses_reports(app: &TestApp) {
+    let reply = post(
+        &app.tcp,
+        "/v1/report",
+        ask("login", "ann", 10).to_string().into_bytes(),
+    )
+    .await;
+    assert_error(&reply, 403, "reports_refused");
+    let reason = json_of(&reply)["reason"].as_str().unwrap_or("").to_owned();
+    assert!(reason.contains("policy `login`"), "{reason}");
+    let (status, seen) = check(
+        app,
+        &json!({"descriptors": {"route": "login", "user": "ann"}, "dry_run": true}),
+    )
+    .await;
+    assert_eq!((status, &seen["remaining"]), (200, &json!(9)), "{seen}");
+    let metrics = app.metrics().await;
+    let count = metric_value(
+        &metrics,
+        "sluice_reports_total",
+        &[("policy", "login"), ("outcome", "disabled")],
+    );
+    assert_eq!(count, 1.0);
+}
+
+#[tokio::test]
+async fn reports_are_bounded_in_periods_and_refused_where_a_policy_says_so() {
+    let app = spawn_app_with(POLICIES).await;
+    assert_eq!(a_largest_report_owes_one_period(&app).await, HOUR_MS);
+    app.advance(HOUR_MS * 1_000 - 1);
+    assert_eq!(check(&app, &ask("hourly", "max", 1)).await.0, 429);
+    app.advance(1);
+    assert_eq!(check(&app, &ask("hourly", "max", 1)).await.0, 200);
+    // The llm bucket's bound is 5 periods: 100 tokens owed wait 5 s, not 9.1 s.
+    let (_, body) = report(&app, &ask("llm", "ann", 100)).await;
+    assert_eq!(body["retry_after_ms"], 5_000, "{body}");
+    a_login_refuses_reports(&app).await;
+}
 
 fn ask(route: &str, user: &str, cost: u64) -> Value {
     json!({"descriptors": {"route": route, "user": user}, "cost": cost})
@@ -280,6 +350,17 @@ async fn on_redis_a_report_is_spent_and_a_dead_store_gives_the_failure_modes() {
         (2_000..=2_100).contains(&retry),
         "20 tokens owed, then 1: {bucket}"
     );
+    // The Lua twin holds the same debt bound: the key lives until the bucket is full again.
+    a_largest_report_owes_one_period(&app).await;
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg("report:{hourly:max}")
+        .query(&mut redis.connection())
+        .expect("PTTL");
+    assert!(
+        (1..=(HOUR_MS * 9 / 5) as i64).contains(&ttl),
+        "expires within 1.8 h (4 tokens and one period), got {ttl} ms"
+    );
+    a_login_refuses_reports(&app).await;
 
     redis.kill();
     let (status, body) = report(&app, &ask("log", "bob", 1)).await;

@@ -1,7 +1,8 @@
 //! The spend regardless (a report) exists twice, like the rest of the math: `Algorithm::spend`
 //! in Rust (the embedded store's `spend_now`) and the batch script's commit 2 in Lua. This feeds
 //! both the same random histories of checks and reports (reports up to 3x the limit, on several
-//! algorithms at once) with the script's test-only `now`, and requires identical answers.
+//! algorithms at once, token buckets with or without a report debt bound) with the script's
+//! test-only `now`, and requires identical answers.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -40,6 +41,7 @@ fn compare(algorithms: &[Algorithm], history: &[(u64, u64, bool)]) -> Result<(),
                         cost.min(algorithm.limit())
                     },
                     enforce: true,
+                    generation: 0,
                 })
                 .collect();
             let (rust, commit) = if report {
@@ -67,14 +69,16 @@ fn compare(algorithms: &[Algorithm], history: &[(u64, u64, bool)]) -> Result<(),
     })
 }
 
-fn algorithms(limits: &[u64], period: Micros) -> Vec<Algorithm> {
+/// Token buckets, logs and windows in turn; the buckets' report debt bounded to `debt` periods.
+fn algorithms(limits: &[u64], period: Micros, debt: Option<u64>) -> Vec<Algorithm> {
     limits
         .iter()
         .enumerate()
         .map(|(i, &limit)| match i % 3 {
-            0 => TokenBucket::new(limit, period, limit)
-                .expect("valid")
-                .into(),
+            0 => {
+                let bucket = TokenBucket::new(limit, period, limit).expect("valid");
+                debt.map_or(bucket, |d| bucket.with_report_debt(d)).into()
+            }
             1 => SlidingLog::new(limit, period).expect("valid").into(),
             _ => FixedWindow::new(limit, period).expect("valid").into(),
         })
@@ -86,6 +90,7 @@ proptest! {
 
     #[test]
     fn the_batch_script_spends_as_the_embedded_store_does(
+        debt in prop::option::of(1u64..4),
         (limits, period, history) in (prop::collection::vec(1u64..12, 1..4), 1u64..20_000)
             .prop_flat_map(|(limits, p)| {
                 let max = limits.iter().copied().max().unwrap_or(1);
@@ -94,7 +99,7 @@ proptest! {
                 (Just(limits), Just(p), prop::collection::vec(step, 1..60))
             }),
     ) {
-        compare(&algorithms(&limits, period), &history)?;
+        compare(&algorithms(&limits, period, debt), &history)?;
     }
 }
 
@@ -109,5 +114,26 @@ fn a_report_at_the_shipped_scale_agrees() {
     let steps: Vec<(u64, u64, bool)> = (0..300)
         .map(|i| (250_000, if i % 7 == 0 { 400 } else { 1 }, i % 7 == 0))
         .collect();
+    compare(&algorithms, &steps).expect("agrees");
+}
+
+#[test]
+fn the_largest_report_on_an_hourly_bucket_agrees_within_its_debt_bound() {
+    // 5 per hour, burst 5: cost 1,000,000 reported twice, with the default bound (1 period),
+    // 24 periods and none (2^52 units: what Lua's doubles hold exactly), then checks an hour on.
+    const HOUR: Micros = 3_600_000_000;
+    let bucket = TokenBucket::new(5, HOUR, 5).expect("valid");
+    let algorithms = [
+        Algorithm::from(bucket.with_report_debt(1)),
+        Algorithm::from(bucket.with_report_debt(24)),
+        Algorithm::from(bucket),
+    ];
+    let steps = [
+        (0, 1_000_000, true),
+        (1, 1_000_000, true),
+        (HOUR - 1, 1, false),
+        (1, 1, false),
+        (HOUR, 5, false),
+    ];
     compare(&algorithms, &steps).expect("agrees");
 }

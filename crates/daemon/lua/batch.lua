@@ -14,6 +14,8 @@
 --               decision, a report), then per item: key (index into
 --               KEYS), kind (1 token bucket, 2 sliding log, 3 fixed window), enforce (1|0: shadow
 --               policies never block), cost, limit, period_us, and for a token bucket capacity
+--               and most_ahead (the furthest a report may put its TAT past now, in 1/limit us:
+--               the policy's report debt bound, at most 2^52; see TokenBucket::max_ahead)
 -- ARGV[3]     '1': lean: every check has one item, no counter is in two checks and none is a
 --             report, so each check runs as its algorithm's own script would (its `_check`
 --             function: read, decide, write at once), without the bookkeeping below; absent
@@ -41,11 +43,11 @@
 
 -- The packed checks' numbers, named as sluice's encoder names them (src/store/redis/scripts.rs,
 -- whose test reads these three lines back): a check's commit values, an item's algorithm kinds,
--- and how many integers an item takes (a token bucket's one more: its capacity) and a check's
+-- and how many integers an item takes (a token bucket's two more: its capacity and most_ahead) and a check's
 -- head (items, commit).
 local DRY_RUN, RECORD, REPORT = 0, 1, 2
 local TOKEN_BUCKET, SLIDING_LOG, FIXED_WINDOW = 1, 2, 3
-local ITEM_WIDTH, BUCKET_WIDTH, HEAD_WIDTH = 6, 7, 2
+local ITEM_WIDTH, BUCKET_WIDTH, HEAD_WIDTH = 6, 8, 2
 
 local spec = cmsgpack.unpack(ARGV[2])
 
@@ -317,7 +319,7 @@ local function spend(first, count, n)
     elseif kind ~= SLIDING_LOG then
       local _
       if kind == TOKEN_BUCKET then
-        local ahead = token_bucket_debt(a[k], b[k], now, limit, period, cost)
+        local ahead = token_bucket_debt(a[k], b[k], now, limit, period, cost, spec[at + 7])
         a[k], b[k], ttls[k] = token_bucket_after(now, min_ttl_ms, limit, ahead)
         _, results[m + 2], results[m + 3], results[m + 4], results[m + 5] =
           token_bucket_decide(a[k], b[k], now, limit, period, spec[at + 6], 1)

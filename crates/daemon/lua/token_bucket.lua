@@ -98,17 +98,18 @@ local function token_bucket_after(now, min_ttl_ms, limit, ahead_after)
 end
 
 -- A spend regardless past what the bucket holds (batch commit 2, a report): the new TAT's
--- distance from now in 1/limit us, `cost` tokens further into debt, at most 2^52 (exact in
--- doubles; rounding is monotonic, so a product beyond it still compares above it), never back.
+-- distance from now in 1/limit us, `cost` tokens further into debt, at most `most` (the policy's
+-- report debt bound as sluice computes it, never above 2^52: exact in doubles; rounding is
+-- monotonic, so a product beyond it still compares above it), never back.
 -- The twin of TokenBucket::spend.
-local function token_bucket_debt(tat_us, tat_rem, now, limit, period, cost)
+local function token_bucket_debt(tat_us, tat_rem, now, limit, period, cost, most)
   local ahead = 0
   if tat_us > now then
     ahead = (tat_us - now) * limit + tat_rem
   elseif tat_us == now then
     ahead = tat_rem
   end
-  return math.max(ahead, math.min(ahead + cost * period, 4503599627370496))
+  return math.max(ahead, math.min(ahead + cost * period, most))
 end
 
 local function token_bucket_format(tat_us, tat_rem)

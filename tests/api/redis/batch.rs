@@ -114,6 +114,7 @@ fn compare(
         algorithm: algorithms[i],
         cost: cost.min(algorithms[i].limit()),
         enforce,
+        generation: 0,
     };
     let item = |check: &StoreCheck, i: usize| Item {
         key: format!("{{{base}}}:{i}"),

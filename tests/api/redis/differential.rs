@@ -185,6 +185,7 @@ fn compare_group_on(
                 algorithm: *algorithm,
                 cost: cost.min(algorithm.limit()),
                 enforce: *enforce,
+                generation: 0,
             })
             .collect()
     };

@@ -103,6 +103,9 @@ impl App {
         let tracing =
             crate::telemetry::Tracing::start(&settings.tracing).map_err(StartError::Config)?;
         let metrics = Metrics::new().with_tracing(tracing);
+        if let Some(warning) = settings.embedded_store_warning(resolved.redis.as_ref()) {
+            tracing::warn!("{warning}");
+        }
         let (service, memory) =
             stores::service(settings, resolved.redis.as_ref(), policies, clock, &metrics)?;
         let service = Arc::new(service.with_unmatched_log(settings.log.unmatched));

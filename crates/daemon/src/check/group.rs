@@ -93,8 +93,13 @@ impl CheckService {
             }
             let dry_run = item.request.spend == Spend::DryRun;
             let plan = if dry_run { &mut probe } else { &mut spend };
-            let planned =
-                plan::plan_selected(self.tiers.as_ref(), &item.request, applicable, false);
+            let planned = plan::plan_selected(
+                self.tiers.as_ref(),
+                &item.request,
+                applicable,
+                &policies,
+                false,
+            );
             for (mut part, mut check) in planned.await? {
                 part.item = index;
                 if let Some(quota) = item.quota_override {

@@ -89,6 +89,8 @@ label_enum! {
         Lost => "lost",
         /// A fail-closed policy's report, refused (503).
         Refused => "refused",
+        /// A report to a policy with `reports: false`, not accepted (403): nothing spent.
+        Disabled => "disabled",
     }
 }
 
@@ -128,7 +130,7 @@ mod tests {
         );
         assert_eq!(
             ReportOutcome::ALL.map(ReportOutcome::as_str),
-            ["within", "over", "local", "lost", "refused"]
+            ["within", "over", "local", "lost", "refused", "disabled"]
         );
     }
 

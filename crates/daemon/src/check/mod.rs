@@ -120,8 +120,10 @@ impl CheckService {
         Arc::clone(&guard)
     }
 
-    /// Replaces the policy set atomically; checks in flight finish with the old one. Logs a
-    /// warning for each local limit too low for its shared quota.
+    /// Replaces the policy set atomically, as the next generation; checks in flight finish with
+    /// the old one (the embedded store answers one that reaches a counter the new set already
+    /// wrote as superseded, see `MemoryStore`). Logs a warning for each local limit too low for
+    /// its shared quota.
     pub fn replace_policies(&self, policies: PolicySet) {
         for warning in crate::config::local_limit_warnings(&policies, self.local.replicas()) {
             tracing::warn!("{warning}");
@@ -147,7 +149,11 @@ impl CheckService {
             }
         }
         self.top.replace_policies(&policies);
-        *self.policies.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policies);
+        // Numbered under the lock, so generations only grow in the order sets come in force.
+        let mut in_force = self.policies.write().unwrap_or_else(|p| p.into_inner());
+        let generation = in_force.generation() + 1;
+        *in_force = Arc::new(policies.with_generation(generation));
+        drop(in_force);
         if let Some(hot) = &self.hot {
             hot.clear();
         }

@@ -132,7 +132,7 @@ async fn plan_as(
     let mut applicable = [select(policies, limits, request)?];
     policies.drop_replaced(&mut applicable);
     let [applicable] = applicable;
-    plan_selected(tiers, request, applicable, report).await
+    plan_selected(tiers, request, applicable, policies, report).await
 }
 
 /// Validates `request` and selects the policies that apply: the one it names, else every one
@@ -166,13 +166,16 @@ pub(crate) fn select(
 }
 
 /// Plans the store checks of `applicable` (from [`select`]) for `request`: tier, cost, key,
-/// enforcement, windows and local limit. A `report`'s cost may exceed what a policy ever allows.
+/// enforcement, windows and local limit, each check of `policies`' generation (the set
+/// `applicable` was selected from). A `report`'s cost may exceed what a policy ever allows.
 pub(crate) async fn plan_selected(
     tiers: Option<&TenantTiers>,
     request: &CheckRequest,
     applicable: Vec<Applicable>,
+    policies: &PolicySet,
     report: bool,
 ) -> Result<Plan, CheckError> {
+    let generation = policies.generation();
     let descriptors = &request.descriptors;
     let tenant_tier = match (tiers, descriptors.get(TENANT_DESCRIPTOR)) {
         (Some(tiers), Some(tenant))
@@ -202,6 +205,7 @@ pub(crate) async fn plan_selected(
             algorithm: Algorithm::TokenBucket(*bucket),
             cost,
             enforce,
+            generation,
         });
         let mut push = |key, algorithm: &Algorithm, window_index, local| {
             let part = Part {
@@ -216,6 +220,7 @@ pub(crate) async fn plan_selected(
                 algorithm: *algorithm,
                 cost,
                 enforce,
+                generation,
             };
             plan.push(part, check);
         };

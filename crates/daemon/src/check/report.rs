@@ -32,6 +32,14 @@ impl CheckService {
         if plan.is_empty() {
             return Ok(Verdict::unlimited());
         }
+        // Validation before state: a policy that refuses reports refuses the whole report.
+        if let Some(part) = plan.parts.iter().find(|p| !p.policy.parts().reports) {
+            let name = part.policy.name();
+            self.reports
+                .with_label_values(&[name, ReportOutcome::Disabled.as_str()])
+                .inc();
+            return Err(CheckError::ReportsRefused(name.to_owned()));
+        }
         if let Some(buckets) = &self.local_limits {
             let local: Vec<StoreCheck> =
                 plan.parts.iter().filter_map(|p| p.local.clone()).collect();

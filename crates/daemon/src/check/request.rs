@@ -50,6 +50,11 @@ pub enum CheckError {
         /// What the policy allows at most.
         limit: u64,
     },
+    /// A report applies to a policy that refuses reports (`reports: false`): nothing spent.
+    #[error(
+        "policy `{0}` does not accept reports (reports: false): its counter moves by checks only"
+    )]
+    ReportsRefused(String),
 }
 
 impl CheckError {

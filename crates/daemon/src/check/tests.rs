@@ -375,3 +375,47 @@ async fn counter_questions_are_checked_like_checks_and_a_dead_store_changes_noth
     ));
     assert_eq!(down.counter_resets.with_label_values(&["per_ip"]).get(), 0);
 }
+
+/// The interleaving a busy machine gave `algorithm_changes_start_afresh_on_the_embedded_store`,
+/// driven explicitly: a check planned under the old set (a token bucket of 1000) reaches the
+/// store after four checks of the new set (a fixed window of 5). It is denied as superseded,
+/// spends nothing and does not restart the window: the partition admits exactly 5 after the
+/// reload (without the generation the late check was admitted and restarted the window).
+#[tokio::test]
+async fn a_check_planned_before_a_reload_never_restarts_the_new_policys_partition() {
+    let before = "policies:\n  - {name: swap, key: [ip], algorithm: token_bucket, limit: 1000, period: 1h, burst: 1000}\n";
+    let after =
+        "policies:\n  - {name: swap, key: [ip], algorithm: fixed_window, limit: 5, period: 7d}\n";
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let service = service_with(before, Arc::new(MemoryStore::new(1_000, clock, None)));
+    let request = CheckRequest {
+        policy: Some("swap".into()),
+        descriptors: [("ip".to_owned(), "192.0.2.1".to_owned())].into(),
+        cost: 1,
+        spend: Spend::Record,
+    };
+    let old = service.policies();
+    let mut late = service.plan(&old, &request).await.expect("planned");
+    assert!(service.check(&request).await.expect("valid").outcome == Outcome::Allowed);
+    service.replace_policies(parse_policies(Path::new("t.yaml"), after).expect("valid"));
+    assert_eq!(service.policies().generation(), old.generation() + 1);
+
+    let mut admitted = 0;
+    for _ in 0..4 {
+        let verdict = service.check(&request).await.expect("valid");
+        admitted += u64::from(verdict.outcome == Outcome::Allowed);
+    }
+    let verdict = service.run(Spend::Record, &mut late).await;
+    assert_eq!(verdict.outcome, Outcome::Denied, "{verdict:?}");
+    let deciding = verdict.deciding().expect("a policy decided");
+    assert_eq!(
+        (deciding.decision.limit, deciding.decision.retry_after_us),
+        (1000, 1),
+        "the old plan's quota, retry at once (under the set in force)"
+    );
+    for _ in 0..3 {
+        let verdict = service.check(&request).await.expect("valid");
+        admitted += u64::from(verdict.outcome == Outcome::Allowed);
+    }
+    assert_eq!(admitted, 5, "the new limit, exactly");
+}

@@ -118,6 +118,14 @@ impl Algorithm {
         }
     }
 
+    /// The answer to a check planned under a policy set older than the one that already wrote
+    /// its counter (a reload came between planning and the store): denied, nothing spent, 0
+    /// remaining, retry in 1 µs (the retry is planned under the set in force). Never an
+    /// admission: the old quota no longer applies, and the new one is not this check's to read.
+    pub fn superseded(&self) -> Decision {
+        Decision::deny(self.limit(), 0, 1, 1)
+    }
+
     /// The instant from which `state` is equivalent to a fresh one, i.e. when the store may
     /// drop it. A state of the wrong variant already counts as fresh, so this is 0 for it.
     pub fn idle_at(&self, state: &State) -> Micros {
@@ -170,7 +178,9 @@ impl Algorithm {
         };
         let shared = match self {
             Algorithm::TokenBucket(a) => {
-                TokenBucket::new(part(a.limit()), a.period_us(), part(a.capacity())).map(Self::from)
+                TokenBucket::new(part(a.limit()), a.period_us(), part(a.capacity()))
+                    .map(|b| a.report_debt().map_or(b, |d| b.with_report_debt(d)))
+                    .map(Self::from)
             }
             Algorithm::SlidingLog(a) => {
                 SlidingLog::new(part(a.limit()), a.period_us()).map(Self::from)
@@ -180,6 +190,17 @@ impl Algorithm {
             }
         };
         shared.unwrap_or(*self)
+    }
+
+    /// The same algorithm with a report's debt bounded to `periods` periods (see
+    /// [`TokenBucket::with_report_debt`]). Only a token bucket carries debt: a sliding log keeps
+    /// its newest `limit` units and a fixed window counts its limit, so after a report their next
+    /// check never waits more than one period anyway.
+    pub fn with_report_debt(self, periods: u64) -> Self {
+        match self {
+            Algorithm::TokenBucket(a) => Algorithm::TokenBucket(a.with_report_debt(periods)),
+            other => other,
+        }
     }
 
     /// Stable name for configuration, metrics and logs.

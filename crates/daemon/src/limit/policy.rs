@@ -91,6 +91,9 @@ pub struct PolicyParts {
     pub timeout_us: Option<Micros>,
     /// Whether a caller may replace the quota for one request (Envoy's descriptor `limit`).
     pub limit_override: bool,
+    /// Whether `POST /v1/report` may spend on this policy; `false`: a report it applies to is
+    /// refused whole (a login's attempts are counted by checks, never reported after the fact).
+    pub reports: bool,
     /// The policies (by name) this one replaces: where it applies to a request (or to any
     /// descriptor of an Envoy request), they do not (envoyproxy/ratelimit's `replaces`).
     pub replaces: Vec<String>,

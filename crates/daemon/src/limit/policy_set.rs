@@ -23,6 +23,9 @@ pub struct PolicySet {
     policies: Vec<Arc<Policy>>,
     /// Whether any policy replaces another (else [`PolicySet::drop_replaced`] has nothing to do).
     replacing: bool,
+    /// Which set in force this is: each reload's set is one more than the set it replaced (see
+    /// [`PolicySet::generation`]).
+    generation: u64,
 }
 
 /// A policy that applies, with the template parameters its conditions captured.
@@ -46,7 +49,22 @@ impl PolicySet {
         Ok(Self {
             policies: policies.into_iter().map(Arc::new).collect(),
             replacing,
+            generation: 0,
         })
+    }
+
+    /// The set's generation: 0 as built, then numbered by the service that puts it in force,
+    /// one more than the set it replaces. Every check planned under this set carries it
+    /// (`StoreCheck::generation`), so a store can tell a plan made before a reload from one made
+    /// after it, and never let the older plan restart or overwrite what the newer one wrote.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// This set as generation `generation` (see [`PolicySet::generation`]).
+    pub fn with_generation(mut self, generation: u64) -> Self {
+        self.generation = generation;
+        self
     }
 
     /// The policy with this name.

@@ -79,6 +79,16 @@ impl Quota {
         self.local.as_ref()
     }
 
+    /// The same quota with every token bucket's report debt (its windows' and the local
+    /// limit's) bounded to `periods` periods (see [`Algorithm::with_report_debt`]).
+    pub fn with_report_debt(mut self, periods: u64) -> Self {
+        for window in &mut self.windows {
+            *window = window.with_report_debt(periods);
+        }
+        self.local = self.local.map(|local| local.with_report_debt(periods));
+        self
+    }
+
     /// The largest cost a request may ever have: the smallest `limit` of any window (and of the
     /// local limit): a request must fit every one of them.
     pub fn max_cost(&self) -> u64 {

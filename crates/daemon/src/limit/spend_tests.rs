@@ -79,6 +79,62 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// With a report debt bound of `d` periods, no sequence of spends and checks leaves the
+    /// next check of 1 unit waiting more than `d` periods, and within the bound a spend is
+    /// counted whole (as without one).
+    #[test]
+    fn a_report_debt_bound_caps_every_wait_at_its_periods(
+        (alg, steps) in scenario(),
+        periods in 1u64..4,
+    ) {
+        let bounded = alg.with_report_debt(periods);
+        let mut state = bounded.new_state();
+        let mut now = 1_000_000;
+        for (dt, cost, report) in steps {
+            now += dt;
+            if report {
+                let mut whole = state.clone();
+                alg.spend(&mut whole, now, cost);
+                let d = bounded.spend(&mut state, now, cost);
+                let most = periods * alg.period_us();
+                prop_assert!(d.allowed || d.retry_after_us <= most, "{:?} past {} µs", d, most);
+                prop_assert!(bounded.decide(&state, now + most, 1).allowed);
+                if d.allowed || d.retry_after_us < most {
+                    prop_assert_eq!(&state, &whole, "within the bound: the whole cost");
+                }
+            } else {
+                let cost = cost.min(alg.limit());
+                if bounded.decide(&state, now, cost).allowed {
+                    bounded.admit(&mut state, now, cost);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_report_of_the_largest_cost_leaves_a_5_per_hour_bucket_one_period_in_debt() {
+    const HOUR: Micros = 3_600_000_000;
+    let tb = TokenBucket::new(5, HOUR, 5).unwrap();
+    let mut s = BucketState::default();
+    let d = tb.with_report_debt(1).spend(&mut s, 0, 1_000_000);
+    assert_eq!(d.retry_after_us, HOUR, "one period, not 22.8 years");
+    assert_eq!(tb.with_report_debt(1).idle_at(&s), HOUR * 9 / 5);
+    let mut s = BucketState::default();
+    let d = tb.with_report_debt(24).spend(&mut s, 0, 1_000_000);
+    assert_eq!(d.retry_after_us, 24 * HOUR);
+    let mut s = BucketState::default();
+    let d = tb.spend(&mut s, 0, 1_000_000);
+    assert_eq!(
+        d.retry_after_us,
+        (1_000_000 - 4) * HOUR / 5,
+        "no bound: the whole cost (22.8 years)"
+    );
+}
+
 #[test]
 fn a_bucket_in_debt_waits_for_the_debt_to_refill() {
     // 10 per second, burst 10: a report of 30 on a full bucket owes 20 tokens, 2 s.

@@ -7,6 +7,8 @@
 //! `capacity * period_us` units and `now` is `now * limit` units. The only state is the
 //! theoretical arrival time (TAT): the instant at which the bucket would be full again.
 
+use std::num::NonZeroU64;
+
 use super::{check_rate, saturate, Decision, Micros, ParamError, NEVER};
 
 /// The furthest a spend regardless ([`TokenBucket::spend`]) puts the TAT past `now`, in 1/limit
@@ -22,6 +24,10 @@ pub struct TokenBucket {
     limit: u64,
     period_us: Micros,
     capacity: u64,
+    /// The most periods a report may leave the next token waiting ([`TokenBucket::spend`]);
+    /// `None`: only [`MAX_AHEAD`] bounds the debt. (Non-zero: the option costs no space in a
+    /// type copied along the hot path.)
+    report_debt: Option<NonZeroU64>,
 }
 
 /// Per-key state: TAT = `tat_us + tat_rem / limit` µs. A fresh (all-zero) state is a full bucket.
@@ -58,7 +64,33 @@ impl TokenBucket {
             limit,
             period_us,
             capacity,
+            report_debt: None,
         })
+    }
+
+    /// The same bucket, with the debt a report may leave bounded to `periods` periods: after any
+    /// spend the next check of 1 token waits at most `periods * period_us` (0 is read as 1).
+    pub fn with_report_debt(mut self, periods: u64) -> Self {
+        self.report_debt = NonZeroU64::new(periods.max(1));
+        self
+    }
+
+    /// The debt bound in periods, if one was set ([`TokenBucket::with_report_debt`]).
+    pub fn report_debt(&self) -> Option<u64> {
+        self.report_debt.map(NonZeroU64::get)
+    }
+
+    /// The furthest a spend puts the TAT past `now`, in 1/limit µs: with a debt bound of `d`
+    /// periods, `period_us * (capacity - 1 + d * limit)` (the next token then waits exactly
+    /// `d` periods), never beyond [`MAX_AHEAD`]. The Lua twin receives this very number.
+    pub fn max_ahead(&self) -> u128 {
+        let Some(periods) = self.report_debt else {
+            return MAX_AHEAD;
+        };
+        let p = u128::from(self.period_us);
+        let tokens = u128::from(self.capacity - 1)
+            .saturating_add(u128::from(periods.get()).saturating_mul(u128::from(self.limit)));
+        p.saturating_mul(tokens).min(MAX_AHEAD)
     }
 
     /// Tokens refilled per period.
@@ -148,8 +180,9 @@ impl TokenBucket {
     /// what [`TokenBucket::decide`] allows is admitted as usual (and that decision returned);
     /// otherwise the TAT is pushed `cost` tokens further, into debt, and the answer is a
     /// request of 1 token's at the new state: denied, `remaining` 0, `retry_after_us` the time
-    /// the debt takes to refill. The debt is bounded: the TAT goes at most [`MAX_AHEAD`] (1/limit
-    /// µs) past `now`, which the Lua twin's doubles hold exactly, and never moves back.
+    /// the debt takes to refill. The debt is bounded: the TAT goes at most
+    /// [`TokenBucket::max_ahead`] past `now` (the report debt bound, if set, and never beyond
+    /// [`MAX_AHEAD`], which the Lua twin's doubles hold exactly), and never moves back.
     pub fn spend(&self, state: &mut BucketState, now: Micros, cost: u64) -> Decision {
         let decision = self.decide(state, now, cost);
         if decision.allowed {
@@ -158,7 +191,7 @@ impl TokenBucket {
         }
         let Step { tat, now_s, new } = self.step(state, now, cost);
         let ahead = tat.max(now_s) - now_s;
-        let ahead_after = (new - now_s).min(MAX_AHEAD).max(ahead);
+        let ahead_after = (new - now_s).min(self.max_ahead()).max(ahead);
         let target = now_s + ahead_after;
         let l = u128::from(self.limit);
         match u64::try_from(target / l) {

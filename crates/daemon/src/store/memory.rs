@@ -29,6 +29,17 @@ struct Slot {
     state: State,
     /// From this instant the state equals a fresh one, so the slot can be dropped.
     idle_at: Micros,
+    /// The newest policy generation that wrote the state ([`StoreCheck::generation`]).
+    generation: u64,
+}
+
+impl Slot {
+    /// Whether `check` was planned under an older policy set than one that already wrote
+    /// here: it must neither restart nor overwrite this state (a reload's new algorithm or
+    /// quota owns the partition from its first write on).
+    fn supersedes(&self, check: &StoreCheck) -> bool {
+        self.generation > check.generation
+    }
 }
 
 #[derive(Default)]
@@ -81,6 +92,12 @@ pub struct MemoryMetrics {
 }
 
 /// Counters in memory: one process's view only (use Redis to share limits across pods).
+///
+/// Each counter remembers the newest policy generation that wrote it. A check planned under an
+/// older set (before a reload) that reaches a counter after a check of the newer set is answered
+/// [`Algorithm::superseded`](crate::limit::Algorithm::superseded) (denied, nothing spent, retry
+/// at once, under the set in force), in a group as an enforced denial: it never restarts the
+/// partition under the old algorithm nor spends under the old quota.
 ///
 /// Keys live in `2^n` shards, each behind its own mutex, held only for the few microseconds of
 /// the arithmetic (never across an await). A multi-policy check locks its shards in index order,
@@ -153,6 +170,7 @@ impl MemoryStore {
             .map(|(check, &shard)| {
                 let fresh;
                 let state = match guards[guard_of(shard)].slots.get(&check.key) {
+                    Some(slot) if slot.supersedes(check) => return check.algorithm.superseded(),
                     Some(slot) if slot.idle_at > now => &slot.state,
                     _ => {
                         fresh = check.algorithm.new_state();
@@ -192,6 +210,13 @@ impl MemoryStore {
             .zip(&shard_of)
             .map(|(check, &shard)| {
                 let shard = &mut guards[guard_of(shard)];
+                if shard
+                    .slots
+                    .get(&check.key)
+                    .is_some_and(|slot| slot.supersedes(check))
+                {
+                    return check.algorithm.superseded();
+                }
                 let spent = self.record(shard, check, now, true);
                 spent
                     .unwrap_or_else(|| check.algorithm.decide(&check.algorithm.new_state(), now, 0))
@@ -226,11 +251,14 @@ impl MemoryStore {
                 if slot.idle_at <= now {
                     slot.state = check.algorithm.new_state();
                 }
+                // Callers have refused a superseded check: this only ever moves forward.
+                slot.generation = slot.generation.max(check.generation);
                 slot
             }
             Entry::Vacant(entry) => entry.insert(Slot {
                 state: check.algorithm.new_state(),
                 idle_at: now,
+                generation: check.generation,
             }),
         };
         let decision = if spend {

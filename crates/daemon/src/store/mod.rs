@@ -25,6 +25,11 @@ pub struct StoreCheck {
     pub cost: u64,
     /// False for shadow policies: their denials do not block the group.
     pub enforce: bool,
+    /// The generation of the policy set the check was planned under
+    /// ([`PolicySet::generation`](crate::limit::PolicySet::generation)). The embedded store
+    /// keeps, with each counter, the newest generation that wrote it, and a check of an older
+    /// generation never restarts or overwrites it (see [`MemoryStore`]).
+    pub generation: u64,
 }
 
 /// Whether a check records what it allows: one name and one polarity from the check layer down to

@@ -169,6 +169,7 @@ fn dump(policy: &Policy) -> Value {
         "shadow": parts.shadow,
         "enforce_percent": parts.enforce_percent,
         "timeout": parts.timeout_us.map(|us| HumanDuration(us).to_string()),
+        "reports": parts.reports,
     });
     if let Some(cost) = &parts.cost {
         value["cost"] = json!({ "descriptor": cost.descriptor, "table": cost.costs });
@@ -197,6 +198,10 @@ fn quota(quota: &Quota) -> Value {
     };
     if let Some(first) = quota.windows().first() {
         value["algorithm"] = first.name().into();
+        // One bound for the whole policy: only token buckets carry it.
+        if let Algorithm::TokenBucket(bucket) = first {
+            value["report_debt_periods"] = bucket.report_debt().into();
+        }
     }
     if let Some(local) = quota.local() {
         value["local_limit"] = window(&Algorithm::TokenBucket(*local));

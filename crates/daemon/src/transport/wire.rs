@@ -338,10 +338,12 @@ impl ErrorReply {
 
     /// The status and body for a request the check service refused.
     pub fn from_check_error(error: &CheckError) -> (StatusCode, Self) {
-        (
-            StatusCode::BAD_REQUEST,
-            Self::new(code_of(error), error.to_string()),
-        )
+        let status = match error {
+            // Well-formed, and never to be accepted as sent: the policy says so.
+            CheckError::ReportsRefused(_) => StatusCode::FORBIDDEN,
+            _ => StatusCode::BAD_REQUEST,
+        };
+        (status, Self::new(code_of(error), error.to_string()))
     }
 }
 
@@ -351,6 +353,7 @@ pub(crate) fn code_of(error: &CheckError) -> &'static str {
         CheckError::UnknownPolicy(_) => "unknown_policy",
         CheckError::MissingDescriptor { .. } => "missing_descriptor",
         CheckError::CostExceedsLimit { .. } => "cost_exceeds_limit",
+        CheckError::ReportsRefused(_) => "reports_refused",
         CheckError::Batch(_, inner) => code_of(inner),
     }
 }

@@ -207,6 +207,12 @@ fn quoted_field(message: &str) -> Option<&str> {
 /// Longest store deadline a policy may set: past this a check is no longer "fast".
 pub const MAX_TIMEOUT_US: u64 = 10_000_000;
 
+/// The debt bound of a policy that names none: a report leaves the next token waiting at most
+/// one period, as a fixed window or sliding log never carries more than one period anyway.
+pub const DEFAULT_REPORT_DEBT_PERIODS: u64 = 1;
+/// The largest `report_debt_periods` accepted.
+pub const MAX_REPORT_DEBT_PERIODS: u64 = 1000;
+
 /// Builds one policy, or every problem found in it (each field checked on its own).
 fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
     let mut problems: Vec<FieldProblem> = Vec::new();
@@ -229,13 +235,24 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
         limits: raw.limits.as_deref(),
         local_limit: raw.local_limit,
     };
-    let quota = written.build().map_err(|e| problems.extend(e)).ok();
+    let debt = raw
+        .report_debt_periods
+        .unwrap_or(DEFAULT_REPORT_DEBT_PERIODS);
+    if !(1..=MAX_REPORT_DEBT_PERIODS).contains(&debt) {
+        let reason = format!("must be 1 to {MAX_REPORT_DEBT_PERIODS} (periods), got {debt}");
+        problems.push(("report_debt_periods", reason).into());
+    }
+    let quota = written
+        .build()
+        .map(|quota| quota.with_report_debt(debt))
+        .map_err(|e| problems.extend(e))
+        .ok();
     let tiers = raw.tiers.as_ref().map(|tiers| {
         let mut levels = BTreeMap::new();
         for (tier, level) in &tiers.levels {
             match written.tier(tier, level) {
                 Ok(quota) => {
-                    levels.insert(tier.clone(), quota);
+                    levels.insert(tier.clone(), quota.with_report_debt(debt));
                 }
                 Err(tier_problems) => problems.extend(tier_problems),
             }
@@ -295,6 +312,7 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
         enforce_percent: raw.enforce_percent,
         timeout_us: raw.timeout.map(|t| t.0),
         limit_override: raw.limit_override,
+        reports: raw.reports,
         replaces: raw.replaces,
     })
     .map_err(|e| vec![(e.field, e.reason).into()])

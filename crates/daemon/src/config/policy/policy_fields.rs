@@ -49,6 +49,11 @@ pub(super) struct RawPolicy {
     pub domain: Option<String>,
     #[serde(default = "yes")]
     pub limit_override: bool,
+    /// Whether `POST /v1/report` may spend on this policy (`false`: such reports are refused).
+    #[serde(default = "yes")]
+    pub reports: bool,
+    /// The most periods a report may leave a token bucket's next token waiting.
+    pub report_debt_periods: Option<u64>,
     /// Policies this one replaces where both apply (names, checked against the file).
     #[serde(default)]
     pub replaces: Vec<String>,
@@ -132,12 +137,12 @@ fn read_field(name: &str, value: Value) -> Result<(), String> {
         "path_case" => read::<PathCase>(value),
         "key" | "replaces" => read::<Vec<String>>(value),
         "algorithm" => read::<AlgorithmName>(value),
-        "limit" | "burst" => read::<u64>(value),
+        "limit" | "burst" | "report_debt_periods" => read::<u64>(value),
         "period" | "timeout" => read::<HumanDuration>(value),
         "limits" => read::<Vec<RawWindow>>(value),
         "local_limit" => read::<RawWindow>(value),
         "failure_mode" => read::<FailureMode>(value),
-        "shadow" | "limit_override" => read::<bool>(value),
+        "shadow" | "limit_override" | "reports" => read::<bool>(value),
         "enforce_percent" => read::<u8>(value),
         "tiers" => read::<RawTiers>(value),
         "cost" => read::<RawCost>(value),
@@ -162,7 +167,8 @@ mod tests {
                     key: [ip], algorithm: token_bucket, limit: 1, period: 1s, burst: 2, \
                     local_limit: {limit: 1, period: 1s}, failure_mode: closed, shadow: true, \
                     enforce_percent: 5, timeout: 1s, tiers: {levels: {gold: {multiplier: 2}}}, \
-                    cost: {descriptor: op, table: {a: 1}}, domain: d, limit_override: false}";
+                    cost: {descriptor: op, table: {a: 1}}, domain: d, limit_override: false, \
+                    reports: false, report_debt_periods: 3}";
         assert!(read(full).is_ok());
         let map: serde_yaml::Mapping = serde_yaml::from_str(full).expect("yaml");
         for (key, value) in map {

@@ -307,6 +307,22 @@ impl Settings {
         Ok((settings, resolved))
     }
 
+    /// The warning for settings that enforce a limit several times over: `local.replicas` above 1
+    /// (the pods are meant to share one limit) with no Redis (`redis` is [`Resolved::redis`]), so
+    /// each pod's embedded store enforces the whole limit on its own. In Kubernetes this is a pod
+    /// started without its Redis Secret (`envFrom` marks it optional). `serve` logs it at warn,
+    /// `config check` prints it.
+    pub fn embedded_store_warning(&self, redis: Option<&RedisTarget>) -> Option<String> {
+        let replicas = self.local.replicas;
+        (redis.is_none() && replicas > 1).then(|| {
+            format!(
+                "local.replicas is {replicas} but no Redis is set (redis.url, redis.cluster or \
+                 redis.sentinel.nodes): each pod enforces every limit alone on its embedded store, so \
+                 {replicas} pods admit up to {replicas} times the limit"
+            )
+        })
+    }
+
     /// Checks everything that extraction cannot (addresses, modes, ranges, where Redis is) and
     /// returns what it parsed.
     pub fn validate(&self) -> Result<Resolved, SettingsError> {
@@ -454,5 +470,27 @@ mod tests {
         written.sort_unstable();
         keys.sort_unstable();
         assert_eq!(written, keys);
+    }
+
+    #[test]
+    fn the_embedded_store_with_replicas_warns_and_redis_or_one_replica_does_not() {
+        let mut s = Settings::default();
+        s.local.replicas = 6;
+        let resolved = s.validate().expect("valid");
+        let warning = s
+            .embedded_store_warning(resolved.redis.as_ref())
+            .expect("6 pods, each alone");
+        assert!(
+            warning.starts_with("local.replicas is 6 but no Redis is set")
+                && warning.ends_with("6 pods admit up to 6 times the limit"),
+            "{warning}"
+        );
+        s.redis.url = Some("redis://127.0.0.1:1".into());
+        let resolved = s.validate().expect("valid");
+        assert!(resolved.redis.is_some());
+        assert_eq!(s.embedded_store_warning(resolved.redis.as_ref()), None);
+        s.redis.url = None;
+        s.local.replicas = 1;
+        assert_eq!(s.embedded_store_warning(None), None);
     }
 }

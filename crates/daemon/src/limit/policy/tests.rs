@@ -26,6 +26,7 @@ pub(crate) fn parts(name: &str) -> PolicyParts {
         enforce_percent: 100,
         timeout_us: None,
         limit_override: true,
+        reports: true,
         replaces: Vec::new(),
     }
 }

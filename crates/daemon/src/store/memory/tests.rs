@@ -26,6 +26,7 @@ fn check(policy: &str, value: &str, algorithm: Algorithm, enforce: bool) -> Stor
         algorithm,
         cost: 1,
         enforce,
+        generation: 0,
     }
 }
 
@@ -193,4 +194,59 @@ fn a_reset_key_starts_full_and_frees_its_bytes_and_nothing_else() {
     clock.advance(120 * SECOND);
     assert!(!store.reset_now(&b.key));
     assert_eq!(store.bytes(), empty);
+}
+
+/// A check planned before a reload (generation 1, a token bucket of 1000) that reaches the store
+/// after checks planned under the new set (generation 2, a fixed window of 5): it neither
+/// restarts the window (which would admit 5 more) nor is admitted; nor is a report of it spent.
+#[test]
+fn a_plan_of_an_older_policy_generation_never_restarts_a_newer_ones_counter() {
+    let (store, _) = store(100);
+    let old = StoreCheck {
+        generation: 1,
+        ..check(
+            "p",
+            "x",
+            Algorithm::TokenBucket(
+                crate::limit::TokenBucket::new(1000, 3600 * SECOND, 1000).expect("valid"),
+            ),
+            true,
+        )
+    };
+    let new = StoreCheck {
+        generation: 2,
+        ..check(
+            "p",
+            "x",
+            Algorithm::FixedWindow(FixedWindow::new(5, 3600 * SECOND).expect("valid")),
+            true,
+        )
+    };
+    // Generation 1 wrote first: the new set's first check takes the partition over, afresh.
+    assert!(store.check_now(std::slice::from_ref(&old), Spend::Record)[0].allowed);
+    for _ in 0..4 {
+        assert!(store.check_now(std::slice::from_ref(&new), Spend::Record)[0].allowed);
+    }
+    let late = store.check_now(std::slice::from_ref(&old), Spend::Record)[0];
+    assert_eq!(late, old.algorithm.superseded());
+    assert!(!late.allowed && late.retry_after_us == 1);
+    assert_eq!(
+        store.spend_now(std::slice::from_ref(&old))[0],
+        old.algorithm.superseded(),
+        "a report planned before the reload is not spent either"
+    );
+    // In a group, the superseded enforced check blocks the group: nothing of it is spent.
+    let other = StoreCheck {
+        generation: 1,
+        ..check("q", "x", log(10), true)
+    };
+    let group = store.check_now(&[other.clone(), old.clone()], Spend::Record);
+    assert!(group[0].allowed && !group[1].allowed);
+    assert_eq!(store.check_now(&[other], Spend::DryRun)[0].remaining, 9);
+    // The window counts the new set's 4 checks only: one more, then denied.
+    assert_eq!(
+        store.check_now(std::slice::from_ref(&new), Spend::Record)[0].remaining,
+        0
+    );
+    assert!(!store.check_now(std::slice::from_ref(&new), Spend::Record)[0].allowed);
 }

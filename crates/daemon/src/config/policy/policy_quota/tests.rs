@@ -141,3 +141,53 @@ fn the_readme_examples_of_windows_and_local_limits_are_valid() {
         parse(&format!("policies:\n{block}")).unwrap_or_else(|e| panic!("{e}\n{block}"));
     }
 }
+
+#[test]
+fn the_report_debt_bound_reaches_every_bucket_and_is_checked_with_its_line() {
+    let bucket = |a: &Algorithm| match a {
+        Algorithm::TokenBucket(b) => b.report_debt(),
+        _ => None,
+    };
+    // Unset: 1 period, on every window, tier and the local limit.
+    let set = parse(&policy(
+        "    algorithm: token_bucket\n    limits: [{limit: 10, period: 1s}, {limit: 100, period: 1h}]\n    local_limit: {limit: 5, period: 1s}\n    tiers: {levels: {gold: {multiplier: 3}}}\n",
+    ))
+    .expect("valid");
+    let api = set.get("api").expect("api");
+    let parts = api.parts();
+    let gold = &parts.tiers.as_ref().expect("tiers").levels["gold"];
+    for quota in [&parts.quota, gold] {
+        assert!(quota.windows().iter().all(|w| bucket(w) == Some(1)));
+        assert_eq!(quota.local().and_then(|l| l.report_debt()), Some(1));
+    }
+    assert!(parts.reports, "reports are accepted unless refused");
+    let set = parse(&policy(
+        "    algorithm: token_bucket\n    limit: 10\n    period: 1s\n    report_debt_periods: 24\n    reports: false\n",
+    ))
+    .expect("valid");
+    let api = set.get("api").expect("api");
+    assert_eq!(bucket(&api.parts().quota.windows()[0]), Some(24));
+    assert!(!api.parts().reports);
+    // Out of range, or not a number / boolean: named with its line.
+    for (field, value, expected) in [
+        (
+            "report_debt_periods",
+            "0",
+            "must be 1 to 1000 (periods), got 0",
+        ),
+        (
+            "report_debt_periods",
+            "1001",
+            "must be 1 to 1000 (periods), got 1001",
+        ),
+        ("report_debt_periods", "1d", "invalid type"),
+        ("reports", "maybe", "invalid type"),
+    ] {
+        let err = parse(&policy(&format!(
+            "    algorithm: sliding_log\n    limit: 10\n    period: 1m\n    {field}: {value}\n"
+        )))
+        .unwrap_err();
+        let at = format!("p.yaml:7: policy `api`: field `{field}`: {expected}");
+        assert!(err.contains(&at), "{at}\nin {err}");
+    }
+}

@@ -200,12 +200,19 @@ impl Packed {
     }
 
     /// One item of the current check: `key` is the 1-based index of its key in `KEYS`.
+    /// A token bucket's quota is followed by its `most_ahead` (how far a report may put its TAT
+    /// past now, [`TokenBucket::max_ahead`](crate::limit::TokenBucket::max_ahead)), which the
+    /// script reads only for a report.
     pub(crate) fn item(&mut self, key: usize, algorithm: &Algorithm, cost: u64, enforce: bool) {
         for value in [key as u64, kind(algorithm), u64::from(enforce), cost] {
             self.push(value);
         }
         for value in quota_args(algorithm) {
             self.push(value);
+        }
+        if let Algorithm::TokenBucket(bucket) = algorithm {
+            // At most MAX_AHEAD (2^52): always a u64.
+            self.push(u64::try_from(bucket.max_ahead()).unwrap_or(u64::MAX));
         }
     }
 

@@ -57,7 +57,8 @@ pub trait ScriptCalls {
         commit: impl Into<Commit>,
         now: Option<Micros>,
     ) -> ScriptCall {
-        let widest = ITEM_HEAD + BUCKET_QUOTA;
+        // A token bucket's item ends with its most_ahead too.
+        let widest = ITEM_HEAD + BUCKET_QUOTA + 1;
         let mut packed = Packed::with_capacity(CHECK_HEAD + widest * checks.len());
         packed.check(checks.len(), commit);
         for (i, (_, check)) in checks.iter().enumerate() {

@@ -56,14 +56,26 @@ fn arguments_follow_the_script_headers() {
         algorithm: bucket,
         cost: 3,
         enforce: false,
+        generation: 0,
     };
     let call = scripts.group_call(&[("k".into(), &check)], Spend::Record, Some(9));
-    // now, then packed (an array32 of 9 integers): one check of one item (committed): key 1, token bucket, shadow, cost 3, quota.
+    // now, then packed (an array32 of 10 integers): one check of one item (committed): key 1,
+    // token bucket, shadow, cost 3, quota, most_ahead (no debt bound: 2^52).
     assert_eq!(call.args[0], b"9");
-    let mut packed = vec![0xdd, 0, 0, 0, 9, 1, 1, 1, 1, 0, 3, 0xcd, 0x03, 0xe8, 0xce];
+    let mut packed = vec![0xdd, 0, 0, 0, 10, 1, 1, 1, 1, 0, 3, 0xcd, 0x03, 0xe8, 0xce];
     packed.extend_from_slice(&60_000_000u32.to_be_bytes());
-    packed.extend_from_slice(&[0xcc, 150]);
+    packed.extend_from_slice(&[0xcc, 150, 0xcf]);
+    packed.extend_from_slice(&(1u64 << 52).to_be_bytes());
     assert_eq!(call.args[1], packed);
+    // With a debt bound of 2 periods: 60e6 * (150 - 1 + 2 * 1000) units.
+    let check = StoreCheck {
+        algorithm: bucket.with_report_debt(2),
+        ..check
+    };
+    let call = scripts.group_call(&[("k".into(), &check)], Spend::Record, Some(9));
+    let most = 60_000_000u64 * (149 + 2000);
+    assert!(u32::try_from(most).is_err());
+    assert!(call.args[1].ends_with(&[&[0xcf][..], &most.to_be_bytes()].concat()));
 }
 
 #[test]
