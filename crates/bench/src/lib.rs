@@ -57,10 +57,15 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',')]
     mixes: Option<Vec<String>>,
     /// Only the systems whose name contains one of these (e.g. `grpc,tcp,naive`; default all):
-    /// a short run of the rows a change is judged by, or one system to profile. The overload and
-    /// memory runs are left out.
+    /// a short run of the rows a change is judged by, or one system to profile (`overload`: only
+    /// the overload runs). The memory run is left out, and the overload runs unless `overload`
+    /// is named.
     #[arg(long, value_delimiter = ',')]
     systems: Option<Vec<String>>,
+    /// Busy threads that keep the host's CPUs loaded for the whole run: a deliberately loaded
+    /// host, as a sidecar on a busy node sees it (0: none).
+    #[arg(long, default_value_t = 0)]
+    hog: usize,
     /// Only measure Redis memory per key.
     #[arg(long)]
     memory_only: bool,
@@ -170,6 +175,7 @@ async fn bench(args: BenchArgs) -> Result<()> {
         keys,
         open_loop: !args.quick,
     };
+    let _hog = Hog::start(args.hog);
     let mut report = Report::new(machine());
     if args.memory_only {
         report.memory = memory::measure(plan.keys)?;
@@ -320,14 +326,21 @@ async fn bench(args: BenchArgs) -> Result<()> {
     // Past saturation on one hot key with a real limit: bounded admission, no fail-open.
     let storm_clients = if args.quick { 64 } else { 256 };
     let whole = args.systems.is_none();
-    for local_limit in [false, true].into_iter().filter(|_| whole) {
+    let storms = whole || args.systems.iter().flatten().any(|s| s == "overload");
+    let runs = [
+        (overload::Storm::Hot, storm_clients),
+        (overload::Storm::HotLocal, storm_clients),
+        (overload::Storm::Wide, 1),
+        (overload::Storm::Wide, 32),
+    ];
+    for (storm, clients) in runs.into_iter().filter(|_| storms) {
         report.overload.push(
             overload::measure(
                 &redis,
-                storm_clients,
+                clients,
                 args.daemon_threads,
                 plan.duration * 2,
-                local_limit,
+                storm,
             )
             .await?,
         );
@@ -412,4 +425,38 @@ fn machine() -> String {
         })
         .unwrap_or_default();
     format!("{cores} cores, {cpu}, Redis {redis}")
+}
+
+/// `--hog`: threads spinning until dropped, each keeping one CPU busy.
+struct Hog {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Hog {
+    fn start(threads: usize) -> Self {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let threads = (0..threads)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut spin = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        spin = std::hint::black_box(spin.wrapping_add(1));
+                    }
+                })
+            })
+            .collect();
+        Self { stop, threads }
+    }
+}
+
+impl Drop for Hog {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
 }

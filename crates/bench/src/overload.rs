@@ -1,9 +1,11 @@
-//! Overload is not an outage: a daemon with its default 5 ms Redis deadline, driven past
-//! saturation on one hot key with a real limit (token bucket 1000/min, burst 150, failing open),
-//! must keep every answer enforced by Redis (no failure-mode answers while Redis is healthy) and
-//! admit no more than the limit allows over the run: burst + rate x elapsed time. Run twice:
-//! as is, and with a `local_limit` equal to the limit in front of Redis, counting the Redis
-//! script calls per check each time (what the local limit keeps off Redis).
+//! Overload is not an outage: a daemon with its default settings (the Redis deadline included),
+//! driven past saturation on one hot key with a real limit (token bucket 1000/min, burst 150,
+//! failing open), must keep every answer enforced by Redis (no failure-mode answers while Redis is
+//! healthy) and admit no more than the limit allows over the run: burst + rate x elapsed time.
+//! Run twice: as is, and with a `local_limit` equal to the limit in front of Redis, counting the
+//! Redis script calls per check each time (what the local limit keeps off Redis). A third run,
+//! `wide`, asks about a fresh key every time (nothing is denied, so every check reaches Redis):
+//! on a healthy Redis it must give no failure-mode answer, however busy the host (`--hog`).
 
 use std::time::{Duration, Instant};
 
@@ -19,12 +21,35 @@ const POLICY: &str = "
 policies:
   - {name: hot, key: [k], algorithm: token_bucket, limit: 1000, period: 1m, burst: 150, failure_mode: open}
   - {name: hot_local, key: [k], algorithm: token_bucket, limit: 1000, period: 1m, burst: 150, failure_mode: open, local_limit: {limit: 1000, period: 1m, burst: 150}}
+  - {name: wide, key: [k], algorithm: token_bucket, limit: 1000, period: 1m, burst: 150, failure_mode: open}
 ";
+
+/// Which overload run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Storm {
+    /// Every client on one key (`hot`).
+    Hot,
+    /// The same behind a local limit (`hot_local`).
+    HotLocal,
+    /// Every check on a key of its own (`wide`): all reach Redis, none is denied.
+    Wide,
+}
+
+impl Storm {
+    fn policy(self) -> &'static str {
+        match self {
+            Self::Hot => "hot",
+            Self::HotLocal => "hot_local",
+            Self::Wide => "wide",
+        }
+    }
+}
 
 /// What an overload run found.
 #[derive(Debug, Clone, Serialize)]
 pub struct Overload {
-    /// `hot`, or `hot_local` (the same with a `local_limit` of 1000/min, burst 150).
+    /// `hot`, `hot_local` (the same with a `local_limit` of 1000/min, burst 150), or `wide` (a
+    /// fresh key per check).
     pub policy: &'static str,
     /// Concurrent clients on the one key.
     pub clients: usize,
@@ -56,18 +81,17 @@ pub struct Overload {
     pub reached_redis: f64,
 }
 
-/// Drives `clients` closed-loop clients at one key of a fresh daemon for `duration`, on policy
-/// `hot` or (`local_limit`) `hot_local`.
+/// Drives `clients` closed-loop clients at a fresh daemon for `duration`, in the `storm` run.
 pub async fn measure(
     redis: &Redis,
     clients: usize,
     threads: usize,
     duration: Duration,
-    local_limit: bool,
+    storm: Storm,
 ) -> Result<Overload> {
-    // The daemon's own defaults: a 5 ms deadline, the local layer on.
+    // The daemon's own defaults: its Redis deadline, the local layer on.
     let daemon = Daemon::start_with(Some(&redis.url()), POLICY, threads, "", false)?;
-    let policy = if local_limit { "hot_local" } else { "hot" };
+    let policy = storm.policy();
     let body = Bytes::from(format!(
         r#"{{"policy":"{policy}","descriptors":{{"k":"storm"}}}}"#
     ));
@@ -75,17 +99,27 @@ pub async fn measure(
     let started = Instant::now();
     let end = started + duration;
     let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..clients {
+    for client in 0..clients {
         let target = Target::Tcp(daemon.http);
         let body = body.clone();
         tasks.spawn(async move {
+            let mut sent = 0u64;
+            let mut body_of = move || match storm {
+                Storm::Wide => {
+                    sent += 1;
+                    Bytes::from(format!(
+                        r#"{{"policy":"wide","descriptors":{{"k":"c{client}-{sent}"}}}}"#
+                    ))
+                }
+                _ => body.clone(),
+            };
             let mut counts = [0u64; 4]; // enforced, fail_open, admitted, errors
             let Ok(mut conn) = Connection::open(&target).await else {
                 counts[3] += 1;
                 return counts;
             };
             while Instant::now() < end {
-                match conn.post_bytes("/v1/check", body.clone()).await {
+                match conn.post_bytes("/v1/check", body_of()).await {
                     Ok(reply) => {
                         let text = String::from_utf8_lossy(&reply.body);
                         if text.contains(r#""mode":"fail_open""#) {
@@ -144,7 +178,10 @@ pub async fn measure(
         enforced: totals[0],
         fail_open: totals[1],
         admitted: totals[2],
-        bound: 150 + (1000.0 * elapsed / 60.0).ceil() as u64,
+        bound: match storm {
+            Storm::Wide => answers,
+            _ => 150 + (1000.0 * elapsed / 60.0).ceil() as u64,
+        },
         errors: totals[3],
         redis_errors,
         redis_calls,

@@ -254,8 +254,8 @@ impl Report {
         }
         for o in &self.overload {
             println!(
-                "\nOverload ({}): {} clients on one key (token bucket 1000/min, burst 150, fail open, 5 ms deadline) for {:.1} s: {:.0} answers/s, {} enforced, {} fail_open, {} admitted (the limit allows at most {}), {} transport errors; Redis errors: {:?}; {:.0} answered by the local layer, {:.0} by the local limit, {:.0} checks reached Redis in {:.0} script calls ({:.4} calls per answer)",
-                o.policy, o.clients, o.seconds, o.rate, o.enforced, o.fail_open, o.admitted, o.bound, o.errors, o.redis_errors, o.local_layer_hits, o.local_limit_denied, o.reached_redis, o.redis_calls, o.calls_per_check
+                "\nOverload ({}): {} clients on {} (token bucket 1000/min, burst 150, fail open, the default Redis deadline) for {:.1} s: {:.0} answers/s, {} enforced, {} fail_open, {} admitted (the limit allows at most {}), {} transport errors; Redis errors: {:?}; {:.0} answered by the local layer, {:.0} by the local limit, {:.0} checks reached Redis in {:.0} script calls ({:.4} calls per answer)",
+                o.policy, o.clients, if o.policy == "wide" { "a fresh key per check" } else { "one key" }, o.seconds, o.rate, o.enforced, o.fail_open, o.admitted, o.bound, o.errors, o.redis_errors, o.local_layer_hits, o.local_limit_denied, o.reached_redis, o.redis_calls, o.calls_per_check
             );
         }
         super::targets::print(&self.targets);
