@@ -25,8 +25,9 @@ pub struct RedisSettings {
     pub tls: TlsSettings,
     /// Prefix of every key: `<prefix>:{<policy>:<partition>}`.
     pub key_prefix: String,
-    /// Deadline of one check's Redis calls (policies may set their own); past it the policy's
-    /// failure mode answers.
+    /// Deadline of one check's Redis calls from their write (policies may set their own): past
+    /// it with no reply to any call, Redis is out (the circuit opens, the failure modes answer);
+    /// past it while Redis answers other calls, the call keeps waiting (up to 1 s).
     pub timeout: HumanDuration,
     /// Timeout of one connection attempt.
     pub connect_timeout: HumanDuration,
@@ -53,7 +54,7 @@ impl Default for RedisSettings {
             password: None,
             tls: TlsSettings::default(),
             key_prefix: "rl".into(),
-            timeout: HumanDuration(5_000),
+            timeout: HumanDuration(100_000),
             connect_timeout: HumanDuration(1_000_000),
             max_batch: 128,
             pipelines_in_flight: 4,

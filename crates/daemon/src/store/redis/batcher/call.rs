@@ -16,6 +16,7 @@ use redis::Value;
 use super::{fail_all, Dispatch, Job};
 use crate::store::redis::conn::Conn;
 use crate::store::redis::error::{check_error, ErrorKind};
+use crate::store::redis::health::CircuitReason;
 use crate::store::redis::scripts::{
     batch_command, parse_figures, single_command, split_batch_reply, Commit, Counters, ScriptRef,
 };
@@ -176,7 +177,15 @@ impl Dispatch {
                     .await
                     .ok()
             }
-            Err(_) => None,
+            // Redis answered no call at all for a whole deadline, and this task woke on time:
+            // an outage (a hung or unreachable node), not a slow moment. The circuit opens now
+            // instead of after `breaker.failures` such calls, so a hung Redis is detected in one
+            // deadline; the default deadline (100 ms) is one a busy node's Redis meets.
+            Err(_) => {
+                self.health
+                    .open(CircuitReason::Failure(ErrorKind::Deadline));
+                None
+            }
         };
         if reply.as_ref().is_some_and(|r| r.is_ok()) {
             self.progress.fetch_add(1, Ordering::Relaxed);
