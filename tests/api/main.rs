@@ -57,6 +57,7 @@ mod redis_batch;
 mod redis_differential;
 mod redis_exactness;
 mod redis_failures;
+mod redis_lowered_limit;
 mod redis_policies;
 mod redis_serve_env;
 mod redis_server;
