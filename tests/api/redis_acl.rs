@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::json;
 use sluice::config::Settings;
 
-use crate::helpers::{metric_value, repo_root, TestApp};
+use crate::helpers::{json_of, metric_value, post, repo_root, TestApp};
 use crate::redis_server::RedisServer;
 use crate::redis_tls::spawn_on_redis;
 use crate::wait::eventually_within;
@@ -194,4 +194,92 @@ async fn a_user_without_the_acl_line_is_refused() {
         metric_value(&metrics, "sluice_redis_errors_total", &[("kind", "auth")]) >= 1.0
     })
     .await;
+}
+
+/// Every script path with a user made from exactly the documented line: each algorithm's own
+/// script (a check, a dry run), the batch script's lean loop (one counter per check) and general
+/// loop (a counter twice in one batch), a report within and past each limit (past a sliding log's:
+/// `ZREMRANGEBYRANK`), the counters read and reset; nothing refused, nothing lost, and the
+/// permission probe finds nothing missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_script_path_runs_with_the_documented_acl() {
+    let redis = RedisServer::start();
+    set_user(&redis, &documented_acl("sluice", "pw"));
+    let app = spawn(
+        format!("redis://sluice:pw@127.0.0.1:{}", redis.port),
+        |_| {},
+    )
+    .await;
+    wait_connected(&app).await;
+    let asks = [
+        ("login", json!({"ip": "198.51.100.7"})),
+        ("api", json!({"tenant": "t", "api_key": "k"})),
+        ("page", json!({"page": "p"})),
+    ];
+    for (policy, descriptors) in &asks {
+        let one = json!({"policy": policy, "descriptors": descriptors});
+        assert_eq!(app.dry_run(&one).await.status, 200, "{policy}: dry run");
+        assert_eq!(app.check_tcp(&one).await.status, 200, "{policy}: check");
+        let mut other = one.clone();
+        for value in other["descriptors"]
+            .as_object_mut()
+            .expect("descriptors")
+            .values_mut()
+        {
+            *value = json!(format!("{}2", value.as_str().unwrap_or_default()));
+        }
+        // Lean: two counters, each once; general: one counter twice.
+        let lean = json_of(&app.batch(&[one.clone(), other]).await);
+        assert_eq!(lean["results"][0]["allowed"], true, "{policy}: lean {lean}");
+        let general = json_of(&app.batch(&[one.clone(), one.clone()]).await);
+        assert_eq!(
+            general["results"][1]["allowed"], false,
+            "{policy}: general {general}"
+        );
+        for (cost, within) in [(1, false), (5, false)] {
+            let body = json!({"policy": policy, "descriptors": descriptors, "cost": cost});
+            let reply = post(&app.tcp, "/v1/report", body.to_string().into_bytes()).await;
+            let answer = json_of(&reply);
+            assert_eq!(reply.status, 200, "{policy}: report {answer}");
+            assert_eq!(answer["mode"], "enforced", "{policy}: report {answer}");
+            assert_eq!(answer["within_limit"], within, "{policy}: report {answer}");
+        }
+        let descriptors: std::collections::BTreeMap<String, String> = descriptors
+            .as_object()
+            .expect("descriptors")
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+            .collect();
+        let path = sluice::client::counters_path(policy, &descriptors.into_iter().collect(), None);
+        let admin = sluice::client::Target::Tcp(app.admin);
+        let read = sluice::client::request(&admin, axum::http::Method::GET, &path, None)
+            .await
+            .expect("counters read");
+        assert_eq!(read.status, 200, "{policy}: {}", read.json());
+        let reset = sluice::client::request(&admin, axum::http::Method::DELETE, &path, None)
+            .await
+            .expect("counters reset");
+        assert_eq!(reset.status, 200, "{policy}: {}", reset.json());
+        assert_eq!(
+            app.check_tcp(&one).await.status,
+            200,
+            "{policy}: after reset"
+        );
+    }
+    let metrics = app.metrics().await;
+    let errors = metric_value(&metrics, "sluice_redis_errors_total", &[]);
+    let not_connected = metric_value(
+        &metrics,
+        "sluice_redis_errors_total",
+        &[("kind", "not_connected")],
+    );
+    assert_eq!(
+        errors - not_connected,
+        0.0,
+        "errors with the documented ACL:\n{metrics}"
+    );
+    let lost = metric_value(&metrics, "sluice_reports_total", &[("outcome", "lost")]);
+    assert_eq!(lost, 0.0, "reports lost");
+    let missing = metric_value(&metrics, "sluice_redis_acl_missing", &[]);
+    assert_eq!(missing, 0.0, "the probe found a command missing");
 }

@@ -15,6 +15,7 @@ use super::access::Access;
 use super::conn::{self, Conn, RedisTarget, Timeouts};
 use super::error::ErrorKind;
 use super::health::{Circuit, Health};
+use super::permissions::{self, AclWatch};
 
 /// How the prober paces itself.
 #[derive(Debug, Clone, Copy)]
@@ -41,6 +42,10 @@ pub struct Prober {
     pub timeouts: Timeouts,
     /// The key the write probe sets (in the daemon's prefix, with an expiry).
     pub probe_key: String,
+    /// The commands the permission probe asks about (`permissions::probe_commands`).
+    pub acl_commands: Vec<(&'static str, Vec<String>)>,
+    /// Where the permission probe's finding goes (gauges, warn lines).
+    pub acl: Arc<AclWatch>,
     /// Script sources to load into a new connection.
     pub scripts: Vec<Arc<str>>,
     /// The Cluster node script, when node calls are wanted (see `slot_map`).
@@ -123,6 +128,9 @@ impl Prober {
 
     async fn connect_and_probe(&self) -> redis::RedisResult<Conn> {
         let mut conn = conn::connect(&self.target, &self.access, self.timeouts).await?;
+        // Permissions first: a write probe refused by the ACL is then named, not just counted.
+        let found = permissions::probe(&mut conn, &self.probe_key, &self.acl_commands).await;
+        self.acl.probed(found);
         conn.probe(&self.probe_key).await?;
         for source in &self.scripts {
             conn.load_script(source).await?;
