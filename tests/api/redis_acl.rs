@@ -283,3 +283,75 @@ async fn every_script_path_runs_with_the_documented_acl() {
     let missing = metric_value(&metrics, "sluice_redis_acl_missing", &[]);
     assert_eq!(missing, 0.0, "the probe found a command missing");
 }
+
+/// The documented line less one command: the connect's permission probe names it (one warn line,
+/// `sluice_redis_acl_missing{command}`, `kind="auth"`), a check that needs it is counted as
+/// `auth` with one more warn line however many fail, and a policy that does not need it is still
+/// decided (the circuit stays closed). Through the real binary, whose log is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_command_is_named_at_connect_and_counted_as_auth() {
+    // (command left out, a policy whose checks need it, one whose checks do not)
+    let cases = [
+        ("zremrangebyscore", "login", Some("page")),
+        ("time", "page", None),
+    ];
+    for (command, needs, other) in cases {
+        let redis = RedisServer::start();
+        let full = documented_acl("sluice", "pw");
+        let less: Vec<String> = full
+            .iter()
+            .filter(|word| **word != format!("+{command}"))
+            .cloned()
+            .collect();
+        assert_eq!(less.len() + 1, full.len(), "the line grants +{command}");
+        set_user(&redis, &less);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("redis://sluice:pw@127.0.0.1:{}", redis.port);
+        let served = crate::redis_serve_env::serve_policies(dir.path(), POLICIES, &url, &[]);
+        let named = format!("may not run `{command}`");
+        served.wait_for_log(&named).await;
+        let descriptors = |policy: &str| match policy {
+            "login" => json!({"ip": "192.0.2.40"}),
+            _ => json!({"page": "home"}),
+        };
+        for _ in 0..3 {
+            let status = served.check_policy(needs, descriptors(needs)).await;
+            assert_eq!(status, Some(503), "{command}: {needs} fails closed");
+        }
+        if let Some(other) = other {
+            let status = served.check_policy(other, descriptors(other)).await;
+            assert_eq!(status, Some(200), "{command}: {other} needs no {command}");
+        }
+        let metrics =
+            sluice::client::request(&served.admin, axum::http::Method::GET, "/metrics", None)
+                .await
+                .expect("/metrics");
+        let metrics = String::from_utf8_lossy(&metrics.body).into_owned();
+        let count =
+            |labels: &[(&str, &str)]| metric_value(&metrics, "sluice_redis_errors_total", labels);
+        // One for the connect's probe, one per refused check.
+        assert!(count(&[("kind", "auth")]) >= 4.0, "{command}:\n{metrics}");
+        assert_eq!(count(&[("kind", "other")]), 0.0, "{command}:\n{metrics}");
+        let gauge = metric_value(
+            &metrics,
+            "sluice_redis_acl_missing",
+            &[("command", command)],
+        );
+        assert_eq!(gauge, 1.0, "{command}:\n{metrics}");
+        let total = metric_value(&metrics, "sluice_redis_acl_missing", &[]);
+        assert_eq!(total, 1.0, "{command}: only it is missing\n{metrics}");
+        let log = served.log();
+        let lines = |text: &str| log.lines().filter(|line| line.contains(text)).count();
+        assert_eq!(lines(&named), 1, "{command}: named once\n{log}");
+        assert!(
+            log.lines()
+                .any(|line| line.contains(&named) && line.contains("WARN")),
+            "{command}: at warn level\n{log}"
+        );
+        assert_eq!(
+            lines("Redis ACL refused a command"),
+            1,
+            "{command}: once, not per check\n{log}"
+        );
+    }
+}
