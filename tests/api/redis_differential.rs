@@ -169,13 +169,15 @@ proptest! {
     }
 }
 
+/// A history through a reload: limit before and after, period before and after, the steps, and
+/// the step from which the new parameters apply.
+type Reloaded = (u64, u64, u64, u64, Vec<(u64, u64, bool)>, usize);
+
 /// Limits lowered (or raised) over live state: the limit, a bucket's burst and, for the
 /// algorithms whose state is times rather than a window's number, the period change mid-history.
 /// A count above the new limit is denied with `remaining` 0, never a negative figure the daemon
 /// would refuse as a protocol error (which gave the partition its failure mode).
-fn reloaded(
-    max_limit: u64,
-) -> impl Strategy<Value = (u64, u64, u64, u64, Vec<(u64, u64, bool)>, usize)> {
+fn reloaded(max_limit: u64) -> impl Strategy<Value = Reloaded> {
     (1u64..max_limit, 1u64..max_limit, 1u64..20_000, 1u64..20_000).prop_flat_map(
         |(before, after, period, period_after)| {
             (
