@@ -128,10 +128,15 @@ impl Prober {
 
     async fn connect_and_probe(&self) -> redis::RedisResult<Conn> {
         let mut conn = conn::connect(&self.target, &self.access, self.timeouts).await?;
-        // Permissions first: a write probe refused by the ACL is then named, not just counted.
-        let found = permissions::probe(&mut conn, &self.probe_key, &self.acl_commands).await;
-        self.acl.probed(found);
-        conn.probe(&self.probe_key).await?;
+        // The write probe first: it proves the connection authenticated (Redis closes an
+        // unauthenticated connection that sends a command of many arguments, as the permission
+        // probe is). A write probe the ACL refused is named by the permission probe all the same.
+        let written = conn.probe(&self.probe_key).await;
+        if written.is_ok() || written.as_ref().is_err_and(|e| e.code() == Some("NOPERM")) {
+            let found = permissions::probe(&mut conn, &self.probe_key, &self.acl_commands).await;
+            self.acl.probed(found);
+        }
+        written?;
         for source in &self.scripts {
             conn.load_script(source).await?;
         }
