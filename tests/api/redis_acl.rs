@@ -314,7 +314,7 @@ async fn a_missing_command_is_named_at_connect_and_counted_as_auth() {
             "login" => json!({"ip": "192.0.2.40"}),
             _ => json!({"page": "home"}),
         };
-        let metrics = || async {
+        let scrape = || async {
             let reply =
                 sluice::client::request(&served.admin, axum::http::Method::GET, "/metrics", None)
                     .await
@@ -328,13 +328,38 @@ async fn a_missing_command_is_named_at_connect_and_counted_as_auth() {
         let metrics = crate::wait::until("three refused checks", WAIT, || async {
             let status = served.check_policy(needs, descriptors(needs)).await;
             assert_eq!(status, Some(503), "{command}: {needs} fails closed");
-            let metrics = metrics().await;
+            let metrics = scrape().await;
             match auth(&metrics) >= 4.0 {
                 true => Ok(metrics),
                 false => Err(metrics),
             }
         })
         .await;
+        // A batch of checks (one call of the batch script, which the ACL may stop before any
+        // check: its TIME) fails check by check too: the circuit stays closed.
+        let elsewhere = match needs {
+            "login" => json!({"ip": "192.0.2.41"}),
+            _ => json!({"page": "away"}),
+        };
+        let batch = json!({"checks": [
+            {"policy": needs, "descriptors": descriptors(needs)},
+            {"policy": needs, "descriptors": elsewhere},
+        ]});
+        let reply = sluice::client::request(
+            &served.http,
+            axum::http::Method::POST,
+            "/v1/check/batch",
+            Some(batch.to_string().into_bytes()),
+        )
+        .await
+        .expect("batch");
+        assert_eq!(reply.status, 200, "{command}: batch");
+        let results = reply.json()["results"].clone();
+        assert_eq!(results[0]["mode"], "fail_closed", "{command}: {results}");
+        assert_eq!(results[1]["mode"], "fail_closed", "{command}: {results}");
+        let after = scrape().await;
+        let circuit = metric_value(&after, "sluice_redis_circuit_state", &[]);
+        assert_eq!(circuit, 0.0, "{command}: the circuit stays closed\n{after}");
         let other_errors =
             metric_value(&metrics, "sluice_redis_errors_total", &[("kind", "other")]);
         assert_eq!(other_errors, 0.0, "{command}:\n{metrics}");

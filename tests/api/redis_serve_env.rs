@@ -25,7 +25,7 @@ const WAIT: Duration = Duration::from_secs(20);
 /// A running `sluice serve` and where it logs.
 pub(crate) struct Served {
     _child: ChildGuard,
-    http: Target,
+    pub(crate) http: Target,
     pub(crate) admin: Target,
     log: std::path::PathBuf,
 }

@@ -199,6 +199,13 @@ impl Dispatch {
             {
                 Ok(Value::ServerError(error))
             }
+            // A batch whose script the ACL stopped before any check (its `TIME`): each check
+            // fails alone, the same way.
+            Some(Ok(Value::ServerError(error))) if script_refusal(&error) => Ok(Value::Array(
+                jobs.iter()
+                    .map(|_| Value::ServerError(error.clone()))
+                    .collect(),
+            )),
             Some(Ok(Value::ServerError(error))) => {
                 let kind = ErrorKind::of_reply(&error);
                 if kind == ErrorKind::Auth {
