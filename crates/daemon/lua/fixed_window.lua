@@ -89,7 +89,8 @@ local function fixed_window_decide(packed, now, min_ttl_ms, limit, period, cost)
   if cost <= limit then
     retry = to_next
   end
-  return 0, limit, limit - count, reset, retry, nil, nil
+  -- A count above the limit is a lowered limit's (a reload): none left, never a negative figure.
+  return 0, limit, math.max(0, limit - count), reset, retry, nil, nil
 end
 
 -- A spend regardless past the window's limit (batch commit 2, a report): the packed value that

@@ -102,7 +102,8 @@ local function sliding_log(key, now, min_ttl_ms, commit, limit, period, cost, ab
     local oldest = redis.call('ZRANGE', key, floor, '+inf', 'BYSCORE', 'LIMIT', excess - 1, 1, 'WITHSCORES')
     retry = tonumber(oldest[2]) + period - now
   end
-  return {0, limit, limit - used, reset, retry}
+  -- More used than the limit is a lowered limit's (a reload): none left, never a negative figure.
+  return {0, limit, math.max(0, limit - used), reset, retry}
 end
 
 -- One check of the counter `key` on its own: returns the five figures, or an error reply (a

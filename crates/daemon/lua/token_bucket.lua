@@ -64,12 +64,12 @@ end
 -- One decision, pure, on numbers: allowed (0|1), limit (= capacity), remaining, reset_after_us,
 -- retry_after_us, and when allowed `ahead_after`, the new TAT's distance from now in 1/limit us.
 local function token_bucket_decide(tat_us, tat_rem, now, limit, period, capacity, cost)
-  -- ahead: how far TAT is past now, in 1/limit us (0 when the bucket is full).
-  local ahead = 0
-  if tat_us > now then
-    ahead = (tat_us - now) * limit + tat_rem
-  elseif tat_us == now then
-    ahead = tat_rem
+  -- ahead: how far TAT is past now, in 1/limit us (0 when the bucket is full). A tat_rem of
+  -- `limit` or more (written under a higher limit, before a reload) carries into tat_us, as in
+  -- the Rust twin. Exact when TAT is near now; far behind it, the sign alone matters.
+  local ahead = (tat_us - now) * limit + tat_rem
+  if ahead < 0 then
+    ahead = 0
   end
 
   local tolerance = capacity * period
@@ -103,12 +103,7 @@ end
 -- monotonic, so a product beyond it still compares above it), never back.
 -- The twin of TokenBucket::spend.
 local function token_bucket_debt(tat_us, tat_rem, now, limit, period, cost, most)
-  local ahead = 0
-  if tat_us > now then
-    ahead = (tat_us - now) * limit + tat_rem
-  elseif tat_us == now then
-    ahead = tat_rem
-  end
+  local ahead = math.max(0, (tat_us - now) * limit + tat_rem)
   return math.max(ahead, math.min(ahead + cost * period, most))
 end
 

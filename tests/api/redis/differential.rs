@@ -82,10 +82,23 @@ fn compare_on(
     start: Micros,
     history: &[(u64, u64, bool)],
 ) -> Result<(), TestCaseError> {
+    compare_through_reload(conn, algorithm, (history.len(), algorithm), start, history)
+}
+
+/// As `compare_on`, with `then.1` in force from step `then.0` on: a reload that changed the
+/// policy's parameters (not its algorithm), over the state the steps before it left.
+fn compare_through_reload(
+    conn: &mut redis::Connection,
+    first: Algorithm,
+    then: (usize, Algorithm),
+    start: Micros,
+    history: &[(u64, u64, bool)],
+) -> Result<(), TestCaseError> {
     let key = fresh_key();
-    let mut state = algorithm.new_state();
+    let mut state = first.new_state();
     let mut now = start;
     for (i, &(step, cost, dry_run)) in history.iter().enumerate() {
+        let algorithm = if i < then.0 { first } else { then.1 };
         now += step;
         let dry_run = dry_run || cost == 0;
         let rust = algorithm.decide(&state, now, cost);
@@ -155,6 +168,74 @@ proptest! {
         let algorithm = Algorithm::FixedWindow(FixedWindow::new(limit, period).expect("valid"));
         compare(algorithm, START + offset, &history)?;
     }
+}
+
+/// A history through a reload: limit before and after, period before and after, the steps, and
+/// the step from which the new parameters apply.
+type Reloaded = (u64, u64, u64, u64, Vec<(u64, u64, bool)>, usize);
+
+/// Limits lowered (or raised) over live state: the limit, a bucket's burst and, for the
+/// algorithms whose state is times rather than a window's number, the period change mid-history.
+/// A count above the new limit is denied with `remaining` 0, never a negative figure the daemon
+/// would refuse as a protocol error (which gave the partition its failure mode).
+fn reloaded(max_limit: u64) -> impl Strategy<Value = Reloaded> {
+    (1u64..max_limit, 1u64..max_limit, 1u64..20_000, 1u64..20_000).prop_flat_map(
+        |(before, after, period, period_after)| {
+            (
+                Just(before),
+                Just(after),
+                Just(period),
+                Just(period_after),
+                history(before.max(after), period),
+                0usize..80,
+            )
+        },
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn fixed_window_twins_agree_through_a_reload(
+        (before, after, period, _, history, at) in reloaded(30),
+    ) {
+        let first = Algorithm::FixedWindow(FixedWindow::new(before, period).expect("valid"));
+        let then = Algorithm::FixedWindow(FixedWindow::new(after, period).expect("valid"));
+        with_redis(|conn| compare_through_reload(conn, first, (at, then), START, &history))?;
+    }
+
+    #[test]
+    fn sliding_log_twins_agree_through_a_reload(
+        (before, after, period, period_after, history, at) in reloaded(30),
+    ) {
+        let first = Algorithm::SlidingLog(SlidingLog::new(before, period).expect("valid"));
+        let then = Algorithm::SlidingLog(SlidingLog::new(after, period_after).expect("valid"));
+        with_redis(|conn| compare_through_reload(conn, first, (at, then), START, &history))?;
+    }
+
+    #[test]
+    fn token_bucket_twins_agree_through_a_reload(
+        (before, after, period, period_after, history, at) in reloaded(60),
+        (burst, burst_after) in (1u64..40, 1u64..40),
+    ) {
+        let first = Algorithm::TokenBucket(TokenBucket::new(before, period, burst).expect("valid"));
+        let then =
+            Algorithm::TokenBucket(TokenBucket::new(after, period_after, burst_after).expect("valid"));
+        with_redis(|conn| compare_through_reload(conn, first, (at, then), START, &history))?;
+    }
+}
+
+/// A bucket's TAT remainder is in 1/limit µs: written under a limit of 60, it is 7 units, which
+/// under a limit of 1 carry 7 µs into the TAT (the Rust twin's reading). The script once read a
+/// TAT whole microseconds behind `now` as a full bucket whatever its remainder.
+#[test]
+fn a_remainder_written_under_a_higher_limit_carries_into_the_tat() {
+    let first = Algorithm::TokenBucket(TokenBucket::new(60, 7, 40).expect("valid"));
+    let then = Algorithm::TokenBucket(TokenBucket::new(1, 7, 1).expect("valid"));
+    let history = [(0, 1, false), (1, 1, true), (6, 1, true), (1, 1, false)];
+    with_redis(|conn| compare_through_reload(conn, first, (1, then), START, &history))
+        .expect("the twins agree");
 }
 
 /// The group script against the embedded store's group semantics (decide all; record the allowed

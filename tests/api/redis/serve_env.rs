@@ -8,7 +8,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use axum::http::Method;
-use serde_json::json;
+use serde_json::{json, Value};
 use sluice::client::{self, Target};
 
 use crate::helpers::{sluice_command, ChildGuard};
@@ -23,19 +23,25 @@ const PASSWORD: &str = "env-secret-7f3a";
 const WAIT: Duration = Duration::from_secs(20);
 
 /// A running `sluice serve` and where it logs.
-struct Served {
+pub(crate) struct Served {
     _child: ChildGuard,
-    http: Target,
+    pub(crate) http: Target,
+    pub(crate) admin: Target,
     log: std::path::PathBuf,
 }
 
 impl Served {
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     async fn check(&self, ip: &str) -> Option<u16> {
-        let body = json!({"policy": "login", "descriptors": {"ip": ip}}).to_string();
+        self.check_policy("login", json!({"ip": ip})).await
+    }
+
+    /// The status of a check of `policy` with `descriptors`; `None` if there was no answer.
+    pub(crate) async fn check_policy(&self, policy: &str, descriptors: Value) -> Option<u16> {
+        let body = json!({"policy": policy, "descriptors": descriptors}).to_string();
         client::request(
             &self.http,
             Method::POST,
@@ -59,7 +65,7 @@ impl Served {
     }
 
     /// Waits until the log contains `text`.
-    async fn wait_for_log(&self, text: &str) {
+    pub(crate) async fn wait_for_log(&self, text: &str) {
         let what = format!("the log says {text:?}");
         crate::wait::until(&what, WAIT, || async {
             let log = self.log();
@@ -73,15 +79,25 @@ impl Served {
 }
 
 fn serve(dir: &Path, url: &str, env: &[(&str, String)]) -> Served {
+    serve_policies(dir, POLICIES, url, env)
+}
+
+/// `sluice serve` with `policies` on the Redis at `url`, logging to a file in `dir`.
+pub(crate) fn serve_policies(
+    dir: &Path,
+    policies_yaml: &str,
+    url: &str,
+    env: &[(&str, String)],
+) -> Served {
     let policies = dir.join("policies.yaml");
-    std::fs::write(&policies, POLICIES).expect("write policies");
+    std::fs::write(&policies, policies_yaml).expect("write policies");
     let http_port = free_port();
+    let admin_port = free_port();
     let settings = dir.join("sluice.toml");
     let toml = format!(
         "policies = {:?}\nworker_threads = 1\n[listen]\nhttp = \"127.0.0.1:{http_port}\"\n\
-         admin = \"127.0.0.1:{}\"\nsocket = \"\"\n[redis]\nurl = {url:?}\ntimeout = \"1s\"\n",
+         admin = \"127.0.0.1:{admin_port}\"\nsocket = \"\"\n[redis]\nurl = {url:?}\ntimeout = \"1s\"\n",
         policies.display().to_string(),
-        free_port(),
     );
     std::fs::write(&settings, toml).expect("write settings");
     let log = dir.join("log");
@@ -98,6 +114,7 @@ fn serve(dir: &Path, url: &str, env: &[(&str, String)]) -> Served {
     Served {
         _child: ChildGuard(Some(command.spawn().expect("spawn sluice serve"))),
         http: Target::Tcp(format!("127.0.0.1:{http_port}").parse().expect("addr")),
+        admin: Target::Tcp(format!("127.0.0.1:{admin_port}").parse().expect("addr")),
         log,
     }
 }

@@ -33,6 +33,7 @@ use self::call::{Stalls, Via};
 use super::conn::Conn;
 use super::error::ErrorKind;
 use super::health::Health;
+use super::permissions::AclWatch;
 use super::scripts::{Commit, Item, Scripts};
 use crate::limit::Decision;
 use crate::store::StoreError;
@@ -60,6 +61,8 @@ pub struct BatchMetrics {
     pub calls: IntCounterVec,
     /// Errors by kind.
     pub errors: IntCounterVec,
+    /// The ACL user's permissions: a refusal at run time is logged there, once per change.
+    pub acl: Arc<AclWatch>,
 }
 
 impl BatchMetrics {

@@ -1,9 +1,12 @@
 //! The Redis store's metrics, registered by the store itself on the registry it is given.
 
-use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry};
+use std::sync::Arc;
+
+use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 use super::batcher::BatchMetrics;
 use super::error::ErrorKind;
+use super::permissions::{AclWatch, COMMANDS};
 use crate::telemetry::LATENCY_BUCKETS;
 
 /// Metrics the Redis store keeps.
@@ -57,6 +60,17 @@ impl RedisMetrics {
             "sluice_redis_up",
             "1 while checks may go to Redis (circuit not open), else 0.",
         )?;
+        let acl_missing = IntGaugeVec::new(
+            Opts::new(
+                "sluice_redis_acl_missing",
+                "1 for each command sluice sends that the Redis ACL user may not run, as the \
+                 permission probe found at the last connect (0 otherwise).",
+            ),
+            &["command"],
+        )?;
+        for command in COMMANDS {
+            acl_missing.with_label_values(&[command]);
+        }
         for scope in ["slot", "node"] {
             calls.with_label_values(&[scope]);
         }
@@ -69,12 +83,15 @@ impl RedisMetrics {
         registry.register(Box::new(errors.clone()))?;
         registry.register(Box::new(circuit.clone()))?;
         registry.register(Box::new(up.clone()))?;
+        registry.register(Box::new(acl_missing.clone()))?;
+        let acl = Arc::new(AclWatch::new(acl_missing, errors.clone()));
         Ok(Self {
             batch: BatchMetrics {
                 batch_size,
                 call_duration,
                 calls,
                 errors,
+                acl,
             },
             circuit,
             up,

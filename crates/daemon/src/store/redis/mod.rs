@@ -22,6 +22,7 @@ pub mod error;
 pub mod health;
 pub mod keys;
 pub mod metrics;
+pub mod permissions;
 pub mod prober;
 pub mod resets;
 pub mod scripts;
@@ -139,11 +140,20 @@ impl RedisStore {
         }
         let node_script = (matches!(options.target, RedisTarget::Cluster(_)) && options.node_calls)
             .then(|| Arc::clone(&scripts.node_batch().source));
+        let probe_key = format!("{}:{{sluice:probe}}", options.key_prefix);
+        let acl_commands = permissions::probe_commands(
+            &options.target,
+            &probe_key,
+            &format!("{}:tenant-tiers", options.key_prefix),
+            &resets::channel(&options.key_prefix),
+        );
         let prober = Prober {
             target: options.target,
             access: options.access,
             timeouts: options.timeouts,
-            probe_key: format!("{}:{{sluice:probe}}", options.key_prefix),
+            probe_key,
+            acl_commands,
+            acl: Arc::clone(&metrics.batch.acl),
             scripts: scripts.sources(),
             node_script,
             health: Arc::clone(&health),

@@ -16,6 +16,7 @@ use super::access::Access;
 use super::conn::{self, Conn, Timeouts};
 use super::error::ErrorKind;
 use super::health::{Circuit, Health};
+use super::permissions::{self, AclWatch};
 use crate::config::RedisTarget;
 
 /// How the prober paces itself.
@@ -43,6 +44,10 @@ pub struct Prober {
     pub timeouts: Timeouts,
     /// The key the write probe sets (in the daemon's prefix, with an expiry).
     pub probe_key: String,
+    /// The commands the permission probe asks about (`permissions::probe_commands`).
+    pub acl_commands: Vec<(&'static str, Vec<String>)>,
+    /// Where the permission probe's finding goes (gauges, warn lines).
+    pub acl: Arc<AclWatch>,
     /// Script sources to load into a new connection.
     pub scripts: Vec<Arc<str>>,
     /// The Cluster node script, when node calls are wanted (see `slot_map`).
@@ -125,7 +130,15 @@ impl Prober {
 
     async fn connect_and_probe(&self) -> redis::RedisResult<Conn> {
         let mut conn = conn::connect(&self.target, &self.access, self.timeouts).await?;
-        conn.probe(&self.probe_key).await?;
+        // The write probe first: it proves the connection authenticated (Redis closes an
+        // unauthenticated connection that sends a command of many arguments, as the permission
+        // probe is). A write probe the ACL refused is named by the permission probe all the same.
+        let written = conn.probe(&self.probe_key).await;
+        if written.is_ok() || written.as_ref().is_err_and(|e| e.code() == Some("NOPERM")) {
+            let found = permissions::probe(&mut conn, &self.probe_key, &self.acl_commands).await;
+            self.acl.probed(found);
+        }
+        written?;
         for source in &self.scripts {
             conn.load_script(source).await?;
         }

@@ -125,7 +125,13 @@ impl Dispatch {
         };
         for (job, part) in jobs.into_iter().zip(parts) {
             let answer = match part {
-                Err(error) => Err(check_error(ErrorKind::of_code(error.code()), error)),
+                Err(error) => {
+                    let kind = ErrorKind::of_reply(error);
+                    if kind == ErrorKind::Auth {
+                        self.metrics.acl.refused(error);
+                    }
+                    Err(check_error(kind, error))
+                }
                 Ok(figures) => parse_figures(figures)
                     .map_err(|detail| StoreError::failed(ErrorKind::Protocol, detail)),
             }
@@ -192,20 +198,45 @@ impl Dispatch {
         }
         match reply {
             None => Err(StoreError::Timeout),
-            // A single check's bad key fails that check alone, as in a batch.
+            // A single check's bad key fails that check alone, as in a batch; so does a command
+            // the ACL refused inside the script (a configuration error that other checks, of other
+            // algorithms, may not meet: not an outage, the circuit stays as it is).
             Some(Ok(Value::ServerError(error)))
-                if via == Via::Single && ErrorKind::of_code(error.code()) == ErrorKind::BadKey =>
+                if via == Via::Single
+                    && (ErrorKind::of_reply(&error) == ErrorKind::BadKey
+                        || script_refusal(&error)) =>
             {
                 Ok(Value::ServerError(error))
             }
-            Some(Ok(Value::ServerError(error))) => Err(StoreError::failed(
-                ErrorKind::of_code(error.code()),
-                format!("Redis replied {}", error.code()),
+            // A batch whose script the ACL stopped before any check (its `TIME`): each check
+            // fails alone, the same way.
+            Some(Ok(Value::ServerError(error))) if script_refusal(&error) => Ok(Value::Array(
+                jobs.iter()
+                    .map(|_| Value::ServerError(error.clone()))
+                    .collect(),
             )),
+            Some(Ok(Value::ServerError(error))) => {
+                let kind = ErrorKind::of_reply(&error);
+                if kind == ErrorKind::Auth {
+                    self.metrics.acl.refused(&error);
+                }
+                Err(StoreError::failed(
+                    kind,
+                    format!("Redis replied {}", error.code()),
+                ))
+            }
             Some(Ok(value)) => Ok(value),
             Some(Err(error)) => Err(StoreError::failed(ErrorKind::of(&error), error.to_string())),
         }
     }
+}
+
+/// Whether an error reply is a command the ACL refused to the script while it ran (Redis says
+/// so: "the script", `@user_script`), rather than the call itself refused (`EVALSHA` not granted,
+/// which no check can pass).
+fn script_refusal(error: &redis::ServerError) -> bool {
+    ErrorKind::of_reply(error) == ErrorKind::Auth
+        && error.details().is_some_and(|text| text.contains("script"))
 }
 
 /// Missed deadlines as the breaker should count them. Calls in flight together that miss their
