@@ -157,7 +157,10 @@ async fn a_flood_of_idle_connections_is_bounded_and_dropped() {
     const FLOOD: usize = 2_000;
     let daemon = daemon(|s| {
         s.limits.max_connections = CAP;
-        s.envoy.handshake_timeout = ms(100);
+        // The flood lasts at least FLOOD / CAP handshake timeouts (5 s): long enough for the
+        // sampler below to look several times even on a starved machine (at 100 ms the whole
+        // flood once passed within one slow look at /proc, and the count saw nothing).
+        s.envoy.handshake_timeout = ms(500);
     })
     .await;
     let addr = daemon.addr;

@@ -148,7 +148,7 @@ pub fn python_has_grpc() -> bool {
 async fn stock_answers(target: String) -> Vec<Value> {
     let files = protox::compile(
         ["envoy/service/ratelimit/v3/rls.proto"],
-        [repo_root().join("proto")],
+        [repo_root().join("crates/daemon/proto")],
     )
     .expect("protos compile");
     let dir = tempfile::tempdir().expect("tempdir");
