@@ -161,7 +161,9 @@ impl Daemon {
         )
     }
 
-    /// As [`Daemon::start`], with `sections` (TOML tables such as `[tracing]`) added.
+    /// As [`Daemon::start`], with `sections` (TOML tables such as `[tracing]`) added. The free
+    /// ports are picked before the daemon binds them, so another process may take one first: a
+    /// daemon that exits before it is up is started again on fresh ports (three tries).
     pub fn start_full(
         redis_url: Option<&str>,
         policies: &str,
@@ -170,6 +172,40 @@ impl Daemon {
         bench_settings: bool,
         sections: &str,
     ) -> Result<Self> {
+        for _ in 0..2 {
+            let started = Self::try_start(
+                redis_url,
+                policies,
+                threads,
+                extra_redis,
+                bench_settings,
+                sections,
+            )?;
+            if let Some(daemon) = started {
+                return Ok(daemon);
+            }
+            eprintln!("the daemon exited before it was up (a port taken meanwhile?): again");
+        }
+        Self::try_start(
+            redis_url,
+            policies,
+            threads,
+            extra_redis,
+            bench_settings,
+            sections,
+        )?
+        .context("the daemon exited before it was up, three times")
+    }
+
+    /// One start: `None` when the daemon exited before it was up.
+    fn try_start(
+        redis_url: Option<&str>,
+        policies: &str,
+        threads: usize,
+        extra_redis: &str,
+        bench_settings: bool,
+        sections: &str,
+    ) -> Result<Option<Self>> {
         let dir = Scratch::new("daemon")?;
         let (http, admin, grpc) = (free_addr()?, free_addr()?, free_addr()?);
         let socket = dir.0.join("sluice.sock");
@@ -199,7 +235,7 @@ impl Daemon {
             .stderr(Stdio::inherit())
             .spawn()
             .context("starting the daemon")?;
-        let daemon = Self {
+        let mut daemon = Self {
             child: Guard(child),
             http,
             socket,
@@ -207,8 +243,12 @@ impl Daemon {
             grpc,
             _dir: dir,
         };
-        wait_until("the daemon's Redis connection", || daemon.redis_healthy())?;
-        Ok(daemon)
+        let mut exited = false;
+        wait_until("the daemon's Redis connection", || {
+            exited = matches!(daemon.child.0.try_wait(), Ok(Some(_)));
+            exited || daemon.redis_healthy()
+        })?;
+        Ok((!exited).then_some(daemon))
     }
 
     fn redis_healthy(&self) -> bool {
