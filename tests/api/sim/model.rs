@@ -1,0 +1,184 @@
+//! The reference model: what each answer must be. Its bookkeeping is its own and deliberately
+//! plain (a map from policy and partition to a state, the policies in force as written); only
+//! the per-algorithm arithmetic is `sluice::limit`'s pure functions (property-tested elsewhere,
+//! and the Lua twin differential-tested against them).
+//!
+//! The transition rules it holds the daemon to (docs/policies.md, "Changing a policy"): a reload
+//! that keeps a policy's algorithm applies the new limit, burst and period to each partition's
+//! state as it is; one that changes the algorithm starts every partition of the policy afresh.
+//! "As it is" is what the store holds: a state written under a policy lives until that policy's
+//! `idle_at` for it (a Redis TTL, the embedded store's expiry) and is fresh from then on, so a
+//! longer period never brings back units that had left the old window when the counter expired.
+//! A request of several policies passes only if every one allows and then spends from all; a
+//! report spends from every one whatever its counter holds.
+
+use std::collections::BTreeMap;
+
+use sluice::limit::{Decision, Micros, State};
+
+use super::ops::{Alg, Item, Pick, Spec, POLICIES};
+
+/// What a check, a batch item or a report must answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Expect {
+    /// A 400 `cost_exceeds_limit` (nothing spent).
+    TooCostly,
+    /// An enforced answer: allowed (a check) or within the limit (a report), with `remaining`
+    /// one of these (several when policies tie for deciding).
+    Answer {
+        /// `allowed` / `within_limit`.
+        allowed: bool,
+        /// The acceptable `remaining` values.
+        remaining: Vec<u64>,
+    },
+}
+
+/// The policies in force and every partition's state.
+#[derive(Clone, Debug)]
+pub struct Model {
+    /// The policies in force, by index (`p<index>`).
+    pub specs: Vec<Spec>,
+    /// State per (policy, partition), with the instant it expires; absent is fresh.
+    states: BTreeMap<(usize, u8), (State, Micros)>,
+    /// The algorithm of the value the store last wrote per (policy, partition): kept through
+    /// reloads, to name the reloads that go back to an algorithm a partition still holds.
+    held: BTreeMap<(usize, u8), Alg>,
+}
+
+impl Model {
+    /// A model of a fresh store enforcing `specs`.
+    pub fn new(specs: Vec<Spec>) -> Self {
+        assert_eq!(specs.len(), POLICIES);
+        Self {
+            specs,
+            states: BTreeMap::new(),
+            held: BTreeMap::new(),
+        }
+    }
+
+    /// The policy file text of the policies in force.
+    pub fn yaml(&self) -> String {
+        let mut yaml = String::from("policies:\n");
+        for (index, spec) in self.specs.iter().enumerate() {
+            yaml.push_str(&spec.yaml(index));
+        }
+        yaml
+    }
+
+    /// A reload that puts `spec` in force for policy `policy`: state kept under the same
+    /// algorithm, dropped (afresh) under another.
+    pub fn reload(&mut self, policy: usize, spec: Spec) {
+        if self.specs[policy].alg != spec.alg {
+            self.states.retain(|(p, _), _| *p != policy);
+        }
+        self.specs[policy] = spec;
+    }
+
+    /// The store lost every counter (a restart without persistence).
+    pub fn forget(&mut self) {
+        self.states.clear();
+        self.held.clear();
+    }
+
+    /// Whether putting `alg` in force for `policy` goes back to an algorithm whose state a
+    /// partition still holds in the store (written before an earlier change, not since).
+    pub fn goes_back(&self, policy: usize, alg: Alg) -> bool {
+        alg != self.specs[policy].alg
+            && self.held.iter().any(|(&(p, part), &held)| {
+                p == policy && held == alg && !self.states.contains_key(&(p, part))
+            })
+    }
+
+    fn policies(pick: Pick) -> Vec<usize> {
+        match pick {
+            Pick::One(policy) => vec![policy],
+            Pick::All => (0..POLICIES).collect(),
+        }
+    }
+
+    fn state(&self, policy: usize, part: u8, now: Micros) -> State {
+        match self.states.get(&(policy, part)) {
+            Some((state, expires)) if *expires > now => state.clone(),
+            _ => self.specs[policy].algorithm().new_state(),
+        }
+    }
+
+    /// Stores a written state, expiring when the policy in force says it is idle.
+    fn write(&mut self, policy: usize, part: u8, state: State) {
+        let expires = self.specs[policy].algorithm().idle_at(&state);
+        self.states.insert((policy, part), (state, expires));
+        self.held.insert((policy, part), self.specs[policy].alg);
+    }
+
+    /// A check at `now`: all or nothing across the policies it names.
+    pub fn check(&mut self, item: &Item, now: Micros) -> Expect {
+        let policies = Self::policies(item.pick);
+        if policies
+            .iter()
+            .any(|&p| item.cost > self.specs[p].algorithm().limit())
+        {
+            return Expect::TooCostly;
+        }
+        let decisions: Vec<(usize, Decision)> = policies
+            .iter()
+            .map(|&p| {
+                let state = self.state(p, item.part, now);
+                let decision = self.specs[p].algorithm().decide(&state, now, item.cost);
+                (p, decision)
+            })
+            .collect();
+        let allowed = decisions.iter().all(|(_, d)| d.allowed);
+        if allowed && !item.dry_run {
+            for &p in &policies {
+                let mut state = self.state(p, item.part, now);
+                self.specs[p].algorithm().admit(&mut state, now, item.cost);
+                self.write(p, item.part, state);
+            }
+        }
+        Expect::Answer {
+            allowed,
+            remaining: deciding(&decisions),
+        }
+    }
+
+    /// A report at `now`: every policy it names spends `cost`.
+    pub fn report(&mut self, pick: Pick, part: u8, cost: u64, now: Micros) -> Expect {
+        let decisions: Vec<(usize, Decision)> = Self::policies(pick)
+            .into_iter()
+            .map(|p| {
+                let mut state = self.state(p, part, now);
+                let decision = self.specs[p].algorithm().spend(&mut state, now, cost);
+                self.write(p, part, state);
+                (p, decision)
+            })
+            .collect();
+        Expect::Answer {
+            allowed: decisions.iter().all(|(_, d)| d.allowed),
+            remaining: deciding(&decisions),
+        }
+    }
+}
+
+/// The `remaining` of the deciding policy: on a denial the denying one with the longest wait,
+/// otherwise the one with the least remaining (every value tied for deciding is acceptable).
+fn deciding(decisions: &[(usize, Decision)]) -> Vec<u64> {
+    let denied: Vec<&Decision> = decisions
+        .iter()
+        .map(|(_, d)| d)
+        .filter(|d| !d.allowed)
+        .collect();
+    let mut remaining: Vec<u64> = if denied.is_empty() {
+        let least = decisions.iter().map(|(_, d)| d.remaining).min();
+        least.into_iter().collect()
+    } else {
+        let longest = denied.iter().map(|d| d.retry_after_us).max();
+        denied
+            .iter()
+            .filter(|d| Some(d.retry_after_us) == longest)
+            .map(|d| d.remaining)
+            .collect()
+    };
+    remaining.sort_unstable();
+    remaining.dedup();
+    remaining
+}

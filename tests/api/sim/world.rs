@@ -1,0 +1,499 @@
+//! The real side of the simulator: a store (the embedded one, or a Redis, Valkey or Cluster
+//! server shared by a test's sequences), the daemons of one sequence on it (keys under a prefix of
+//! their own), and one operation carried out against them and checked against the model.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::Method;
+use serde_json::{json, Value};
+use sluice::app::App;
+use sluice::client::{self, Reply, Target};
+use sluice::clock::{Clock, ManualClock, SystemClock};
+use sluice::config::{load_policies, HumanDuration};
+use sluice::reload::Reloader;
+use sluice::telemetry::Metrics;
+use tempfile::TempDir;
+
+use super::model::{Expect, Model};
+use super::ops::{Item, Op, Pick};
+use crate::helpers::{run_app, test_settings, TestApp, START_US};
+use crate::redis_server::{RedisCluster, RedisServer};
+
+/// Longest one request may take before the step fails (bounded; no timing is asserted).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The server a test's sequences share.
+pub enum Server {
+    /// The embedded store (each daemon has its own, on the manual clock).
+    Memory,
+    /// One server (Redis 7, Redis 6.2 or Valkey 9).
+    Single(RedisServer),
+    /// A 3-primary Redis Cluster.
+    Cluster(RedisCluster),
+}
+
+impl Server {
+    /// How many daemons a sequence runs on this store (the embedded store is per daemon).
+    pub fn daemons(&self) -> usize {
+        match self {
+            Server::Memory => 1,
+            Server::Single(_) | Server::Cluster(_) => 2,
+        }
+    }
+
+    fn primaries(&self) -> Vec<redis::Connection> {
+        match self {
+            Server::Memory => Vec::new(),
+            Server::Single(server) => vec![server.connection()],
+            Server::Cluster(cluster) => cluster.connections(),
+        }
+    }
+}
+
+/// A daemon of the sequence, with a reloader of its own on the policy file: a reload is the
+/// daemon's real reload path (read the file, validate, swap), run when the step says so.
+struct Daemon {
+    app: TestApp,
+    reloader: Reloader,
+}
+
+/// One sequence's daemons on the store.
+pub struct World<'s> {
+    server: &'s mut Server,
+    prefix: String,
+    file: PathBuf,
+    daemons: Vec<Daemon>,
+    clock: Arc<ManualClock>,
+    /// After a restart without persistence, the state before it: a daemon's local layer may
+    /// still deny what it denied then (an under-admission the data loss causes, never more).
+    ghost: Option<Model>,
+    _dir: TempDir,
+}
+
+/// What the daemon answered, as the model compares it.
+#[derive(Debug, PartialEq, Eq)]
+enum Actual {
+    TooCostly,
+    Answer { allowed: bool, remaining: u64 },
+    Failure(String),
+}
+
+impl<'s> World<'s> {
+    /// Writes the model's policies and starts the sequence's daemons on `server`.
+    pub async fn start(server: &'s mut Server, prefix: String, model: &Model) -> World<'s> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("policies.yaml");
+        std::fs::write(&file, model.yaml()).expect("write policies");
+        let clock = Arc::new(ManualClock::new(START_US));
+        let mut daemons = Vec::new();
+        for _ in 0..server.daemons() {
+            daemons.push(spawn(server, &prefix, &file, &clock).await);
+        }
+        World {
+            server,
+            prefix,
+            file,
+            daemons,
+            clock,
+            ghost: None,
+            _dir: dir,
+        }
+    }
+
+    /// Carries out `op` and checks every answer against `model` (which it advances), then the
+    /// store's state.
+    pub async fn step(&mut self, model: &mut Model, op: &Op) -> Result<(), String> {
+        match op {
+            Op::Check { via, item } => {
+                let target = self.target(*via);
+                let (nows, reply) = self
+                    .timed(post(target, "/v1/check", body(item, true)))
+                    .await;
+                let actual = read(&reply?, "allowed");
+                self.settle(model, &nows, &[actual], |m, now| vec![m.check(item, now)])?;
+            }
+            Op::Batch { via, items } => {
+                let target = self.target(*via);
+                let checks: Vec<Value> = items.iter().map(|i| body(i, true)).collect();
+                let (nows, reply) = self
+                    .timed(post(target, "/v1/check/batch", json!({"checks": checks})))
+                    .await;
+                let actual = read_batch(&reply?);
+                self.settle(model, &nows, &actual, |m, now| batch(m, items, now))?;
+            }
+            Op::Report {
+                via,
+                pick,
+                part,
+                cost,
+            } => {
+                let target = self.target(*via);
+                let item = Item {
+                    pick: *pick,
+                    part: *part,
+                    cost: *cost,
+                    dry_run: false,
+                };
+                let (nows, reply) = self
+                    .timed(post(target, "/v1/report", body(&item, false)))
+                    .await;
+                let actual = read(&reply?, "within_limit");
+                self.settle(model, &nows, &[actual], |m, now| {
+                    vec![m.report(*pick, *part, *cost, now)]
+                })?;
+            }
+            Op::Reload { policy, change } => {
+                let spec = change.apply(&model.specs[*policy]);
+                model.reload(*policy, spec);
+                let next = self.file.with_extension("next");
+                std::fs::write(&next, model.yaml()).expect("write the new policy file");
+                std::fs::rename(&next, &self.file).expect("swap the policy file");
+                for daemon in &mut self.daemons {
+                    daemon.reloader.reload(true).await;
+                }
+                self.ghost = None;
+                self.served(model).await?;
+            }
+            Op::Advance { us } => self.clock.advance(*us),
+            Op::Restart { persist } => self.restart(model, *persist).await,
+            Op::Pause { ms, item } => {
+                let Server::Single(server) = &*self.server else {
+                    unreachable!("pauses are generated for single servers only")
+                };
+                let target = self.target(0);
+                let before = self.now();
+                server.signal("STOP");
+                let check = tokio::spawn(post(target, "/v1/check", body(item, true)));
+                tokio::time::sleep(Duration::from_millis(*ms)).await;
+                server.signal("CONT");
+                let reply = check.await.map_err(|e| e.to_string())?;
+                let nows = vec![before, self.now()];
+                let actual = read(&reply?, "allowed");
+                self.settle(model, &nows, &[actual], |m, now| vec![m.check(item, now)])?;
+            }
+        }
+        self.store_invariants()
+    }
+
+    fn target(&self, via: usize) -> Target {
+        self.daemons[via % self.daemons.len()].app.tcp.clone()
+    }
+
+    /// The store's time: the manual clock, or the server's `TIME` (one node: a Cluster's nodes
+    /// share this host's clock).
+    fn now(&self) -> u64 {
+        match &*self.server {
+            Server::Memory => self.clock.now_us(),
+            _ => tokio::task::block_in_place(|| {
+                let mut conn = self.server.primaries().swap_remove(0);
+                let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut conn).expect("TIME");
+                secs * 1_000_000 + micros
+            }),
+        }
+    }
+
+    /// Runs `request`, returning the instants the store's clock read just before and after (the
+    /// script read `TIME` in between).
+    async fn timed<T>(&self, request: impl std::future::Future<Output = T>) -> (Vec<u64>, T) {
+        let before = self.now();
+        let out = request.await;
+        let after = self.now();
+        let nows = if before == after {
+            vec![before]
+        } else {
+            vec![before, after]
+        };
+        (nows, out)
+    }
+
+    /// Accepts the answers if the model, at one of `nows`, gives them; the model then moves on
+    /// from that instant's state. After a data loss a denial the lost state gives is accepted
+    /// too (a local layer's memory), leaving the model as it is.
+    fn settle(
+        &self,
+        model: &mut Model,
+        nows: &[u64],
+        actual: &[Actual],
+        apply: impl Fn(&mut Model, u64) -> Vec<Expect>,
+    ) -> Result<(), String> {
+        let mut first = None;
+        for &now in nows {
+            let mut next = model.clone();
+            let expected = apply(&mut next, now);
+            if agrees(&expected, actual) {
+                *model = next;
+                return Ok(());
+            }
+            first.get_or_insert(expected);
+        }
+        let expected = first.unwrap_or_default();
+        if let Some(ghost) = &self.ghost {
+            let denials = actual
+                .iter()
+                .all(|a| matches!(a, Actual::Answer { allowed: false, .. }));
+            let mut ghost = ghost.clone();
+            if denials
+                && nows
+                    .iter()
+                    .any(|&now| agrees(&apply(&mut ghost, now), actual))
+            {
+                return Ok(());
+            }
+        }
+        Err(explain(&expected, actual))
+    }
+
+    /// Waits until every daemon serves the model's policies (the reload swapped them in).
+    async fn served(&self, model: &Model) -> Result<(), String> {
+        for daemon in &self.daemons {
+            let reply = get(Target::Tcp(daemon.app.admin), "/v1/policies").await?;
+            let served = reply.json();
+            let limits: Vec<u64> = served["policies"]
+                .as_array()
+                .map(|ps| ps.iter().filter_map(|p| p["limit"].as_u64()).collect())
+                .unwrap_or_default();
+            let written: Vec<u64> = model.specs.iter().map(|s| s.limit).collect();
+            if !limits.is_empty() && limits != written {
+                return Err(format!(
+                    "reload not served: limits {limits:?}, file {written:?}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A restart of the single server: with its data (`SHUTDOWN SAVE`, loaded back at start)
+    /// or without (`kill -9`, no data file); then every daemon decides by the store again.
+    async fn restart(&mut self, model: &mut Model, persist: bool) {
+        let Server::Single(server) = &mut *self.server else {
+            unreachable!("restarts are generated for single servers only")
+        };
+        tokio::task::block_in_place(|| {
+            if persist {
+                let mut conn = server.connection();
+                let _ = redis::cmd("SHUTDOWN").arg("SAVE").query::<()>(&mut conn);
+                server.wait_exit();
+            } else {
+                server.kill();
+                let _ = std::fs::remove_file(server.dir().join("dump.rdb"));
+            }
+            server.restart();
+        });
+        if !persist {
+            self.ghost = Some(model.clone());
+            model.forget();
+        }
+        let probe = json!({"policy": "p0", "descriptors": {"user": "probe"}});
+        for daemon in &self.daemons {
+            crate::wait::wait_enforced(&daemon.app.tcp, &probe).await;
+        }
+    }
+
+    /// On Redis: every key under the sequence's prefix expires (`PTTL` > 0) and holds what a
+    /// script writes: a sorted set (a sliding log) or a short string `<int>` or `<int>:<int>`.
+    fn store_invariants(&self) -> Result<(), String> {
+        if matches!(self.server, Server::Memory) {
+            return Ok(());
+        }
+        tokio::task::block_in_place(|| {
+            for mut conn in self.server.primaries() {
+                let keys: Vec<String> = redis::cmd("KEYS")
+                    .arg(format!("{}:*", self.prefix))
+                    .query(&mut conn)
+                    .map_err(|e| e.to_string())?;
+                for key in keys {
+                    key_invariants(&mut conn, &key)?;
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+fn key_invariants(conn: &mut redis::Connection, key: &str) -> Result<(), String> {
+    let q = |cmd: &str| redis::cmd(cmd).arg(key).clone();
+    let pttl: i64 = q("PTTL").query(conn).map_err(|e| e.to_string())?;
+    let kind: String = q("TYPE").query(conn).map_err(|e| e.to_string())?;
+    let parses = match kind.as_str() {
+        "none" => return Ok(()), // expired between KEYS and now
+        "zset" => {
+            let members: u64 = q("ZCARD").query(conn).map_err(|e| e.to_string())?;
+            (1..=10_000).contains(&members)
+        }
+        "string" => {
+            let value: String = q("GET").query(conn).map_err(|e| e.to_string())?;
+            value.len() < 64 && string_parses(&value)
+        }
+        _ => false,
+    };
+    if pttl <= 0 && pttl != -2 {
+        return Err(format!(
+            "store state: key {key} ({kind}) has no TTL (PTTL {pttl})"
+        ));
+    }
+    if !parses {
+        return Err(format!(
+            "store state: key {key} holds a {kind} no script writes"
+        ));
+    }
+    Ok(())
+}
+
+/// `<int>` (a bucket's TAT, a window's packed count) or `<int>:<int>` (a TAT and remainder).
+fn string_parses(value: &str) -> bool {
+    let int = |s: &str| s.strip_prefix('-').unwrap_or(s).parse::<u64>().is_ok();
+    match value.split_once(':') {
+        Some((a, b)) => int(a) && b.parse::<u64>().is_ok(),
+        None => int(value),
+    }
+}
+
+async fn spawn(server: &Server, prefix: &str, file: &Path, clock: &Arc<ManualClock>) -> Daemon {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut settings = test_settings(dir.path());
+    settings.policies = file.to_owned();
+    let store_clock: Arc<dyn Clock> = match server {
+        Server::Memory => clock.clone(),
+        Server::Single(single) => {
+            settings.redis.url = Some(single.url());
+            Arc::new(SystemClock::new())
+        }
+        Server::Cluster(cluster) => {
+            settings.redis.cluster = cluster.urls();
+            Arc::new(SystemClock::new())
+        }
+    };
+    settings.redis.key_prefix = prefix.into();
+    // Generous: a budget a busy CI machine meets; a slow call within it must still be enforced.
+    settings.redis.timeout = HumanDuration(2_000_000);
+    let (policies, version) = load_policies(file, &settings.files).expect("valid policies");
+    let app = App::build_with(&settings, policies, store_clock)
+        .await
+        .expect("daemon builds");
+    let reloader = Reloader::new(
+        file.to_owned(),
+        app.service(),
+        Metrics::new(),
+        version,
+        settings.files,
+        false,
+    );
+    let app = run_app(app, clock.clone(), dir);
+    app.wait_for_store().await;
+    Daemon { app, reloader }
+}
+
+/// A check or report body.
+fn body(item: &Item, check: bool) -> Value {
+    let mut body = json!({"descriptors": {"user": format!("u{}", item.part)}, "cost": item.cost});
+    if let Pick::One(policy) = item.pick {
+        body["policy"] = json!(format!("p{policy}"));
+    }
+    if check && item.dry_run {
+        body["dry_run"] = json!(true);
+    }
+    body
+}
+
+async fn post(target: Target, path: &str, body: Value) -> Result<Reply, String> {
+    let bytes = body.to_string().into_bytes();
+    let request = client::request(&target, Method::POST, path, Some(bytes));
+    match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
+        Ok(reply) => reply.map_err(|e| format!("POST {path}: {e}")),
+        Err(_) => Err(format!("POST {path}: no answer within {REQUEST_TIMEOUT:?}")),
+    }
+}
+
+async fn get(target: Target, path: &str) -> Result<Reply, String> {
+    match tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        client::request(&target, Method::GET, path, None),
+    )
+    .await
+    {
+        Ok(reply) => reply.map_err(|e| format!("GET {path}: {e}")),
+        Err(_) => Err(format!("GET {path}: no answer within {REQUEST_TIMEOUT:?}")),
+    }
+}
+
+/// One answer (`flag` is `allowed` for a check, `within_limit` for a report).
+fn read(reply: &Reply, flag: &str) -> Actual {
+    let body = reply.json();
+    match reply.status.as_u16() {
+        400 if body["error"] == "cost_exceeds_limit" => Actual::TooCostly,
+        200 | 429 => answer(&body, flag),
+        status => Actual::Failure(format!("status {status}: {body}")),
+    }
+}
+
+fn answer(body: &Value, flag: &str) -> Actual {
+    match (
+        body["mode"].as_str(),
+        body[flag].as_bool(),
+        body["remaining"].as_u64(),
+    ) {
+        (Some("enforced"), Some(allowed), Some(remaining)) => Actual::Answer { allowed, remaining },
+        _ => Actual::Failure(body.to_string()),
+    }
+}
+
+fn read_batch(reply: &Reply) -> Vec<Actual> {
+    let body = reply.json();
+    match (reply.status.as_u16(), body["results"].as_array()) {
+        (400, _) if body["reason"].as_str().is_some_and(|r| r.contains("cost")) => {
+            vec![Actual::TooCostly]
+        }
+        (200, Some(results)) => results.iter().map(|r| answer(r, "allowed")).collect(),
+        (status, _) => vec![Actual::Failure(format!("status {status}: {body}"))],
+    }
+}
+
+/// A batch: one 400 (nothing spent) if any check costs more than its limit, else each in order.
+fn batch(model: &mut Model, items: &[Item], now: u64) -> Vec<Expect> {
+    let before = model.clone();
+    let expected: Vec<Expect> = items.iter().map(|item| model.check(item, now)).collect();
+    if expected.contains(&Expect::TooCostly) {
+        *model = before;
+        return vec![Expect::TooCostly];
+    }
+    expected
+}
+
+fn agrees(expected: &[Expect], actual: &[Actual]) -> bool {
+    expected.len() == actual.len()
+        && expected.iter().zip(actual).all(|pair| match pair {
+            (Expect::TooCostly, Actual::TooCostly) => true,
+            (
+                Expect::Answer { allowed, remaining },
+                Actual::Answer {
+                    allowed: got,
+                    remaining: left,
+                },
+            ) => allowed == got && remaining.contains(left),
+            _ => false,
+        })
+}
+
+/// Which invariant the answers break, and how.
+fn explain(expected: &[Expect], actual: &[Actual]) -> String {
+    let over = expected.iter().zip(actual).any(|pair| {
+        matches!(
+            pair,
+            (
+                Expect::Answer { allowed: false, .. },
+                Actual::Answer { allowed: true, .. }
+            )
+        )
+    });
+    let failure = actual.iter().any(|a| matches!(a, Actual::Failure(_)));
+    let what = if failure {
+        "a failure-mode answer while the store answered within its budget"
+    } else if over {
+        "over-admission: more than the policy in force allows"
+    } else {
+        "an answer other than the model's"
+    };
+    format!("{what}: expected {expected:?}, got {actual:?}")
+}
