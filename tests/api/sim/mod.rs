@@ -16,7 +16,7 @@
 //! the server's time read just before and just after each request (exact unless a window moved
 //! in between, then either instant's answer).
 //!
-//! Bounded: [`cases`] sequences per store (16 by default), each of at most [`MAX_OPS`] operations,
+//! Bounded: [`cases`] sequences per store (32 by default), each of at most [`MAX_OPS`] operations,
 //! and a time budget per store after which no new sequence starts. A soak run, locally:
 //! `SLUICE_SIM_CASES=2000 cargo test --release --test api sim -- --nocapture`.
 
@@ -34,7 +34,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestError, TestRunner};
 
 use model::Model;
-use ops::{Menu, Op, Spec, POLICIES};
+use ops::{Alg, Menu, Op, Pick, Spec, POLICIES};
 use world::{Server, World};
 
 /// Most operations in one sequence.
@@ -66,8 +66,15 @@ pub enum Kind {
     /// A reload back to an algorithm whose state a partition still holds from before an earlier
     /// change (no write since): the contract starts it afresh.
     AlgorithmBack,
+    /// A reload that changes a fixed window's period.
+    WindowPeriod,
     /// Any other reload.
     Reload,
+    /// A batch holding a check of several policies and other checks.
+    BatchWithGroup,
+    /// A check that meets a denial its daemon's local layer remembers, where the store would
+    /// answer other figures (written since, or other policies in the check).
+    StaleLocalDenial,
     /// Time passing, a restart, a pause.
     Store,
 }
@@ -92,8 +99,58 @@ pub const KNOWN_DEFECTS: &[KnownDefect] = &[
     KnownDefect {
         item: "sim.1",
         kind: Kind::AlgorithmBack,
-        stores: &[Store::Embedded],
+        stores: ALL,
     },
+    // Issue 36 item 1: a limit lowered over existing state makes the Redis scripts return a
+    // negative `remaining`, refused as a protocol error: failure-mode answers.
+    KnownDefect {
+        item: "36.1",
+        kind: Kind::LowerOverState,
+        stores: REDIS,
+    },
+    // The local layer answers a remembered denial with its figures of then: after more was
+    // spent (`remaining` 1 where 0 is left; `replays::sim_2_*`), or for a check of several
+    // policies where another one decides (its `remaining`, a shorter `retry_after`). Never an
+    // admission.
+    KnownDefect {
+        item: "sim.2",
+        kind: Kind::StaleLocalDenial,
+        stores: REDIS,
+    },
+    // A fixed window's period changed: the scripts start the count afresh (the window's tag is
+    // `now / period`) where the new window holds the old one's units (the embedded store keeps
+    // them when both windows start at the same instant): up to the old count admitted on top
+    // of the limit in that window (`replays`, sim.3: the replay depends on the hour).
+    KnownDefect {
+        item: "sim.3",
+        kind: Kind::WindowPeriod,
+        stores: REDIS,
+    },
+    // On a Cluster, a batch's check of policies in several slots runs after the batch's other
+    // checks, and when one of its policies then denies, the others have spent all the same
+    // (`replays::sim_4_*`): a group is all or nothing.
+    KnownDefect {
+        item: "sim.4",
+        kind: Kind::BatchWithGroup,
+        stores: &[Store::Redis7Cluster],
+    },
+];
+
+/// Every store.
+const ALL: &[Store] = &[
+    Store::Embedded,
+    Store::Redis7,
+    Store::Redis7Cluster,
+    Store::Redis62,
+    Store::Valkey9,
+];
+
+/// Every Redis store.
+const REDIS: &[Store] = &[
+    Store::Redis7,
+    Store::Redis7Cluster,
+    Store::Redis62,
+    Store::Valkey9,
 ];
 
 /// Whether `kind` is a known defect on `store`.
@@ -104,12 +161,12 @@ pub fn known(store: Store, kind: Kind) -> Option<&'static str> {
         .map(|d| d.item)
 }
 
-/// Sequences per store: `SLUICE_SIM_CASES`, else 16.
+/// Sequences per store: `SLUICE_SIM_CASES`, else 32.
 pub fn cases() -> u32 {
     std::env::var("SLUICE_SIM_CASES")
         .ok()
         .and_then(|n| n.parse().ok())
-        .unwrap_or(16)
+        .unwrap_or(32)
 }
 
 /// No new sequence starts after this long (a soak run gets an hour).
@@ -155,12 +212,25 @@ impl Store {
 /// The kind of `op` given the policies in force.
 pub fn kind(op: &Op, model: &Model) -> Kind {
     match op {
+        Op::Check { via, item } if model.stale_local(*via, item) => Kind::StaleLocalDenial,
+        Op::Pause { item, .. } if model.stale_local(0, item) => Kind::StaleLocalDenial,
+        Op::Batch { via, items } if items.iter().any(|i| model.stale_local(*via, i)) => {
+            Kind::StaleLocalDenial
+        }
+        Op::Batch { items, .. } if items.len() > 1 && items.iter().any(|i| i.pick == Pick::All) => {
+            Kind::BatchWithGroup
+        }
         Op::Check { .. } | Op::Batch { .. } | Op::Report { .. } => Kind::Request,
         Op::Reload { policy, change } => {
             let (was, next) = (model.specs[*policy], change.apply(&model.specs[*policy]));
             let lower = next.algorithm().limit() < was.algorithm().limit();
             if next.alg == was.alg && lower {
                 Kind::LowerOverState
+            } else if next.alg == Alg::FixedWindow
+                && was.alg == next.alg
+                && was.period_s != next.period_s
+            {
+                Kind::WindowPeriod
             } else if model.goes_back(*policy, next.alg) {
                 Kind::AlgorithmBack
             } else {
@@ -191,7 +261,8 @@ async fn run_sequence(
     skip_known: bool,
     tally: &mut Tally,
 ) -> Result<(), String> {
-    let mut model = Model::new(specs.to_vec());
+    let local_layer = !matches!(server, Server::Memory);
+    let mut model = Model::new(specs.to_vec(), server.daemons(), local_layer);
     let mut world = World::start(server, prefix, &model).await;
     for (at, op) in ops.iter().enumerate() {
         if let Some(item) = known(store, kind(op, &model)).filter(|_| skip_known) {
@@ -209,7 +280,10 @@ async fn run_sequence(
 
 /// The replay test of a failing sequence, to paste into `replays.rs`.
 fn replay_text(store: Store, why: &str, specs: &[Spec], ops: &[Op]) -> String {
-    let ops: Vec<String> = ops.iter().map(|op| format!("        {op:?},")).collect();
+    let ops: Vec<String> = ops
+        .iter()
+        .map(|op| format!("        {op:?},").replace("items: [", "items: vec!["))
+        .collect();
     format!(
         "the simulator found a failure on {store:?}: {why}\n\
          shrunk replay (paste into tests/api/sim/replays.rs):\n\n\

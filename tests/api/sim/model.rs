@@ -33,6 +33,9 @@ pub enum Expect {
     },
 }
 
+/// A denial a local layer remembers: the cost denied, and the partition's writes then.
+type Remembered = (u64, u64);
+
 /// The policies in force and every partition's state.
 #[derive(Clone, Debug)]
 pub struct Model {
@@ -43,16 +46,54 @@ pub struct Model {
     /// The algorithm of the value the store last wrote per (policy, partition): kept through
     /// reloads, to name the reloads that go back to an algorithm a partition still holds.
     held: BTreeMap<(usize, u8), Alg>,
+    /// Writes per (policy, partition) so far.
+    writes: BTreeMap<(usize, u8), u64>,
+    /// With Redis, each daemon's local layer: the denials it remembers per (daemon, policy,
+    /// partition), as the cost denied and the partition's writes then (cleared by a reload).
+    remembered: Option<BTreeMap<(usize, usize, u8), Remembered>>,
+    daemons: usize,
 }
 
 impl Model {
-    /// A model of a fresh store enforcing `specs`.
-    pub fn new(specs: Vec<Spec>) -> Self {
+    /// A model of a fresh store enforcing `specs` for `daemons` daemons, with a local layer
+    /// each (`local_layer`: Redis) or not (the embedded store).
+    pub fn new(specs: Vec<Spec>, daemons: usize, local_layer: bool) -> Self {
         assert_eq!(specs.len(), POLICIES);
         Self {
             specs,
             states: BTreeMap::new(),
             held: BTreeMap::new(),
+            writes: BTreeMap::new(),
+            remembered: local_layer.then(BTreeMap::new),
+            daemons,
+        }
+    }
+
+    /// Whether `item` on daemon `via` meets a denial its local layer remembers, and the store
+    /// would answer it with other figures: the partition was written since, or the check names
+    /// other policies too (the local layer answers with its remembered denial alone).
+    pub fn stale_local(&self, via: usize, item: &Item) -> bool {
+        let Some(remembered) = &self.remembered else {
+            return false;
+        };
+        let policies = Self::policies(item.pick);
+        policies.iter().any(|&p| {
+            remembered
+                .get(&(via % self.daemons, p, item.part))
+                .is_some_and(|&(cost, writes)| {
+                    cost <= item.cost
+                        && (policies.len() > 1 || self.writes.get(&(p, item.part)) != Some(&writes))
+                })
+        })
+    }
+
+    fn remember(&mut self, via: usize, part: u8, cost: u64, decisions: &[(usize, Decision)]) {
+        let Some(remembered) = &mut self.remembered else {
+            return;
+        };
+        for (p, _) in decisions.iter().filter(|(_, d)| !d.allowed) {
+            let writes = self.writes.get(&(*p, part)).copied().unwrap_or(0);
+            remembered.insert((via % self.daemons, *p, part), (cost, writes));
         }
     }
 
@@ -68,10 +109,16 @@ impl Model {
     /// A reload that puts `spec` in force for policy `policy`: state kept under the same
     /// algorithm, dropped (afresh) under another.
     pub fn reload(&mut self, policy: usize, spec: Spec) {
+        let before = self.yaml();
         if self.specs[policy].alg != spec.alg {
             self.states.retain(|(p, _), _| *p != policy);
         }
         self.specs[policy] = spec;
+        // A file whose text did not change is not reloaded (the local layers keep their memory).
+        let edited = self.yaml() != before;
+        if let Some(remembered) = self.remembered.as_mut().filter(|_| edited) {
+            remembered.clear();
+        }
     }
 
     /// The store lost every counter (a restart without persistence).
@@ -108,10 +155,11 @@ impl Model {
         let expires = self.specs[policy].algorithm().idle_at(&state);
         self.states.insert((policy, part), (state, expires));
         self.held.insert((policy, part), self.specs[policy].alg);
+        *self.writes.entry((policy, part)).or_default() += 1;
     }
 
-    /// A check at `now`: all or nothing across the policies it names.
-    pub fn check(&mut self, item: &Item, now: Micros) -> Expect {
+    /// A check on daemon `via` at `now`: all or nothing across the policies it names.
+    pub fn check(&mut self, via: usize, item: &Item, now: Micros) -> Expect {
         let policies = Self::policies(item.pick);
         if policies
             .iter()
@@ -128,6 +176,7 @@ impl Model {
             })
             .collect();
         let allowed = decisions.iter().all(|(_, d)| d.allowed);
+        self.remember(via, item.part, item.cost, &decisions);
         if allowed && !item.dry_run {
             for &p in &policies {
                 let mut state = self.state(p, item.part, now);
@@ -141,8 +190,8 @@ impl Model {
         }
     }
 
-    /// A report at `now`: every policy it names spends `cost`.
-    pub fn report(&mut self, pick: Pick, part: u8, cost: u64, now: Micros) -> Expect {
+    /// A report on daemon `via` at `now`: every policy it names spends `cost`.
+    pub fn report(&mut self, via: usize, pick: Pick, part: u8, cost: u64, now: Micros) -> Expect {
         let decisions: Vec<(usize, Decision)> = Self::policies(pick)
             .into_iter()
             .map(|p| {
@@ -152,6 +201,7 @@ impl Model {
                 (p, decision)
             })
             .collect();
+        self.remember(via, part, 1, &decisions);
         Expect::Answer {
             allowed: decisions.iter().all(|(_, d)| d.allowed),
             remaining: deciding(&decisions),

@@ -60,7 +60,11 @@ impl Spec {
             Alg::SlidingLog => ("sliding_log", String::new()),
             Alg::FixedWindow => ("fixed_window", String::new()),
         };
-        let mode = if index % 2 == 0 { "open" } else { "closed" };
+        let mode = if index.is_multiple_of(2) {
+            "open"
+        } else {
+            "closed"
+        };
         format!(
             "  - {{name: p{index}, key: [user], algorithm: {alg}, limit: {}, period: {}s{burst}, failure_mode: {mode}}}\n",
             self.limit, self.period_s

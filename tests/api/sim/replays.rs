@@ -79,3 +79,164 @@ fn sim_1_an_algorithm_changed_back_starts_afresh_on_the_embedded_store() {
         ],
     );
 }
+
+/// 36.1: a fixed window at its limit of 2, the limit lowered to 1, a report: the new limit
+/// applies to the state as it is (over the limit, remaining 0), the daemon answers `fail_open`.
+#[test]
+fn item_1_a_lowered_limit_over_state_is_enforced_on_redis_cluster() {
+    known_defect(
+        "36.1",
+        Store::Redis7Cluster,
+        vec![
+            Spec {
+                alg: FixedWindow,
+                limit: 2,
+                burst: 1,
+                period_s: 3600,
+            },
+            Spec {
+                alg: SlidingLog,
+                limit: 2,
+                burst: 1,
+                period_s: 3600,
+            },
+        ],
+        vec![
+            Check {
+                via: 0,
+                item: Item {
+                    pick: All,
+                    part: 1,
+                    cost: 2,
+                    dry_run: false,
+                },
+            },
+            Reload {
+                policy: 0,
+                change: Limit(1),
+            },
+            Report {
+                via: 0,
+                pick: One(0),
+                part: 1,
+                cost: 1,
+            },
+        ],
+    );
+}
+
+/// sim.2: a sliding log of 6 with 5 spent; a check of 2 is denied (remaining 1) and remembered;
+/// a check of 1 spends the last unit; a check of 2 is answered from the local layer with
+/// `remaining` 1 where none is left.
+#[test]
+fn sim_2_a_remembered_denial_answers_todays_remaining_on_redis() {
+    known_defect(
+        "sim.2",
+        Store::Redis7,
+        vec![
+            Spec {
+                alg: SlidingLog,
+                limit: 6,
+                burst: 1,
+                period_s: 3600,
+            },
+            Spec {
+                alg: FixedWindow,
+                limit: 4,
+                burst: 1,
+                period_s: 3600,
+            },
+        ],
+        vec![
+            Batch {
+                via: 0,
+                items: vec![Item {
+                    pick: One(0),
+                    part: 0,
+                    cost: 5,
+                    dry_run: false,
+                }],
+            },
+            Check {
+                via: 0,
+                item: Item {
+                    pick: One(0),
+                    part: 0,
+                    cost: 2,
+                    dry_run: false,
+                },
+            },
+            Check {
+                via: 0,
+                item: Item {
+                    pick: One(0),
+                    part: 0,
+                    cost: 1,
+                    dry_run: false,
+                },
+            },
+            Check {
+                via: 0,
+                item: Item {
+                    pick: All,
+                    part: 0,
+                    cost: 2,
+                    dry_run: false,
+                },
+            },
+        ],
+    );
+}
+
+/// sim.4: on a Cluster, a batch of a check of both policies (two slots) and a check of `p0`
+/// (burst 1): the group is denied (it ran after the `p0` check took the only token), and yet it
+/// spent a unit of `p1`: a group spends from all of its policies or from none.
+#[test]
+fn sim_4_a_denied_group_in_a_batch_spends_nothing_on_redis_cluster() {
+    known_defect(
+        "sim.4",
+        Store::Redis7Cluster,
+        vec![
+            Spec {
+                alg: TokenBucket,
+                limit: 4,
+                burst: 1,
+                period_s: 3600,
+            },
+            Spec {
+                alg: TokenBucket,
+                limit: 1,
+                burst: 5,
+                period_s: 3600,
+            },
+        ],
+        vec![
+            Batch {
+                via: 0,
+                items: vec![
+                    Item {
+                        pick: All,
+                        part: 0,
+                        cost: 1,
+                        dry_run: false,
+                    },
+                    Item {
+                        pick: One(0),
+                        part: 0,
+                        cost: 1,
+                        dry_run: false,
+                    },
+                ],
+            },
+            Check {
+                via: 0,
+                item: Item {
+                    pick: One(1),
+                    part: 0,
+                    cost: 1,
+                    dry_run: false,
+                },
+            },
+        ],
+    );
+}

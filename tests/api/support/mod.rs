@@ -1,6 +1,7 @@
 //! What the scenarios share: a daemon to test ([`helpers`]), bounded waits ([`wait`]), every store
-//! ([`stores`], [`redis_server`], [`store_binaries`], [`tls_pki`]), clients of the other protocols ([`grpc_client`],
-//! [`otlp_receiver`], [`injector_support`]) and the external programs some tests need ([`tools`]).
+//! ([`stores`], [`redis_server`], [`store_binaries`], [`tls_pki`]), clients of the other
+//! protocols ([`grpc_client`], [`otlp_receiver`], [`injector_support`]) and the external programs
+//! some tests need ([`tools`]).
 //! The `deploy` test binary includes this folder too.
 
 pub mod grpc_client;
