@@ -246,6 +246,7 @@ pub fn kind(op: &Op, model: &Model) -> Kind {
 struct Tally {
     sequences: u32,
     ops: u64,
+    by_op: BTreeMap<&'static str, u64>,
     skipped: BTreeMap<&'static str, u64>,
     over_budget: u32,
 }
@@ -270,6 +271,7 @@ async fn run_sequence(
             continue;
         }
         tally.ops += 1;
+        *tally.by_op.entry(op.name()).or_default() += 1;
         world
             .step(&mut model, op)
             .await
@@ -346,10 +348,11 @@ fn simulate(store: Store, binary: &Path) {
     });
     let tally = tally.into_inner();
     eprintln!(
-        "sim {store:?}: {} sequences, {} operations, skipped as known defects (item: ops) {:?}, \
-         {} not started (over the time budget), {:.1?}",
+        "sim {store:?}: {} sequences, {} operations {:?}, skipped as known defects (item: ops) \
+         {:?}, {} not started (over the time budget), {:.1?}",
         tally.sequences,
         tally.ops,
+        tally.by_op,
         tally.skipped,
         tally.over_budget,
         started.elapsed()

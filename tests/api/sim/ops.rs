@@ -175,6 +175,22 @@ pub struct Menu {
     pub restart: bool,
 }
 
+impl Op {
+    /// The operation's name, for the tally a run prints.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Check { .. } => "check",
+            Op::Batch { .. } => "batch",
+            Op::Report { .. } => "report",
+            Op::Reload { .. } => "reload",
+            Op::Advance { .. } => "advance",
+            Op::Restart { persist: true } => "restart_persist",
+            Op::Restart { persist: false } => "restart_empty",
+            Op::Pause { .. } => "pause",
+        }
+    }
+}
+
 impl Change {
     /// Applies the change to `spec`, keeping it a valid policy.
     pub fn apply(self, spec: &Spec) -> Spec {

@@ -267,20 +267,28 @@ impl<'s> World<'s> {
         Err(explain(&expected, actual))
     }
 
-    /// Waits until every daemon serves the model's policies (the reload swapped them in).
+    /// Checks that every daemon serves the model's policies (the reload swapped them in):
+    /// `/v1/policies` names each one's algorithm and limit.
     async fn served(&self, model: &Model) -> Result<(), String> {
+        let written: Vec<(String, u64)> = model
+            .specs
+            .iter()
+            .map(|s| (s.algorithm().name().to_owned(), s.limit))
+            .collect();
         for daemon in &self.daemons {
             let reply = get(Target::Tcp(daemon.app.admin), "/v1/policies").await?;
-            let served = reply.json();
-            let limits: Vec<u64> = served["policies"]
+            let served: Vec<(String, u64)> = reply.json()["policies"]
                 .as_array()
-                .map(|ps| ps.iter().filter_map(|p| p["limit"].as_u64()).collect())
+                .map(|policies| {
+                    let figures = |p: &Value| {
+                        let algorithm = p["algorithm"].as_str().unwrap_or("?").to_owned();
+                        (algorithm, p["limit"].as_u64().unwrap_or(0))
+                    };
+                    policies.iter().map(figures).collect()
+                })
                 .unwrap_or_default();
-            let written: Vec<u64> = model.specs.iter().map(|s| s.limit).collect();
-            if !limits.is_empty() && limits != written {
-                return Err(format!(
-                    "reload not served: limits {limits:?}, file {written:?}"
-                ));
+            if served != written {
+                return Err(format!("reload not served: {served:?}, file {written:?}"));
             }
         }
         Ok(())
