@@ -34,7 +34,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestError, TestRunner};
 
 use model::Model;
-use ops::{Alg, Menu, Op, Pick, Spec, POLICIES};
+use ops::{Alg, Item, Menu, Op, Pick, Spec, POLICIES};
 use world::{Server, World};
 
 /// Most operations in one sequence.
@@ -70,8 +70,9 @@ pub enum Kind {
     WindowPeriod,
     /// Any other reload.
     Reload,
-    /// A batch holding a check of several policies and other checks.
-    BatchWithGroup,
+    /// A batch, or checks sent at once, holding a check of every policy and another check of
+    /// the same partition.
+    GroupWithOthers,
     /// A check that meets a denial its daemon's local layer remembers, where the store would
     /// answer other figures (written since, or other policies in the check).
     StaleLocalDenial,
@@ -126,12 +127,12 @@ pub const KNOWN_DEFECTS: &[KnownDefect] = &[
         kind: Kind::WindowPeriod,
         stores: REDIS,
     },
-    // On a Cluster, a batch's check of policies in several slots runs after the batch's other
-    // checks, and when one of its policies then denies, the others have spent all the same
+    // On a Cluster, a check of policies in several slots, in a batch or at the same time as
+    // another check of the partition, can be denied by one policy after the others have spent
     // (`replays::sim_4_*`): a group is all or nothing.
     KnownDefect {
         item: "sim.4",
-        kind: Kind::BatchWithGroup,
+        kind: Kind::GroupWithOthers,
         stores: &[Store::Redis7Cluster],
     },
 ];
@@ -217,10 +218,18 @@ pub fn kind(op: &Op, model: &Model) -> Kind {
         Op::Batch { via, items } if items.iter().any(|i| model.stale_local(*via, i)) => {
             Kind::StaleLocalDenial
         }
-        Op::Batch { items, .. } if items.len() > 1 && items.iter().any(|i| i.pick == Pick::All) => {
-            Kind::BatchWithGroup
+        Op::Concurrent { calls } if calls.iter().any(|(via, i)| model.stale_local(*via, i)) => {
+            Kind::StaleLocalDenial
         }
-        Op::Check { .. } | Op::Batch { .. } | Op::Report { .. } => Kind::Request,
+        Op::Batch { items, .. } if group_and_more(items) => Kind::GroupWithOthers,
+        Op::Concurrent { calls }
+            if group_and_more(&calls.iter().map(|c| c.1).collect::<Vec<_>>()) =>
+        {
+            Kind::GroupWithOthers
+        }
+        Op::Check { .. } | Op::Batch { .. } | Op::Concurrent { .. } | Op::Report { .. } => {
+            Kind::Request
+        }
         Op::Reload { policy, change } => {
             let (was, next) = (model.specs[*policy], change.apply(&model.specs[*policy]));
             let lower = next.algorithm().limit() < was.algorithm().limit();
@@ -241,6 +250,17 @@ pub fn kind(op: &Op, model: &Model) -> Kind {
     }
 }
 
+/// Whether `items` hold a check of every policy and another check of the same partition.
+fn group_and_more(items: &[Item]) -> bool {
+    items.iter().enumerate().any(|(at, group)| {
+        group.pick == Pick::All
+            && items
+                .iter()
+                .enumerate()
+                .any(|(other, item)| other != at && item.part == group.part)
+    })
+}
+
 /// What one run of a store's sequences did.
 #[derive(Default, Debug)]
 struct Tally {
@@ -249,6 +269,9 @@ struct Tally {
     by_op: BTreeMap<&'static str, u64>,
     skipped: BTreeMap<&'static str, u64>,
     over_budget: u32,
+    /// The operations the last failing run carried out (what it stepped around left out: those
+    /// changed nothing), so the printed replay is the failure alone.
+    failed_run: Vec<Op>,
 }
 
 /// Runs `ops` from a fresh store prefix with `specs` in force; `Err` names the step and the
@@ -265,17 +288,20 @@ async fn run_sequence(
     let local_layer = !matches!(server, Server::Memory);
     let mut model = Model::new(specs.to_vec(), server.daemons(), local_layer);
     let mut world = World::start(server, prefix, &model).await;
-    for (at, op) in ops.iter().enumerate() {
+    let mut executed = Vec::new();
+    for op in ops {
         if let Some(item) = known(store, kind(op, &model)).filter(|_| skip_known) {
             *tally.skipped.entry(item).or_default() += 1;
             continue;
         }
         tally.ops += 1;
         *tally.by_op.entry(op.name()).or_default() += 1;
-        world
-            .step(&mut model, op)
-            .await
-            .map_err(|why| format!("step {at} ({op:?}): {why}"))?;
+        executed.push(op.clone());
+        if let Err(why) = world.step(&mut model, op).await {
+            let at = executed.len() - 1;
+            tally.failed_run = executed;
+            return Err(format!("step {at} ({op:?}): {why}"));
+        }
     }
     Ok(())
 }
@@ -284,7 +310,11 @@ async fn run_sequence(
 fn replay_text(store: Store, why: &str, specs: &[Spec], ops: &[Op]) -> String {
     let ops: Vec<String> = ops
         .iter()
-        .map(|op| format!("        {op:?},").replace("items: [", "items: vec!["))
+        .map(|op| {
+            format!("        {op:?},")
+                .replace("items: [", "items: vec![")
+                .replace("calls: [", "calls: vec![")
+        })
         .collect();
     format!(
         "the simulator found a failure on {store:?}: {why}\n\
@@ -359,8 +389,9 @@ fn simulate(store: Store, binary: &Path) {
     );
     match result {
         Ok(()) => {}
-        Err(TestError::Fail(why, (specs, ops))) => {
-            panic!("{}", replay_text(store, why.message(), &specs, &ops))
+        Err(TestError::Fail(why, (specs, _))) => {
+            let ops = &tally.failed_run;
+            panic!("{}", replay_text(store, why.message(), &specs, ops))
         }
         Err(TestError::Abort(why)) => panic!("simulator aborted on {store:?}: {why}"),
     }

@@ -125,6 +125,12 @@ pub enum Op {
         /// The checks, in order.
         items: Vec<Item>,
     },
+    /// Checks sent at once, each on its own connection to daemon `via` (two callers or more
+    /// racing for one partition, or one per daemon).
+    Concurrent {
+        /// Each caller's daemon and check.
+        calls: Vec<(usize, Item)>,
+    },
     /// `POST /v1/report`.
     Report {
         /// Which daemon.
@@ -181,6 +187,7 @@ impl Op {
         match self {
             Op::Check { .. } => "check",
             Op::Batch { .. } => "batch",
+            Op::Concurrent { .. } => "concurrent",
             Op::Report { .. } => "report",
             Op::Reload { .. } => "reload",
             Op::Advance { .. } => "advance",
@@ -272,6 +279,12 @@ pub fn op(menu: Menu) -> BoxedStrategy<Op> {
             2,
             (via.clone(), prop::collection::vec(item(), 1..6))
                 .prop_map(|(via, items)| Op::Batch { via, items })
+                .boxed(),
+        ),
+        (
+            2,
+            prop::collection::vec((via.clone(), item()), 2..=4)
+                .prop_map(|calls| Op::Concurrent { calls })
                 .boxed(),
         ),
         (

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::Method;
+use futures_util::future::join_all;
 use serde_json::{json, Value};
 use sluice::app::App;
 use sluice::client::{self, Reply, Target};
@@ -129,6 +130,36 @@ impl<'s> World<'s> {
                 for order in orders(items.len()) {
                     let tried = self.settle(model, &nows, &actual, |m, now| {
                         batch(m, *via, items, &order, now)
+                    });
+                    if tried.is_ok() {
+                        outcome = Ok(());
+                        break;
+                    }
+                    if outcome.is_ok() {
+                        outcome = tried;
+                    }
+                }
+                outcome?;
+            }
+            Op::Concurrent { calls } => {
+                let requests = calls
+                    .iter()
+                    .map(|(via, item)| post(self.target(*via), "/v1/check", body(item, true)));
+                let (nows, replies) = self.timed(join_all(requests)).await;
+                let mut actual = Vec::new();
+                for reply in replies {
+                    actual.push(read(&reply?, "allowed"));
+                }
+                // Each check is atomic; the store serves them in some order.
+                let mut outcome = Ok(());
+                for order in orders(calls.len()) {
+                    let tried = self.settle(model, &nows, &actual, |m, now| {
+                        let mut expected = vec![Expect::TooCostly; calls.len()];
+                        for &at in &order {
+                            let (via, item) = &calls[at];
+                            expected[at] = m.check(*via, item, now);
+                        }
+                        expected
                     });
                     if tried.is_ok() {
                         outcome = Ok(());
