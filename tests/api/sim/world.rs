@@ -6,24 +6,22 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::Method;
 use futures_util::future::join_all;
 use serde_json::{json, Value};
 use sluice::app::App;
-use sluice::client::{self, Reply, Target};
+use sluice::client::Target;
 use sluice::clock::{Clock, ManualClock, SystemClock};
 use sluice::config::{load_policies, HumanDuration};
 use sluice::reload::Reloader;
 use sluice::telemetry::Metrics;
 use tempfile::TempDir;
 
-use super::model::{Expect, Model};
-use super::ops::{Item, Op, Pick};
+use super::model::{orders, Expect, Model};
+use super::ops::{Item, Op};
+use super::store_state;
+use super::wire::{agrees, body, explain, get, post, read, read_batch, Actual};
 use crate::helpers::{run_app, test_settings, TestApp, START_US};
 use crate::redis_server::{RedisCluster, RedisServer};
-
-/// Longest one request may take before the step fails (bounded; no timing is asserted).
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The server a test's sequences share.
 pub enum Server {
@@ -73,14 +71,6 @@ pub struct World<'s> {
     _dir: TempDir,
 }
 
-/// What the daemon answered, as the model compares it.
-#[derive(Debug, PartialEq, Eq)]
-enum Actual {
-    TooCostly,
-    Answer { allowed: bool, remaining: u64 },
-    Failure(String),
-}
-
 impl<'s> World<'s> {
     /// Writes the model's policies and starts the sequence's daemons on `server`.
     pub async fn start(server: &'s mut Server, prefix: String, model: &Model) -> World<'s> {
@@ -126,20 +116,9 @@ impl<'s> World<'s> {
                 let actual = read_batch(&reply?);
                 // The checks of a batch are independent (docs/api.md): each is atomic, in an
                 // order the store picks (a Cluster runs a group across slots after the rest).
-                let mut outcome = Ok(());
-                for order in orders(items.len()) {
-                    let tried = self.settle(model, &nows, &actual, |m, now| {
-                        batch(m, *via, items, &order, now)
-                    });
-                    if tried.is_ok() {
-                        outcome = Ok(());
-                        break;
-                    }
-                    if outcome.is_ok() {
-                        outcome = tried;
-                    }
-                }
-                outcome?;
+                self.settle_in_any_order(model, &nows, &actual, |m, now, order| {
+                    m.batch(*via, items, order, now)
+                })?;
             }
             Op::Concurrent { calls } => {
                 let requests = calls
@@ -151,25 +130,14 @@ impl<'s> World<'s> {
                     actual.push(read(&reply?, "allowed"));
                 }
                 // Each check is atomic; the store serves them in some order.
-                let mut outcome = Ok(());
-                for order in orders(calls.len()) {
-                    let tried = self.settle(model, &nows, &actual, |m, now| {
-                        let mut expected = vec![Expect::TooCostly; calls.len()];
-                        for &at in &order {
-                            let (via, item) = &calls[at];
-                            expected[at] = m.check(*via, item, now);
-                        }
-                        expected
-                    });
-                    if tried.is_ok() {
-                        outcome = Ok(());
-                        break;
+                self.settle_in_any_order(model, &nows, &actual, |m, now, order| {
+                    let mut expected = vec![Expect::TooCostly; calls.len()];
+                    for &at in order {
+                        let (via, item) = &calls[at];
+                        expected[at] = m.check(*via, item, now);
                     }
-                    if outcome.is_ok() {
-                        outcome = tried;
-                    }
-                }
-                outcome?;
+                    expected
+                })?;
             }
             Op::Report {
                 via,
@@ -298,6 +266,25 @@ impl<'s> World<'s> {
         Err(explain(&expected, actual))
     }
 
+    /// [`Self::settle`] for answers the store may have given in any order: `apply` runs the
+    /// requests in the order given and places each expectation where its request was.
+    fn settle_in_any_order(
+        &self,
+        model: &mut Model,
+        nows: &[u64],
+        actual: &[Actual],
+        apply: impl Fn(&mut Model, u64, &[usize]) -> Vec<Expect>,
+    ) -> Result<(), String> {
+        let mut first = None;
+        for order in orders(actual.len()) {
+            match self.settle(model, nows, actual, |m, now| apply(m, now, &order)) {
+                Ok(()) => return Ok(()),
+                Err(why) => drop(first.get_or_insert(why)),
+            }
+        }
+        Err(first.unwrap_or_default())
+    }
+
     /// Checks that every daemon serves the model's policies (the reload swapped them in):
     /// `/v1/policies` names each one's algorithm and limit.
     async fn served(&self, model: &Model) -> Result<(), String> {
@@ -365,49 +352,11 @@ impl<'s> World<'s> {
                     .query(&mut conn)
                     .map_err(|e| e.to_string())?;
                 for key in keys {
-                    key_invariants(&mut conn, &key)?;
+                    store_state::key_invariants(&mut conn, &key)?;
                 }
             }
             Ok(())
         })
-    }
-}
-
-fn key_invariants(conn: &mut redis::Connection, key: &str) -> Result<(), String> {
-    let q = |cmd: &str| redis::cmd(cmd).arg(key).clone();
-    let pttl: i64 = q("PTTL").query(conn).map_err(|e| e.to_string())?;
-    let kind: String = q("TYPE").query(conn).map_err(|e| e.to_string())?;
-    let parses = match kind.as_str() {
-        "none" => return Ok(()), // expired between KEYS and now
-        "zset" => {
-            let members: u64 = q("ZCARD").query(conn).map_err(|e| e.to_string())?;
-            (1..=10_000).contains(&members)
-        }
-        "string" => {
-            let value: String = q("GET").query(conn).map_err(|e| e.to_string())?;
-            value.len() < 64 && string_parses(&value)
-        }
-        _ => false,
-    };
-    if pttl <= 0 && pttl != -2 {
-        return Err(format!(
-            "store state: key {key} ({kind}) has no TTL (PTTL {pttl})"
-        ));
-    }
-    if !parses {
-        return Err(format!(
-            "store state: key {key} holds a {kind} no script writes"
-        ));
-    }
-    Ok(())
-}
-
-/// `<int>` (a bucket's TAT, a window's packed count) or `<int>:<int>` (a TAT and remainder).
-fn string_parses(value: &str) -> bool {
-    let int = |s: &str| s.strip_prefix('-').unwrap_or(s).parse::<u64>().is_ok();
-    match value.split_once(':') {
-        Some((a, b)) => int(a) && b.parse::<u64>().is_ok(),
-        None => int(value),
     }
 }
 
@@ -444,137 +393,4 @@ async fn spawn(server: &Server, prefix: &str, file: &Path, clock: &Arc<ManualClo
     let app = run_app(app, clock.clone(), dir);
     app.wait_for_store().await;
     Daemon { app, reloader }
-}
-
-/// A check or report body.
-fn body(item: &Item, check: bool) -> Value {
-    let mut body = json!({"descriptors": {"user": format!("u{}", item.part)}, "cost": item.cost});
-    if let Pick::One(policy) = item.pick {
-        body["policy"] = json!(format!("p{policy}"));
-    }
-    if check && item.dry_run {
-        body["dry_run"] = json!(true);
-    }
-    body
-}
-
-async fn post(target: Target, path: &str, body: Value) -> Result<Reply, String> {
-    let bytes = body.to_string().into_bytes();
-    let request = client::request(&target, Method::POST, path, Some(bytes));
-    match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
-        Ok(reply) => reply.map_err(|e| format!("POST {path}: {e}")),
-        Err(_) => Err(format!("POST {path}: no answer within {REQUEST_TIMEOUT:?}")),
-    }
-}
-
-async fn get(target: Target, path: &str) -> Result<Reply, String> {
-    match tokio::time::timeout(
-        REQUEST_TIMEOUT,
-        client::request(&target, Method::GET, path, None),
-    )
-    .await
-    {
-        Ok(reply) => reply.map_err(|e| format!("GET {path}: {e}")),
-        Err(_) => Err(format!("GET {path}: no answer within {REQUEST_TIMEOUT:?}")),
-    }
-}
-
-/// One answer (`flag` is `allowed` for a check, `within_limit` for a report).
-fn read(reply: &Reply, flag: &str) -> Actual {
-    let body = reply.json();
-    match reply.status.as_u16() {
-        400 if body["error"] == "cost_exceeds_limit" => Actual::TooCostly,
-        200 | 429 => answer(&body, flag),
-        status => Actual::Failure(format!("status {status}: {body}")),
-    }
-}
-
-fn answer(body: &Value, flag: &str) -> Actual {
-    match (
-        body["mode"].as_str(),
-        body[flag].as_bool(),
-        body["remaining"].as_u64(),
-    ) {
-        (Some("enforced"), Some(allowed), Some(remaining)) => Actual::Answer { allowed, remaining },
-        _ => Actual::Failure(body.to_string()),
-    }
-}
-
-fn read_batch(reply: &Reply) -> Vec<Actual> {
-    let body = reply.json();
-    match (reply.status.as_u16(), body["results"].as_array()) {
-        (400, _) if body["reason"].as_str().is_some_and(|r| r.contains("cost")) => {
-            vec![Actual::TooCostly]
-        }
-        (200, Some(results)) => results.iter().map(|r| answer(r, "allowed")).collect(),
-        (status, _) => vec![Actual::Failure(format!("status {status}: {body}"))],
-    }
-}
-
-/// A batch run in `order`: one 400 (nothing spent) if any check costs more than its limit,
-/// else each check's answer at its place in the batch.
-fn batch(model: &mut Model, via: usize, items: &[Item], order: &[usize], now: u64) -> Vec<Expect> {
-    let before = model.clone();
-    let mut expected = vec![Expect::TooCostly; items.len()];
-    for &at in order {
-        expected[at] = model.check(via, &items[at], now);
-    }
-    if expected.contains(&Expect::TooCostly) {
-        *model = before;
-        return vec![Expect::TooCostly];
-    }
-    expected
-}
-
-/// Every order of `n` indices, the given order first.
-fn orders(n: usize) -> Vec<Vec<usize>> {
-    if n == 0 {
-        return vec![Vec::new()];
-    }
-    let mut all = Vec::new();
-    for rest in orders(n - 1) {
-        for at in (0..n).rev() {
-            let mut order = rest.clone();
-            order.insert(at, n - 1);
-            all.push(order);
-        }
-    }
-    all
-}
-
-fn agrees(expected: &[Expect], actual: &[Actual]) -> bool {
-    expected.len() == actual.len()
-        && expected.iter().zip(actual).all(|pair| match pair {
-            (Expect::TooCostly, Actual::TooCostly) => true,
-            (
-                Expect::Answer { allowed, remaining },
-                Actual::Answer {
-                    allowed: got,
-                    remaining: left,
-                },
-            ) => allowed == got && remaining.contains(left),
-            _ => false,
-        })
-}
-
-/// Which invariant the answers break, and how.
-fn explain(expected: &[Expect], actual: &[Actual]) -> String {
-    let over = expected.iter().zip(actual).any(|pair| {
-        matches!(
-            pair,
-            (
-                Expect::Answer { allowed: false, .. },
-                Actual::Answer { allowed: true, .. }
-            )
-        )
-    });
-    let failure = actual.iter().any(|a| matches!(a, Actual::Failure(_)));
-    let what = if failure {
-        "a failure-mode answer while the store answered within its budget"
-    } else if over {
-        "over-admission: more than the policy in force allows"
-    } else {
-        "an answer other than the model's"
-    };
-    format!("{what}: expected {expected:?}, got {actual:?}")
 }
