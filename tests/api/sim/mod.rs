@@ -119,6 +119,8 @@ struct Tally {
     /// The operations the last failing run carried out (what it stepped around left out: those
     /// changed nothing), so the printed replay is the failure alone.
     failed_run: Vec<Op>,
+    /// The operations the run under way has carried out.
+    current: Vec<Op>,
 }
 
 /// Runs `ops` from a fresh store prefix with `specs` in force; `Err` names the step and the
@@ -135,7 +137,7 @@ async fn run_sequence(
     let local_layer = !matches!(server, Server::Memory);
     let mut model = Model::new(specs.to_vec(), server.daemons(), local_layer);
     let mut world = World::start(server, prefix, &model).await;
-    let mut executed = Vec::new();
+    tally.current.clear();
     for op in ops {
         if let Some(item) = known(store, kind(op, &model)).filter(|_| skip_known) {
             *tally.skipped.entry(item).or_default() += 1;
@@ -143,10 +145,10 @@ async fn run_sequence(
         }
         tally.ops += 1;
         *tally.by_op.entry(op.name()).or_default() += 1;
-        executed.push(op.clone());
+        tally.current.push(op.clone());
         if let Err(why) = world.step(&mut model, op).await {
-            let at = executed.len() - 1;
-            tally.failed_run = executed;
+            let at = tally.current.len() - 1;
+            tally.failed_run = tally.current.clone();
             return Err(format!("step {at} ({op:?}): {why}"));
         }
     }
@@ -212,16 +214,33 @@ fn simulate(store: Store, binary: &Path) {
         let mut tally = tally.borrow_mut();
         tally.sequences += 1;
         let mut server = server.borrow_mut();
-        rt.block_on(run_sequence(
-            store,
-            &mut server,
-            prefix,
-            &specs,
-            &ops,
-            true,
-            &mut tally,
-        ))
-        .map_err(TestCaseError::fail)
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            rt.block_on(run_sequence(
+                store,
+                &mut server,
+                prefix,
+                &specs,
+                &ops,
+                true,
+                &mut tally,
+            ))
+        }));
+        match run {
+            Ok(outcome) => outcome.map_err(TestCaseError::fail),
+            // A bounded wait that ran out (a store that never came back): a failure like any.
+            Err(panic) => {
+                tally.failed_run = std::mem::take(&mut tally.current);
+                let why = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                Err(TestCaseError::fail(format!(
+                    "step {} panicked: {why}",
+                    tally.failed_run.len().saturating_sub(1)
+                )))
+            }
+        }
     });
     let tally = tally.into_inner();
     eprintln!(
