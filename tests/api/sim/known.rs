@@ -12,8 +12,9 @@ use super::Store;
 pub enum Kind {
     /// A check, a batch or a report.
     Request,
-    /// A reload that keeps the algorithm and lowers what a partition may hold (limit, or a
-    /// token bucket's burst) over its existing state.
+    /// A reload that keeps a sliding log's or fixed window's algorithm and lowers its limit
+    /// over the existing state (a token bucket's lowered burst or rate is an ordinary reload:
+    /// Redis answers it as the model does).
     LowerOverState,
     /// A reload back to an algorithm whose state a partition still holds from before an earlier
     /// change (no write since): the contract starts it afresh.
@@ -137,7 +138,7 @@ pub fn kind(op: &Op, model: &Model) -> Kind {
         Op::Reload { policy, change } => {
             let (was, next) = (model.specs[*policy], change.apply(&model.specs[*policy]));
             let lower = next.algorithm().limit() < was.algorithm().limit();
-            if next.alg == was.alg && lower {
+            if next.alg == was.alg && next.alg != Alg::TokenBucket && lower {
                 Kind::LowerOverState
             } else if next.alg == Alg::FixedWindow
                 && was.alg == next.alg
