@@ -5,8 +5,8 @@
 
 mod support;
 use support::{
-    grpc_client, helpers, injector_support, kustomize, otlp_receiver, redis_server, stores,
-    tls_pki, tools, wait,
+    grpc_client, helpers, injector_support, kustomize, otlp_receiver, redis_server, store_binaries,
+    stores, tls_pki, tools, wait,
 };
 
 mod admin;
@@ -38,6 +38,7 @@ mod reload_signal;
 mod report;
 mod report_differential;
 mod shutdown;
+mod sim;
 mod top;
 mod tracing_off;
 mod tracing_otlp;

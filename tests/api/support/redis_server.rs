@@ -188,6 +188,11 @@ impl RedisServer {
         self.extra.get(at + 1).cloned()
     }
 
+    /// Its data directory (`--dir`: where `SHUTDOWN SAVE` writes `dump.rdb`, read at start).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
     /// Its URL.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)

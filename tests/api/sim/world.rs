@@ -1,0 +1,396 @@
+//! The real side of the simulator: a store (the embedded one, or a Redis, Valkey or Cluster
+//! server shared by a test's sequences), the daemons of one sequence on it (keys under a prefix of
+//! their own), and one operation carried out against them and checked against the model.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use serde_json::{json, Value};
+use sluice::app::App;
+use sluice::client::Target;
+use sluice::clock::{Clock, ManualClock, SystemClock};
+use sluice::config::{load_policies, HumanDuration};
+use sluice::reload::Reloader;
+use sluice::telemetry::Metrics;
+use tempfile::TempDir;
+
+use super::model::{orders, Expect, Model};
+use super::ops::{Item, Op};
+use super::store_state;
+use super::wire::{agrees, body, explain, get, post, read, read_batch, Actual};
+use crate::helpers::{run_app, test_settings, TestApp, START_US};
+use crate::redis_server::{RedisCluster, RedisServer};
+
+/// The server a test's sequences share.
+pub enum Server {
+    /// The embedded store (each daemon has its own, on the manual clock).
+    Memory,
+    /// One server (Redis 7, Redis 6.2 or Valkey 9).
+    Single(RedisServer),
+    /// A 3-primary Redis Cluster.
+    Cluster(RedisCluster),
+}
+
+impl Server {
+    /// How many daemons a sequence runs on this store (the embedded store is per daemon).
+    pub fn daemons(&self) -> usize {
+        match self {
+            Server::Memory => 1,
+            Server::Single(_) | Server::Cluster(_) => 2,
+        }
+    }
+
+    fn primaries(&self) -> Vec<redis::Connection> {
+        match self {
+            Server::Memory => Vec::new(),
+            Server::Single(server) => vec![server.connection()],
+            Server::Cluster(cluster) => cluster.connections(),
+        }
+    }
+}
+
+/// A daemon of the sequence, with a reloader of its own on the policy file: a reload is the
+/// daemon's real reload path (read the file, validate, swap), run when the step says so.
+struct Daemon {
+    app: TestApp,
+    reloader: Reloader,
+}
+
+/// One sequence's daemons on the store.
+pub struct World<'s> {
+    server: &'s mut Server,
+    prefix: String,
+    file: PathBuf,
+    daemons: Vec<Daemon>,
+    clock: Arc<ManualClock>,
+    /// After a restart without persistence, the state before it: a daemon's local layer may
+    /// still deny what it denied then (an under-admission the data loss causes, never more).
+    ghost: Option<Model>,
+    _dir: TempDir,
+}
+
+impl<'s> World<'s> {
+    /// Writes the model's policies and starts the sequence's daemons on `server`.
+    pub async fn start(server: &'s mut Server, prefix: String, model: &Model) -> World<'s> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("policies.yaml");
+        std::fs::write(&file, model.yaml()).expect("write policies");
+        let clock = Arc::new(ManualClock::new(START_US));
+        let mut daemons = Vec::new();
+        for _ in 0..server.daemons() {
+            daemons.push(spawn(server, &prefix, &file, &clock).await);
+        }
+        World {
+            server,
+            prefix,
+            file,
+            daemons,
+            clock,
+            ghost: None,
+            _dir: dir,
+        }
+    }
+
+    /// Carries out `op` and checks every answer against `model` (which it advances), then the
+    /// store's state.
+    pub async fn step(&mut self, model: &mut Model, op: &Op) -> Result<(), String> {
+        match op {
+            Op::Check { via, item } => {
+                let target = self.target(*via);
+                let (nows, reply) = self
+                    .timed(post(target, "/v1/check", body(item, true)))
+                    .await;
+                let actual = read(&reply?, "allowed");
+                self.settle(model, &nows, &[actual], |m, now| {
+                    vec![m.check(*via, item, now)]
+                })?;
+            }
+            Op::Batch { via, items } => {
+                let target = self.target(*via);
+                let checks: Vec<Value> = items.iter().map(|i| body(i, true)).collect();
+                let (nows, reply) = self
+                    .timed(post(target, "/v1/check/batch", json!({"checks": checks})))
+                    .await;
+                let actual = read_batch(&reply?);
+                // The checks of a batch are independent (docs/api.md): each is atomic, in an
+                // order the store picks (a Cluster runs a group across slots after the rest).
+                self.settle_in_any_order(model, &nows, &actual, |m, now, order| {
+                    m.batch(*via, items, order, now)
+                })?;
+            }
+            Op::Concurrent { calls } => {
+                let requests = calls
+                    .iter()
+                    .map(|(via, item)| post(self.target(*via), "/v1/check", body(item, true)));
+                let (nows, replies) = self.timed(join_all(requests)).await;
+                let mut actual = Vec::new();
+                for reply in replies {
+                    actual.push(read(&reply?, "allowed"));
+                }
+                // Each check is atomic; the store serves them in some order.
+                self.settle_in_any_order(model, &nows, &actual, |m, now, order| {
+                    let mut expected = vec![Expect::TooCostly; calls.len()];
+                    for &at in order {
+                        let (via, item) = &calls[at];
+                        expected[at] = m.check(*via, item, now);
+                    }
+                    expected
+                })?;
+            }
+            Op::Report {
+                via,
+                pick,
+                part,
+                cost,
+            } => {
+                let target = self.target(*via);
+                let item = Item {
+                    pick: *pick,
+                    part: *part,
+                    cost: *cost,
+                    dry_run: false,
+                };
+                let (nows, reply) = self
+                    .timed(post(target, "/v1/report", body(&item, false)))
+                    .await;
+                let actual = read(&reply?, "within_limit");
+                self.settle(model, &nows, &[actual], |m, now| {
+                    vec![m.report(*via, *pick, *part, *cost, now)]
+                })?;
+            }
+            Op::Reload { policy, change } => {
+                let spec = change.apply(&model.specs[*policy]);
+                model.reload(*policy, spec);
+                let next = self.file.with_extension("next");
+                std::fs::write(&next, model.yaml()).expect("write the new policy file");
+                std::fs::rename(&next, &self.file).expect("swap the policy file");
+                for daemon in &mut self.daemons {
+                    daemon.reloader.reload(true).await;
+                }
+                self.ghost = None;
+                self.served(model).await?;
+            }
+            Op::Advance { us } => self.clock.advance(*us),
+            Op::Restart { persist } => self.restart(model, *persist).await,
+            Op::Pause { ms, item } => {
+                let Server::Single(server) = &*self.server else {
+                    unreachable!("pauses are generated for single servers only")
+                };
+                let target = self.target(0);
+                let before = self.now();
+                server.signal("STOP");
+                let check = tokio::spawn(post(target, "/v1/check", body(item, true)));
+                tokio::time::sleep(Duration::from_millis(*ms)).await;
+                server.signal("CONT");
+                let reply = check.await.map_err(|e| e.to_string())?;
+                let nows = vec![before, self.now()];
+                let actual = read(&reply?, "allowed");
+                self.settle(
+                    model,
+                    &nows,
+                    &[actual],
+                    |m, now| vec![m.check(0, item, now)],
+                )?;
+            }
+        }
+        self.store_invariants()
+    }
+
+    fn target(&self, via: usize) -> Target {
+        self.daemons[via % self.daemons.len()].app.tcp.clone()
+    }
+
+    /// The store's time: the manual clock, or the server's `TIME` (one node: a Cluster's nodes
+    /// share this host's clock).
+    fn now(&self) -> u64 {
+        match &*self.server {
+            Server::Memory => self.clock.now_us(),
+            _ => tokio::task::block_in_place(|| {
+                let mut conn = self.server.primaries().swap_remove(0);
+                let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut conn).expect("TIME");
+                secs * 1_000_000 + micros
+            }),
+        }
+    }
+
+    /// Runs `request`, returning the instants the store's clock read just before and after (the
+    /// script read `TIME` in between).
+    async fn timed<T>(&self, request: impl std::future::Future<Output = T>) -> (Vec<u64>, T) {
+        let before = self.now();
+        let out = request.await;
+        let after = self.now();
+        let nows = if before == after {
+            vec![before]
+        } else {
+            vec![before, after]
+        };
+        (nows, out)
+    }
+
+    /// Accepts the answers if the model, at one of `nows`, gives them; the model then moves on
+    /// from that instant's state. After a data loss a denial the lost state gives is accepted
+    /// too (a local layer's memory), leaving the model as it is.
+    fn settle(
+        &self,
+        model: &mut Model,
+        nows: &[u64],
+        actual: &[Actual],
+        apply: impl Fn(&mut Model, u64) -> Vec<Expect>,
+    ) -> Result<(), String> {
+        let mut first = None;
+        for &now in nows {
+            let mut next = model.clone();
+            let expected = apply(&mut next, now);
+            if agrees(&expected, actual) {
+                *model = next;
+                return Ok(());
+            }
+            first.get_or_insert(expected);
+        }
+        let expected = first.unwrap_or_default();
+        if let Some(ghost) = &self.ghost {
+            let denials = actual
+                .iter()
+                .all(|a| matches!(a, Actual::Answer { allowed: false, .. }));
+            let mut ghost = ghost.clone();
+            if denials
+                && nows
+                    .iter()
+                    .any(|&now| agrees(&apply(&mut ghost, now), actual))
+            {
+                return Ok(());
+            }
+        }
+        Err(explain(&expected, actual))
+    }
+
+    /// [`Self::settle`] for answers the store may have given in any order: `apply` runs the
+    /// requests in the order given and places each expectation where its request was.
+    fn settle_in_any_order(
+        &self,
+        model: &mut Model,
+        nows: &[u64],
+        actual: &[Actual],
+        apply: impl Fn(&mut Model, u64, &[usize]) -> Vec<Expect>,
+    ) -> Result<(), String> {
+        let mut first = None;
+        for order in orders(actual.len()) {
+            match self.settle(model, nows, actual, |m, now| apply(m, now, &order)) {
+                Ok(()) => return Ok(()),
+                Err(why) => drop(first.get_or_insert(why)),
+            }
+        }
+        Err(first.unwrap_or_default())
+    }
+
+    /// Checks that every daemon serves the model's policies (the reload swapped them in):
+    /// `/v1/policies` names each one's algorithm and limit.
+    async fn served(&self, model: &Model) -> Result<(), String> {
+        let written: Vec<(String, u64)> = model
+            .specs
+            .iter()
+            .map(|s| (s.algorithm().name().to_owned(), s.limit))
+            .collect();
+        for daemon in &self.daemons {
+            let reply = get(Target::Tcp(daemon.app.admin), "/v1/policies").await?;
+            let served: Vec<(String, u64)> = reply.json()["policies"]
+                .as_array()
+                .map(|policies| {
+                    let figures = |p: &Value| {
+                        let algorithm = p["algorithm"].as_str().unwrap_or("?").to_owned();
+                        (algorithm, p["limit"].as_u64().unwrap_or(0))
+                    };
+                    policies.iter().map(figures).collect()
+                })
+                .unwrap_or_default();
+            if served != written {
+                return Err(format!("reload not served: {served:?}, file {written:?}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// A restart of the single server: with its data (`SHUTDOWN SAVE`, loaded back at start)
+    /// or without (`kill -9`, no data file); then every daemon decides by the store again.
+    async fn restart(&mut self, model: &mut Model, persist: bool) {
+        let Server::Single(server) = &mut *self.server else {
+            unreachable!("restarts are generated for single servers only")
+        };
+        tokio::task::block_in_place(|| {
+            if persist {
+                let mut conn = server.connection();
+                let _ = redis::cmd("SHUTDOWN").arg("SAVE").query::<()>(&mut conn);
+                server.wait_exit();
+            } else {
+                server.kill();
+                let _ = std::fs::remove_file(server.dir().join("dump.rdb"));
+            }
+            server.restart();
+        });
+        if !persist {
+            self.ghost = Some(model.clone());
+            model.forget();
+        }
+        let probe = json!({"policy": "p0", "descriptors": {"user": "probe"}});
+        for daemon in &self.daemons {
+            crate::wait::wait_enforced(&daemon.app.tcp, &probe).await;
+        }
+    }
+
+    /// On Redis: every key under the sequence's prefix expires (`PTTL` > 0) and holds what a
+    /// script writes: a sorted set (a sliding log) or a short string `<int>` or `<int>:<int>`.
+    fn store_invariants(&self) -> Result<(), String> {
+        if matches!(self.server, Server::Memory) {
+            return Ok(());
+        }
+        tokio::task::block_in_place(|| {
+            for mut conn in self.server.primaries() {
+                let keys: Vec<String> = redis::cmd("KEYS")
+                    .arg(format!("{}:*", self.prefix))
+                    .query(&mut conn)
+                    .map_err(|e| e.to_string())?;
+                for key in keys {
+                    store_state::key_invariants(&mut conn, &key)?;
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+async fn spawn(server: &Server, prefix: &str, file: &Path, clock: &Arc<ManualClock>) -> Daemon {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut settings = test_settings(dir.path());
+    settings.policies = file.to_owned();
+    let store_clock: Arc<dyn Clock> = match server {
+        Server::Memory => clock.clone(),
+        Server::Single(single) => {
+            settings.redis.url = Some(single.url());
+            Arc::new(SystemClock::new())
+        }
+        Server::Cluster(cluster) => {
+            settings.redis.cluster = cluster.urls();
+            Arc::new(SystemClock::new())
+        }
+    };
+    settings.redis.key_prefix = prefix.into();
+    // Generous: a budget a busy CI machine meets; a slow call within it must still be enforced.
+    settings.redis.timeout = HumanDuration(2_000_000);
+    let (policies, version) = load_policies(file, &settings.files).expect("valid policies");
+    let app = App::build_with(&settings, policies, store_clock)
+        .await
+        .expect("daemon builds");
+    let reloader = Reloader::new(
+        file.to_owned(),
+        app.service(),
+        Metrics::new(),
+        version,
+        settings.files,
+        false,
+    );
+    let app = run_app(app, clock.clone(), dir);
+    app.wait_for_store().await;
+    Daemon { app, reloader }
+}
