@@ -439,3 +439,22 @@ fn cli_honours_the_pod_templates_sluice_annotations() {
         assert!(outcome.stderr.contains(needle), "{}", outcome.stderr);
     }
 }
+
+/// `--require-redis-secret`: the sidecar's Secret is required (`optional: false`), so a pod whose
+/// Secret is missing does not start alone on the embedded store; without it, optional as before.
+#[test]
+fn require_redis_secret_makes_the_secret_required() {
+    let secret_ref = |stdout: &str| {
+        let objects = documents(stdout);
+        let init = pod_spec(&objects[0])["initContainers"][0].clone();
+        init["envFrom"][0]["secretRef"].clone()
+    };
+    let deployment = sample("deployment.yaml");
+    let required = inject_cli(&["--require-redis-secret"], &deployment);
+    assert_eq!(required.code, Some(0), "{required:?}");
+    let reference = secret_ref(&required.stdout);
+    assert_eq!(reference["name"], "sluice-redis");
+    assert_eq!(reference["optional"], false, "{reference:?}");
+    let plain = inject_cli(&[], &deployment);
+    assert_eq!(secret_ref(&plain.stdout)["optional"], true);
+}

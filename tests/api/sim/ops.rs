@@ -40,8 +40,11 @@ impl Spec {
     pub fn algorithm(&self) -> Algorithm {
         let period_us = self.period_s * 1_000_000;
         match self.alg {
+            // The policies leave `report_debt_periods` at its default: a report's debt is
+            // bounded to one period, as the daemon bounds it.
             Alg::TokenBucket => TokenBucket::new(self.limit, period_us, self.burst)
                 .expect("valid token bucket")
+                .with_report_debt(1)
                 .into(),
             Alg::SlidingLog => SlidingLog::new(self.limit, period_us)
                 .expect("valid sliding log")

@@ -299,3 +299,65 @@ fn sim_1_an_algorithm_changed_back_starts_afresh_on_redis() {
 // `Check { via: 0, item: Item { pick: One(0), part: 2, cost: 1, dry_run: false } }`: in the first
 // hour of a 2-hour window the last check must leave 0 (the unit spent at the start of that
 // window counts), Redis leaves 1.
+
+/// Found when the report debt bound met the simulator (its model had no bound): two reports
+/// leave a 1/2h bucket one period in debt (the default `report_debt_periods`), and a burst raised
+/// to 2 then admits one check from the state as it is, on every store alike.
+#[test]
+fn a_bounded_report_debt_then_a_raised_burst_admits_from_the_state_as_it_is() {
+    for store in [Store::Embedded, Store::Redis7] {
+        passes(
+            store,
+            vec![
+                Spec {
+                    alg: TokenBucket,
+                    limit: 1,
+                    burst: 1,
+                    period_s: 7200,
+                },
+                Spec {
+                    alg: SlidingLog,
+                    limit: 8,
+                    burst: 1,
+                    period_s: 3600,
+                },
+            ],
+            vec![
+                Report {
+                    via: 0,
+                    pick: One(0),
+                    part: 0,
+                    cost: 2,
+                },
+                Report {
+                    via: 0,
+                    pick: One(0),
+                    part: 0,
+                    cost: 1,
+                },
+                Reload {
+                    policy: 0,
+                    change: Burst(2),
+                },
+                Check {
+                    via: 0,
+                    item: Item {
+                        pick: One(0),
+                        part: 0,
+                        cost: 1,
+                        dry_run: false,
+                    },
+                },
+                Check {
+                    via: 0,
+                    item: Item {
+                        pick: One(0),
+                        part: 0,
+                        cost: 1,
+                        dry_run: false,
+                    },
+                },
+            ],
+        );
+    }
+}

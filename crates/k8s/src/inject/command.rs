@@ -26,6 +26,11 @@ pub struct SidecarArgs {
     /// store).
     #[arg(long, default_value = "sluice-redis")]
     pub redis_secret: String,
+    /// The sidecar does not start without the Redis Secret (`optional: false`): a pod that
+    /// cannot reach the shared counters then waits (CreateContainerConfigError) instead of
+    /// enforcing the whole limit alone on the embedded store.
+    #[arg(long)]
+    pub require_redis_secret: bool,
     /// Pods sharing each limit, for the `local` failure mode (a pod's `sluice.io/replicas`
     /// overrides it; default: the workload's `spec.replicas`, else 1).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
@@ -43,6 +48,7 @@ impl SidecarArgs {
             image: self.image.clone(),
             policies_configmap: self.policies_configmap.clone(),
             redis_secret: self.redis_secret.clone(),
+            require_redis_secret: self.require_redis_secret,
             replicas: self.replicas,
             grpc: self.grpc,
             ..Options::default()

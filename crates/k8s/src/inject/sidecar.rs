@@ -35,8 +35,12 @@ pub struct Options {
     pub image: String,
     /// ConfigMap with a `policies.yaml` key.
     pub policies_configmap: String,
-    /// Secret whose keys are `SLUICE_*` variables (the Redis address); optional at run time.
+    /// Secret whose keys are `SLUICE_*` variables (the Redis address); optional at run time
+    /// unless [`Options::require_redis_secret`].
     pub redis_secret: String,
+    /// The pod does not start without its Secret (`optional: false`): a pod of several replicas
+    /// that ran on the embedded store would enforce the whole limit alone.
+    pub require_redis_secret: bool,
     /// `local.replicas`; `None`: the workload's `spec.replicas`, else 1. A pod's
     /// `sluice.io/replicas` annotation overrides it.
     pub replicas: Option<u64>,
@@ -56,6 +60,7 @@ impl Default for Options {
             image: default_image(),
             policies_configmap: "sluice-policies".into(),
             redis_secret: "sluice-redis".into(),
+            require_redis_secret: false,
             replicas: None,
             resources: Resources::default(),
             grpc: false,
@@ -134,7 +139,7 @@ env:
   - {{name: SLUICE_LOCAL__REPLICAS, value: "{replicas}"}}
   - {{name: SLUICE_LOG__FORMAT, value: json}}
 {grpc}envFrom:
-  - secretRef: {{name: {secret}, optional: true}}
+  - secretRef: {{name: {secret}, optional: {optional}}}
 ports:
   - {{name: sluice-admin, containerPort: {ADMIN_PORT}, protocol: TCP}}
 startupProbe:
@@ -176,6 +181,7 @@ volumeMounts:
             String::new()
         },
         secret = quoted(&options.redis_secret),
+        optional = !options.require_redis_secret,
         cpu = quoted(options.resources.cpu_request.as_str()),
         memory = quoted(options.resources.memory_request.as_str()),
         memory_limit = quoted(options.resources.memory_limit.as_str()),
