@@ -172,7 +172,7 @@ impl Daemon {
         bench_settings: bool,
         sections: &str,
     ) -> Result<Self> {
-        for _ in 0..2 {
+        for attempt in 1..=3 {
             let started = Self::try_start(
                 redis_url,
                 policies,
@@ -184,17 +184,11 @@ impl Daemon {
             if let Some(daemon) = started {
                 return Ok(daemon);
             }
-            eprintln!("the daemon exited before it was up (a port taken meanwhile?): again");
+            eprintln!(
+                "the daemon exited before it was up (a port taken meanwhile?): try {attempt} of 3"
+            );
         }
-        Self::try_start(
-            redis_url,
-            policies,
-            threads,
-            extra_redis,
-            bench_settings,
-            sections,
-        )?
-        .context("the daemon exited before it was up, three times")
+        bail!("the daemon exited before it was up, three times")
     }
 
     /// One start: `None` when the daemon exited before it was up.

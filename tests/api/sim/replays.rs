@@ -23,6 +23,19 @@ fn known_defect(item: &str, store: Store, specs: Vec<Spec>, ops: Vec<super::ops:
 
 /// Asserts the replay passes.
 #[allow(dead_code)]
+/// A check through the first daemon, spending (not a dry run).
+fn check(pick: super::ops::Pick, part: u8, cost: u64) -> super::ops::Op {
+    Check {
+        via: 0,
+        item: Item {
+            pick,
+            part,
+            cost,
+            dry_run: false,
+        },
+    }
+}
+
 fn passes(store: Store, specs: Vec<Spec>, ops: Vec<super::ops::Op>) {
     let result = replay(store, specs, ops);
     assert!(result.is_ok(), "{store:?}: {result:?}");
@@ -50,15 +63,7 @@ fn sim_1_an_algorithm_changed_back_starts_afresh_on_the_embedded_store() {
             },
         ],
         vec![
-            Check {
-                via: 0,
-                item: Item {
-                    pick: One(0),
-                    part: 1,
-                    cost: 1,
-                    dry_run: false,
-                },
-            },
+            check(One(0), 1, 1),
             Reload {
                 policy: 0,
                 change: Algorithm(TokenBucket),
@@ -67,15 +72,7 @@ fn sim_1_an_algorithm_changed_back_starts_afresh_on_the_embedded_store() {
                 policy: 0,
                 change: Algorithm(SlidingLog),
             },
-            Check {
-                via: 0,
-                item: Item {
-                    pick: One(0),
-                    part: 1,
-                    cost: 1,
-                    dry_run: false,
-                },
-            },
+            check(One(0), 1, 1),
         ],
     );
 }
@@ -102,15 +99,7 @@ fn item_1_a_lowered_limit_over_state_is_enforced_on_redis_cluster() {
             },
         ],
         vec![
-            Check {
-                via: 0,
-                item: Item {
-                    pick: All,
-                    part: 1,
-                    cost: 2,
-                    dry_run: false,
-                },
-            },
+            check(All, 1, 2),
             Reload {
                 policy: 0,
                 change: Limit(1),
@@ -157,33 +146,9 @@ fn sim_2_a_remembered_denial_answers_todays_remaining_on_redis() {
                     dry_run: false,
                 }],
             },
-            Check {
-                via: 0,
-                item: Item {
-                    pick: One(0),
-                    part: 0,
-                    cost: 2,
-                    dry_run: false,
-                },
-            },
-            Check {
-                via: 0,
-                item: Item {
-                    pick: One(0),
-                    part: 0,
-                    cost: 1,
-                    dry_run: false,
-                },
-            },
-            Check {
-                via: 0,
-                item: Item {
-                    pick: All,
-                    part: 0,
-                    cost: 2,
-                    dry_run: false,
-                },
-            },
+            check(One(0), 0, 2),
+            check(One(0), 0, 1),
+            check(All, 0, 2),
         ],
     );
 }
@@ -228,15 +193,7 @@ fn sim_4_a_denied_group_in_a_batch_spends_nothing_on_redis_cluster() {
                     },
                 ],
             },
-            Check {
-                via: 0,
-                item: Item {
-                    pick: One(1),
-                    part: 0,
-                    cost: 1,
-                    dry_run: false,
-                },
-            },
+            check(One(1), 0, 1),
         ],
     );
 }
@@ -278,15 +235,7 @@ fn sim_1_an_algorithm_changed_back_starts_afresh_on_redis() {
                 policy: 0,
                 change: Algorithm(TokenBucket),
             },
-            Check {
-                via: 0,
-                item: Item {
-                    pick: One(0),
-                    part: 0,
-                    cost: 1,
-                    dry_run: false,
-                },
-            },
+            check(One(0), 0, 1),
         ],
     );
 }
@@ -339,24 +288,8 @@ fn a_bounded_report_debt_then_a_raised_burst_admits_from_the_state_as_it_is() {
                     policy: 0,
                     change: Burst(2),
                 },
-                Check {
-                    via: 0,
-                    item: Item {
-                        pick: One(0),
-                        part: 0,
-                        cost: 1,
-                        dry_run: false,
-                    },
-                },
-                Check {
-                    via: 0,
-                    item: Item {
-                        pick: One(0),
-                        part: 0,
-                        cost: 1,
-                        dry_run: false,
-                    },
-                },
+                check(One(0), 0, 1),
+                check(One(0), 0, 1),
             ],
         );
     }
