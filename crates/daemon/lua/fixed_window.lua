@@ -17,7 +17,9 @@
 --
 -- Why a script: reading the count and adding to it must be one atomic step. The window's identity
 -- is kept in the value (not the key name) so that the script touches only the key it was given; a
--- count from an earlier window counts as 0. Its low 20 bits suffice: a key lives one window, so
+-- count from an earlier window counts as 0. The number is the window's under the policy's
+-- period, so a reload that changes the period is a window boundary (as in the Rust twin). Its
+-- low 20 bits suffice: a key lives one window, so
 -- it can only be confused with one 2^20 windows old. Up to 2 * limit can pass across a boundary: the
 -- documented price of the cheapest algorithm.
 -- With the test-only now_us, TTLs are at least a minute: real time keeps running while test time

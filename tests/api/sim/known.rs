@@ -19,8 +19,6 @@ pub enum Kind {
     /// A reload back to an algorithm whose state a partition still holds from before an earlier
     /// change (no write since): the contract starts it afresh.
     AlgorithmBack,
-    /// A reload that changes a fixed window's period.
-    WindowPeriod,
     /// Any other reload.
     Reload,
     /// A batch, or checks sent at once, holding a check of every policy and another check of
@@ -62,15 +60,6 @@ pub const KNOWN_DEFECTS: &[KnownDefect] = &[
     KnownDefect {
         item: "sim.2",
         kind: Kind::StaleLocalDenial,
-        stores: REDIS,
-    },
-    // A fixed window's period changed: the scripts start the count afresh (the window's tag is
-    // `now / period`) where the new window holds the old one's units (the embedded store keeps
-    // them when both windows start at the same instant): up to the old count admitted on top
-    // of the limit in that window (`replays`, sim.3: the replay depends on the hour).
-    KnownDefect {
-        item: "sim.3",
-        kind: Kind::WindowPeriod,
         stores: REDIS,
     },
     // On a Cluster, a check of policies in several slots, in a batch or at the same time as
@@ -133,11 +122,6 @@ pub fn kind(op: &Op, model: &Model) -> Kind {
             let lower = next.algorithm().limit() < was.algorithm().limit();
             if next.alg == was.alg && next.alg != Alg::TokenBucket && lower {
                 Kind::LowerOverState
-            } else if next.alg == Alg::FixedWindow
-                && was.alg == next.alg
-                && was.period_s != next.period_s
-            {
-                Kind::WindowPeriod
             } else if model.goes_back(*policy, next.alg) {
                 Kind::AlgorithmBack
             } else {

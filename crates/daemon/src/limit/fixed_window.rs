@@ -15,12 +15,15 @@ pub struct FixedWindow {
     period_us: Micros,
 }
 
-/// Per-key state: how many units were admitted in the window starting at `window_start`.
-/// The count only applies while `now` is in that window; a fresh state has `count == 0`.
+/// Per-key state: how many units were admitted in window number `window` (the window
+/// `[window * period, (window + 1) * period)`). The count only applies while `now` is in a window
+/// of that number under the policy's period: a reload that changes the period is a window
+/// boundary (the count starts afresh), as the Redis script does with the number it stores. A
+/// fresh state has `count == 0`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WindowState {
-    /// Start of the window the count belongs to (a multiple of the period).
-    pub window_start: Micros,
+    /// The number of the window the count belongs to (`now / period` when counted).
+    pub window: u64,
     /// Units admitted in that window.
     pub count: u64,
 }
@@ -42,14 +45,14 @@ impl FixedWindow {
         self.period_us
     }
 
-    /// Start of the window containing `now`.
-    fn window_of(&self, now: Micros) -> Micros {
-        now - now % self.period_us
+    /// The number of the window containing `now`.
+    fn window_of(&self, now: Micros) -> u64 {
+        now / self.period_us
     }
 
     /// Units already admitted in the window containing `now`.
     fn count_at(&self, state: &WindowState, now: Micros) -> u64 {
-        if state.window_start == self.window_of(now) {
+        if state.window == self.window_of(now) {
             state.count
         } else {
             0
@@ -81,11 +84,11 @@ impl FixedWindow {
     /// count was already replaced), which may admit up to `limit` extra units once.
     pub fn admit(&self, state: &mut WindowState, now: Micros, cost: u64) {
         let window = self.window_of(now);
-        if state.window_start == window {
+        if state.window == window {
             state.count = state.count.saturating_add(cost);
         } else {
             *state = WindowState {
-                window_start: window,
+                window,
                 count: cost,
             };
         }
@@ -104,7 +107,7 @@ impl FixedWindow {
             return decision;
         }
         *state = WindowState {
-            window_start: self.window_of(now),
+            window: self.window_of(now),
             count: self.count_at(state, now).max(self.limit),
         };
         self.decide(state, now, 1)
@@ -116,7 +119,10 @@ impl FixedWindow {
         if state.count == 0 {
             0
         } else {
-            state.window_start.saturating_add(self.period_us)
+            state
+                .window
+                .saturating_add(1)
+                .saturating_mul(self.period_us)
         }
     }
 }
@@ -160,7 +166,7 @@ mod tests {
             assert_eq!((d.allowed, d.remaining), (true, 9 - i));
             assert_eq!(d.reset_after_us, 55 * SECOND);
         }
-        assert_eq!(s.window_start, 120 * SECOND);
+        assert_eq!(s.window, 2);
         let d = fw.decide(&s, t, 1);
         assert_eq!(
             (d.allowed, d.remaining, d.retry_after_us),
@@ -169,6 +175,23 @@ mod tests {
         assert!(!fw.decide(&s, 180 * SECOND - 1, 1).allowed);
         assert!(fw.decide(&s, 180 * SECOND, 10).allowed);
         assert_eq!(fw.idle_at(&s), 180 * SECOND);
+    }
+
+    /// A reload that changes the period is a window boundary, even where the old and the new
+    /// window start at the same instant: the count belongs to a window number under a period,
+    /// as in the Redis script (which stores the number, not the start).
+    #[test]
+    fn a_changed_period_starts_the_window_afresh() {
+        let hourly = FixedWindow::new(2, 3_600 * SECOND).unwrap();
+        let two_hourly = FixedWindow::new(2, 7_200 * SECOND).unwrap();
+        let mut s = WindowState::default();
+        let t = 7_200 * SECOND; // starts an hourly and a two-hourly window
+        assert!(hit(&hourly, &mut s, t, 2).allowed);
+        assert!(!hourly.decide(&s, t + SECOND, 1).allowed);
+        let d = two_hourly.decide(&s, t + SECOND, 2);
+        assert_eq!((d.allowed, d.remaining), (true, 0));
+        // Back to the hourly period within the same hour: the count is that window's again.
+        assert!(!hourly.decide(&s, t + 2 * SECOND, 1).allowed);
     }
 
     #[test]
