@@ -8,6 +8,7 @@ mod exactness;
 mod failures;
 mod lowered_limit;
 mod policies;
+mod reshard;
 pub mod serve_env;
 mod single;
 mod store;

@@ -295,9 +295,23 @@ impl RedisCluster {
     }
 
     /// Moves hash slot `slot` (which must hold keys) and its keys from the node serving it to the
-    /// next node: IMPORTING
-    /// and MIGRATING, `MIGRATE` of every key, then the new owner announced to every node.
+    /// next node: IMPORTING and MIGRATING, `MIGRATE` of every key, then the new owner announced
+    /// to every node.
     pub fn move_slot(&self, slot: u16) {
+        let migration = self.begin_migration(slot);
+        for _ in 0..100 {
+            let keys = migration.keys_left(self);
+            if keys.is_empty() {
+                break;
+            }
+            migration.migrate(self, &keys);
+        }
+        migration.finish(self);
+    }
+
+    /// Starts moving hash slot `slot` (which must hold keys) from the node serving it to the
+    /// next node: the target IMPORTING, the source MIGRATING; no key moved yet.
+    pub fn begin_migration(&self, slot: u16) -> Migration {
         let mut conns = self.connections();
         let ids: Vec<String> = conns
             .iter_mut()
@@ -320,40 +334,15 @@ impl RedisCluster {
             })
             .expect("the slot holds keys");
         let to = (from + 1) % conns.len();
-        let setslot = |c: &mut redis::Connection, args: &[&str]| {
-            let () = redis::cmd("CLUSTER")
-                .arg("SETSLOT")
-                .arg(slot)
-                .arg(args)
-                .query(c)
-                .expect("CLUSTER SETSLOT");
+        let migration = Migration {
+            slot,
+            from,
+            to,
+            ids,
         };
-        setslot(&mut conns[to], &["IMPORTING", &ids[from]]);
-        setslot(&mut conns[from], &["MIGRATING", &ids[to]]);
-        for _ in 0..100 {
-            let keys: Vec<String> = redis::cmd("CLUSTER")
-                .arg("GETKEYSINSLOT")
-                .arg(slot)
-                .arg(100)
-                .query(&mut conns[from])
-                .expect("GETKEYSINSLOT");
-            if keys.is_empty() {
-                break;
-            }
-            let () = redis::cmd("MIGRATE")
-                .arg("127.0.0.1")
-                .arg(self.ports[to])
-                .arg("")
-                .arg(0)
-                .arg(5000)
-                .arg("KEYS")
-                .arg(&keys)
-                .query(&mut conns[from])
-                .expect("MIGRATE");
-        }
-        for i in [to, from, (to + 1) % conns.len()] {
-            setslot(&mut conns[i], &["NODE", &ids[to]]);
-        }
+        migration.setslot(&mut conns[to], &["IMPORTING", &migration.ids[from]]);
+        migration.setslot(&mut conns[from], &["MIGRATING", &migration.ids[to]]);
+        migration
     }
 
     /// A synchronous connection to each node, for inspecting state.
@@ -381,6 +370,59 @@ impl Drop for RedisCluster {
         for child in &mut self.children {
             let _ = child.kill();
             let _ = child.wait();
+        }
+    }
+}
+
+/// A hash slot on its way from one Cluster node to another ([`RedisCluster::begin_migration`]).
+pub struct Migration {
+    slot: u16,
+    from: usize,
+    to: usize,
+    ids: Vec<String>,
+}
+
+impl Migration {
+    fn setslot(&self, conn: &mut redis::Connection, args: &[&str]) {
+        let () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(self.slot)
+            .arg(args)
+            .query(conn)
+            .expect("CLUSTER SETSLOT");
+    }
+
+    /// The slot's keys still on the source node (at most 100).
+    pub fn keys_left(&self, cluster: &RedisCluster) -> Vec<String> {
+        redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(self.slot)
+            .arg(100)
+            .query(&mut cluster.connections()[self.from])
+            .expect("GETKEYSINSLOT")
+    }
+
+    /// Moves `keys` (of the slot) to the target node, in one `MIGRATE`.
+    pub fn migrate(&self, cluster: &RedisCluster, keys: &[String]) {
+        let () = redis::cmd("MIGRATE")
+            .arg("127.0.0.1")
+            .arg(cluster.ports[self.to])
+            .arg("")
+            .arg(0)
+            .arg(5000)
+            .arg("KEYS")
+            .arg(keys)
+            .query(&mut cluster.connections()[self.from])
+            .expect("MIGRATE");
+    }
+
+    /// Announces the target as the slot's owner to every node (the source's keys must have
+    /// moved).
+    pub fn finish(&self, cluster: &RedisCluster) {
+        let mut conns = cluster.connections();
+        let n = conns.len();
+        for i in [self.to, self.from, (self.to + 1) % n] {
+            self.setslot(&mut conns[i], &["NODE", &self.ids[self.to]]);
         }
     }
 }

@@ -244,6 +244,11 @@ fn tls_mode(access: &Access) -> TlsMode {
     }
 }
 
+/// How often a Cluster call is retried on TRYAGAIN (a slot's keys split by a resharding) or
+/// a redirection: with waits of at most 10 ms, more than any deadline sluice allows a check to
+/// use; the deadline ends the retrying first.
+const CLUSTER_RETRIES: u32 = 64;
+
 /// Connects (for Sentinel: asks the Sentinels for the primary, which must say it is one).
 pub async fn connect(
     target: &RedisTarget,
@@ -263,9 +268,18 @@ pub async fn connect(
             Ok(Conn::Single(manager))
         }
         RedisTarget::Cluster(nodes) => {
+            // A resharding answers MOVED and ASK (followed at once) and, while a slot's keys are
+            // split between two nodes, TRYAGAIN for a call naming several of them: redis-rs
+            // waits between such retries, by default at least 1.28 s, far past any check's
+            // deadline, so a moment of resharding failed checks. Here it retries within
+            // milliseconds (1 ms, then up to 2, 4, 8, 10 ms apart) until the check's deadline.
             let builder = cluster_builder(nodes, access)
                 .connection_timeout(timeouts.connect)
                 .response_timeout(timeouts.response)
+                .retries(CLUSTER_RETRIES)
+                .min_retry_wait(1)
+                .max_retry_wait(10)
+                .retry_wait_formula(1, 2)
                 .tcp_settings(tcp_settings());
             let client = builder.build()?;
             Ok(Conn::Cluster(client.get_async_connection().await?, None))
