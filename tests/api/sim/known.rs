@@ -101,7 +101,9 @@ pub fn known(store: Store, kind: Kind) -> Option<&'static str> {
 pub fn kind(op: &Op, model: &Model) -> Kind {
     match op {
         Op::Check { via, item } if model.stale_local(*via, item) => Kind::StaleLocalDenial,
-        Op::Pause { item, .. } if model.stale_local(0, item) => Kind::StaleLocalDenial,
+        Op::Pause { item, .. } | Op::Reshard { item, .. } if model.stale_local(0, item) => {
+            Kind::StaleLocalDenial
+        }
         Op::Batch { via, items } if items.iter().any(|i| model.stale_local(*via, i)) => {
             Kind::StaleLocalDenial
         }
@@ -128,7 +130,9 @@ pub fn kind(op: &Op, model: &Model) -> Kind {
                 Kind::Reload
             }
         }
-        Op::Advance { .. } | Op::Restart { .. } | Op::Pause { .. } => Kind::Store,
+        Op::Advance { .. } | Op::Restart { .. } | Op::Pause { .. } | Op::Reshard { .. } => {
+            Kind::Store
+        }
     }
 }
 

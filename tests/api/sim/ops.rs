@@ -171,6 +171,15 @@ pub enum Op {
         /// The check in flight.
         item: Item,
     },
+    /// A Cluster moves the hash slot of a key on node `node` (modulo the nodes; none held: no
+    /// move) to the next node, key by key, while `item` is checked (through the first daemon)
+    /// when the slot is MIGRATING with its first key moved.
+    Reshard {
+        /// Which node gives a slot.
+        node: usize,
+        /// The check sent during the move.
+        item: Item,
+    },
 }
 
 /// Which kinds of operation a store runs, and the periods its policies use.
@@ -182,6 +191,8 @@ pub struct Menu {
     pub advance: bool,
     /// Whether the server can be restarted and paused.
     pub restart: bool,
+    /// Whether to reshard (a Cluster).
+    pub reshard: bool,
 }
 
 impl Op {
@@ -197,6 +208,7 @@ impl Op {
             Op::Restart { persist: true } => "restart_persist",
             Op::Restart { persist: false } => "restart_empty",
             Op::Pause { .. } => "pause",
+            Op::Reshard { .. } => "reshard",
         }
     }
 }
@@ -326,6 +338,14 @@ pub fn op(menu: Menu) -> BoxedStrategy<Op> {
             1,
             (50u64..=300, item())
                 .prop_map(|(ms, item)| Op::Pause { ms, item })
+                .boxed(),
+        ));
+    }
+    if menu.reshard {
+        ops.push((
+            1,
+            (0usize..3, item())
+                .prop_map(|(node, item)| Op::Reshard { node, item })
                 .boxed(),
         ));
     }

@@ -194,6 +194,52 @@ impl<'s> World<'s> {
                     |m, now| vec![m.check(0, item, now)],
                 )?;
             }
+            Op::Reshard { node, item } => {
+                let Server::Cluster(cluster) = &*self.server else {
+                    unreachable!("reshards are generated for a Cluster only")
+                };
+                let mut conn = cluster.connections().swap_remove(node % 3);
+                let key: Option<String> = redis::cmd("RANDOMKEY")
+                    .query(&mut conn)
+                    .map_err(|e| e.to_string())?;
+                let Some(key) = key else {
+                    return self.store_invariants();
+                };
+                let slot: u16 = redis::cmd("CLUSTER")
+                    .arg("KEYSLOT")
+                    .arg(&key)
+                    .query(&mut conn)
+                    .map_err(|e| e.to_string())?;
+                let target = self.target(0);
+                let before = self.now();
+                let migration = tokio::task::block_in_place(|| {
+                    let migration = cluster.begin_migration(slot);
+                    let keys = migration.keys_left(cluster);
+                    migration.migrate(cluster, &keys[..1]);
+                    migration
+                });
+                let check = tokio::spawn(post(target, "/v1/check", body(item, true)));
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                tokio::task::block_in_place(|| {
+                    for _ in 0..100 {
+                        let keys = migration.keys_left(cluster);
+                        if keys.is_empty() {
+                            break;
+                        }
+                        migration.migrate(cluster, &keys);
+                    }
+                    migration.finish(cluster);
+                });
+                let reply = check.await.map_err(|e| e.to_string())?;
+                let nows = vec![before, self.now()];
+                let actual = read(&reply?, "allowed");
+                self.settle(
+                    model,
+                    &nows,
+                    &[actual],
+                    |m, now| vec![m.check(0, item, now)],
+                )?;
+            }
         }
         self.store_invariants()
     }
