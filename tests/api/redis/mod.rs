@@ -6,6 +6,7 @@ pub mod batch;
 pub mod differential;
 mod exactness;
 mod failures;
+mod generation;
 mod lowered_limit;
 mod policies;
 mod reshard;

@@ -72,6 +72,11 @@ impl Key {
         &self.policy
     }
 
+    /// The policy's name as shared by every key of it (a cheap clone).
+    pub fn policy_name(&self) -> &Arc<str> {
+        &self.policy
+    }
+
     /// The escaped partition within the policy.
     pub fn partition(&self) -> &str {
         &self.partition

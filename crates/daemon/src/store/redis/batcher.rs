@@ -12,6 +12,16 @@
 //! A job whose caller has gone (its request was dropped) is not sent: nothing is spent for it.
 //! In a Cluster a batch becomes one call per node or per slot (`batcher/cluster.rs`).
 //!
+//! A reload can leave a check planned under the old policy set queued behind checks of the new
+//! one (it waited for a CPU, or a tenant's tier). The dispatcher takes jobs in queue order, which
+//! is the order their calls reach Redis (one connection per node, commands in order), and keeps
+//! the newest policy generation it has sent per policy: a job of an older generation for a policy
+//! a newer one already went out for is answered superseded (denied, nothing spent, retry at once)
+//! without a call, so it never restarts a partition under the old algorithm nor spends under the
+//! old quota; one sent before any check of the new set is decided as if the reload came after
+//! it, as on the embedded store. Pods reload at different moments: across pods nothing orders
+//! them (docs/policies.md).
+//!
 //! `NOSCRIPT` (Redis restarted, failed over, `SCRIPT FLUSH`, a Cluster node that never saw the
 //! script) means the script did not run, so the call is resent once with `EVAL`, which also
 //! caches the script. A timeout or a broken connection is never retried: the write may have
@@ -82,9 +92,58 @@ impl BatchMetrics {
 /// One decision per item, or why the check could not be decided.
 pub type Reply = Result<Vec<Decision>, StoreError>;
 
+/// Where a check was planned: the policy set's generation and each item's policy (see the
+/// module header: a job of an older generation than one already sent for its policy is answered
+/// superseded).
+#[derive(Debug, Clone, Default)]
+pub struct Origin {
+    /// The generation of the policy set the check was planned under.
+    pub generation: u64,
+    /// Each item's policy, in item order.
+    pub policies: Vec<Arc<str>>,
+}
+
+/// The newest generation sent per policy, kept by the dispatcher alone (no lock: one task).
+#[derive(Default)]
+struct Sent {
+    newest: std::collections::HashMap<Arc<str>, u64>,
+}
+
+impl Sent {
+    /// Most policies remembered; past it the entries of older generations go (a check planned
+    /// under one of those is then sent, as before this guard).
+    const MAX: usize = 4096;
+
+    /// Whether `origin` was planned before a set whose check for one of its policies already
+    /// went out; if not, records its generation for each of them.
+    fn superseded(&mut self, origin: &Origin) -> bool {
+        if origin.policies.iter().any(|policy| {
+            self.newest
+                .get(policy)
+                .is_some_and(|&g| g > origin.generation)
+        }) {
+            return true;
+        }
+        for policy in &origin.policies {
+            match self.newest.get_mut(policy) {
+                Some(generation) => *generation = (*generation).max(origin.generation),
+                None => {
+                    if self.newest.len() >= Self::MAX {
+                        let newest = self.newest.values().copied().max().unwrap_or(0);
+                        self.newest.retain(|_, generation| *generation >= newest);
+                    }
+                    self.newest.insert(Arc::clone(policy), origin.generation);
+                }
+            }
+        }
+        false
+    }
+}
+
 /// One check: its items are decided together, all or nothing (in a Cluster they share a slot).
 pub struct Job {
     items: Vec<Item>,
+    origin: Origin,
     commit: Commit,
     deadline: Duration,
     reply: oneshot::Sender<Reply>,
@@ -145,12 +204,14 @@ impl Batcher {
     pub async fn submit(
         &self,
         items: Vec<Item>,
+        origin: Origin,
         commit: impl Into<Commit>,
         deadline: Duration,
     ) -> Result<oneshot::Receiver<Reply>, StoreError> {
         let (reply, rx) = oneshot::channel();
         let job = Job {
             items,
+            origin,
             commit: commit.into(),
             deadline,
             reply,
@@ -184,6 +245,7 @@ impl Dispatch {
         // idle store sets no timer and a busy one re-arms it once per deadline, not per call.
         let mut keeper = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
         let mut keeper_armed = false;
+        let mut sent = Sent::default();
         while open || !in_flight.is_empty() {
             tokio::select! {
                 biased;
@@ -201,7 +263,17 @@ impl Dispatch {
                     }
                     // The buffer keeps its capacity; the batch gets exactly what it holds.
                     let mut batch = Vec::with_capacity(jobs.len());
-                    batch.append(&mut jobs);
+                    for job in jobs.drain(..) {
+                        if sent.superseded(&job.origin) {
+                            let decisions = job.items.iter().map(|item| item.algorithm.superseded()).collect();
+                            let _ = job.reply.send(Ok(decisions));
+                        } else {
+                            batch.push(job);
+                        }
+                    }
+                    if batch.is_empty() {
+                        continue;
+                    }
                     let current = conn.borrow().clone();
                     in_flight.push(self.batch(current, batch));
                 }

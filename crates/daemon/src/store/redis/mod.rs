@@ -37,7 +37,7 @@ use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use self::access::Access;
-use self::batcher::{BatchConfig, Batcher};
+use self::batcher::{BatchConfig, Batcher, Origin};
 use self::conn::Timeouts;
 use self::error::ErrorKind;
 use self::health::{Circuit, Health};
@@ -229,6 +229,16 @@ impl RedisStore {
         Ok(ResetOutcome { existed, fleet })
     }
 
+    /// Where `checks` were planned (see [`batcher::Origin`]).
+    fn origin<'c>(checks: impl IntoIterator<Item = &'c StoreCheck>) -> Origin {
+        let mut origin = Origin::default();
+        for check in checks {
+            origin.generation = check.generation;
+            origin.policies.push(Arc::clone(check.key.policy_name()));
+        }
+        origin
+    }
+
     fn item(&self, check: &StoreCheck) -> Item {
         Item {
             key: keys::redis_key(&self.prefix, &check.key),
@@ -250,12 +260,15 @@ impl RedisStore {
                 .windows(2)
                 .all(|w| keys::slot(&w[0].key) == keys::slot(&w[1].key));
         if one_slot {
-            let reply = self.batcher.submit(items, spend, deadline).await?;
+            let reply = self
+                .batcher
+                .submit(items, Self::origin(checks), spend, deadline)
+                .await?;
             return answer(reply, deadline).await;
         }
         // Different Cluster slots: evaluate all, then record the allowed ones one by one. Every
         // call is queued before any is awaited, so that they share batches.
-        let mut decisions = self.each(items, Spend::DryRun, deadline).await?;
+        let mut decisions = self.each(checks.iter(), Spend::DryRun, deadline).await?;
         let group_allowed = checks
             .iter()
             .zip(&decisions)
@@ -266,17 +279,16 @@ impl RedisStore {
         let allowed: Vec<usize> = (0..checks.len())
             .filter(|&i| decisions[i].allowed)
             .collect();
-        let items = allowed.iter().map(|&i| self.item(&checks[i])).collect();
-        let recorded =
-            self.each(items, Spend::Record, deadline)
-                .await
-                .map_err(|error| match error {
-                    StoreError::BadKey { item, detail } => StoreError::BadKey {
-                        item: allowed.get(item).copied().unwrap_or(item),
-                        detail,
-                    },
-                    other => other,
-                })?;
+        let recorded = self
+            .each(allowed.iter().map(|&i| &checks[i]), Spend::Record, deadline)
+            .await
+            .map_err(|error| match error {
+                StoreError::BadKey { item, detail } => StoreError::BadKey {
+                    item: allowed.get(item).copied().unwrap_or(item),
+                    detail,
+                },
+                other => other,
+            })?;
         for (i, decision) in allowed.into_iter().zip(recorded) {
             decisions[i] = decision;
         }
@@ -296,22 +308,30 @@ impl RedisStore {
                 .windows(2)
                 .all(|w| keys::slot(&w[0].key) == keys::slot(&w[1].key));
         if one_slot {
-            let reply = self.batcher.submit(items, Commit::Report, deadline).await?;
+            let reply = self
+                .batcher
+                .submit(items, Self::origin(checks), Commit::Report, deadline)
+                .await?;
             return answer(reply, deadline).await;
         }
-        self.each(items, Commit::Report, deadline).await
+        self.each(checks.iter(), Commit::Report, deadline).await
     }
 
-    /// Each item as its own check, all queued before any answer is awaited.
-    async fn each(
+    /// Each check as its own, all queued before any answer is awaited.
+    async fn each<'c>(
         &self,
-        items: Vec<Item>,
+        checks: impl Iterator<Item = &'c StoreCheck>,
         commit: impl Into<Commit> + Copy,
         deadline: Duration,
     ) -> Result<Vec<Decision>, StoreError> {
-        let mut pending = Vec::with_capacity(items.len());
-        for item in items {
-            pending.push(self.batcher.submit(vec![item], commit, deadline).await?);
+        let mut pending = Vec::new();
+        for check in checks {
+            let (item, origin) = (self.item(check), Self::origin([check]));
+            pending.push(
+                self.batcher
+                    .submit(vec![item], origin, commit, deadline)
+                    .await?,
+            );
         }
         let mut decisions = Vec::with_capacity(pending.len());
         for (index, reply) in pending.into_iter().enumerate() {
