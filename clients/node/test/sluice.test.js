@@ -21,6 +21,8 @@ for (const name of ['SLUICE_TEST_URL', 'SLUICE_TEST_SOCKET', 'SLUICE_TEST_DOWN_U
 const STORE = env.SLUICE_TEST_STORE || 'memory';
 const RUN = env.SLUICE_TEST_RUN || String(process.pid);
 const MISSING_SOCKET = path.join(os.tmpdir(), `sluice-missing-${RUN}.sock`);
+// Deadline of the tests' calls to a live daemon: generous, for a busy machine (the default is 500 ms).
+const T = 5000;
 const quiet = { warn() {}, error() {} };
 
 /** A partition of this run alone. */
@@ -45,8 +47,8 @@ function route(get) {
 
 test('checks over the socket and TCP on kept-alive connections', async () => {
   const who = ip('client');
-  const overSocket = new Client({ socket: env.SLUICE_TEST_SOCKET });
-  const overTcp = new Client({ url: env.SLUICE_TEST_URL });
+  const overSocket = new Client({ socket: env.SLUICE_TEST_SOCKET , timeoutMs: T });
+  const overTcp = new Client({ url: env.SLUICE_TEST_URL , timeoutMs: T });
   try {
     const first = await overSocket.check({ policy: 'login', descriptors: { ip: who } });
     assert.deepEqual([first.status, first.body.remaining, first.body.limit], [200, 9, 10]);
@@ -64,7 +66,7 @@ test('checks over the socket and TCP on kept-alive connections', async () => {
 });
 
 test('a denial carries the daemon\'s retry; batch and report', async () => {
-  const client = new Client({ url: env.SLUICE_TEST_URL });
+  const client = new Client({ url: env.SLUICE_TEST_URL , timeoutMs: T });
   try {
     const who = ip('denied');
     const statuses = [];
@@ -167,7 +169,7 @@ async function callFetch(client, urlPath, headers = {}, body = '') {
 }
 
 for (const [name, call] of [['express', callExpress], ['fetch', callFetch]]) {
-  const tcp = () => new Client({ url: env.SLUICE_TEST_URL });
+  const tcp = () => new Client({ url: env.SLUICE_TEST_URL , timeoutMs: T });
 
   test(`${name}: login is denied with the documented 429`, async () => {
     const headers = { 'x-test-ip': ip(`login-${name}`) };
@@ -193,7 +195,7 @@ for (const [name, call] of [['express', callExpress], ['fetch', callFetch]]) {
 
   test(`${name}: the cost comes from the request and the body still reaches the app`, async () => {
     const query = JSON.stringify({ query: '{ a b c }', cost: 40 });
-    const got = await call(new Client({ socket: env.SLUICE_TEST_SOCKET }), '/graphql',
+    const got = await call(new Client({ socket: env.SLUICE_TEST_SOCKET , timeoutMs: T }), '/graphql',
       { 'x-test-key': ip(`graphql-${name}`) }, query);
     assert.deepEqual([got.status, got.text], [200, `served:${query}`]);
     assert.equal(got.headers.get('x-ratelimit-remaining'), '110');
@@ -210,7 +212,7 @@ for (const [name, call] of [['express', callExpress], ['fetch', callFetch]]) {
   });
 
   test(`${name}: a fail-closed policy on a store that is down answers 503`, async () => {
-    const down = () => new Client({ url: env.SLUICE_TEST_DOWN_URL });
+    const down = () => new Client({ url: env.SLUICE_TEST_DOWN_URL , timeoutMs: T });
     let got = await call(down(), '/login', { 'x-test-ip': ip(`down-${name}`) });
     assert.deepEqual([got.status, JSON.parse(got.text)], [503, { error: 'limiter_unavailable' }]);
     got = await call(down(), '/graphql', { 'x-test-key': ip(`down-${name}`) }, '{}');
@@ -227,7 +229,7 @@ for (const [name, call] of [['express', callExpress], ['fetch', callFetch]]) {
     assert.ok(env.SLUICE_TEST_URL_B, 'SLUICE_TEST_URL_B names the second daemon on the same Redis');
     const headers = { 'x-test-ip': ip(`shared-${name}`) };
     for (let n = 0; n < 10; n++) assert.equal((await call(tcp(), '/login', headers)).status, 200);
-    const got = await call(new Client({ url: env.SLUICE_TEST_URL_B }), '/login', headers);
+    const got = await call(new Client({ url: env.SLUICE_TEST_URL_B , timeoutMs: T }), '/login', headers);
     assert.deepEqual([got.status, got.headers.get('x-ratelimit-remaining')], [429, '0']);
   });
 }

@@ -29,6 +29,8 @@ STORE = os.environ.get("SLUICE_TEST_STORE", "memory")
 URL_B = os.environ.get("SLUICE_TEST_URL_B")
 DOWN_URL = os.environ.get("SLUICE_TEST_DOWN_URL")
 RUN = os.environ.get("SLUICE_TEST_RUN", str(os.getpid()))
+#: Deadline of the tests' calls to a live daemon: generous, for a busy machine (the default is 0.5 s).
+T = 5.0
 MISSING_SOCKET = os.path.join(tempfile.gettempdir(), f"sluice-missing-{RUN}.sock")
 
 if not URL or not SOCKET or not DOWN_URL:
@@ -124,7 +126,7 @@ def call_asgi(client, path, headers=None, body=b""):
 class ClientTest(unittest.TestCase):
     def test_checks_over_the_socket_and_tcp_on_kept_alive_connections(self):
         who = ip("client")
-        over_socket, over_tcp = Client(socket=SOCKET), Client(url=URL)
+        over_socket, over_tcp = Client(socket=SOCKET, timeout=T), Client(url=URL, timeout=T)
         self.addCleanup(over_socket.close)
         self.addCleanup(over_tcp.close)
         first = over_socket.check({"ip": who}, policy="login")
@@ -138,7 +140,7 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(len(over_tcp._idle), 1)
 
     def test_a_denial_carries_the_daemons_retry(self):
-        client, who = Client(url=URL), ip("denied")
+        client, who = Client(url=URL, timeout=T), ip("denied")
         self.addCleanup(client.close)
         answers = [client.check({"ip": who}, policy="login") for _ in range(11)]
         self.assertEqual([a.status for a in answers], [200] * 10 + [429])
@@ -148,7 +150,7 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(denied.headers["retry-after"], str(denied.body["retry_after_sec"]))
 
     def test_batch_and_report(self):
-        client, who = Client(socket=SOCKET), ip("batch")
+        client, who = Client(socket=SOCKET, timeout=T), ip("batch")
         self.addCleanup(client.close)
         results = client.batch([Check({"ip": who}, policy="login"),
                                 Check({"tenant": "acme", "api_key": who}, policy="public_api", cost=50)])
@@ -170,7 +172,7 @@ class ClientTest(unittest.TestCase):
 
     def test_async_client_keeps_its_connection(self):
         async def run():
-            client, who = AsyncClient(socket=SOCKET), ip("async")
+            client, who = AsyncClient(socket=SOCKET, timeout=T), ip("async")
             answers = [await client.check({"ip": who}, policy="login") for _ in range(3)]
             idle = len(client._idle)
             await client.close()
@@ -190,11 +192,11 @@ class MiddlewareScenarios:
     def test_login_is_denied_with_the_documented_429(self):
         headers = {"x-test-ip": ip(f"login-{self.name}")}
         for n in range(10):
-            status, got, out = self.call(lambda: self.client(url=URL), "/login", headers)
+            status, got, out = self.call(lambda: self.client(url=URL, timeout=T), "/login", headers)
             self.assertEqual(status, 200, out)
             self.assertEqual(got["x-ratelimit-remaining"], str(9 - n))
             self.assertNotIn("retry-after", got)
-        status, got, out = self.call(lambda: self.client(url=URL), "/login", headers)
+        status, got, out = self.call(lambda: self.client(url=URL, timeout=T), "/login", headers)
         self.assertEqual(status, 429)
         body = json.loads(out)
         self.assertEqual(set(body), {"error", "retry_after_sec"})
@@ -210,7 +212,7 @@ class MiddlewareScenarios:
     def test_the_cost_comes_from_the_request_and_the_body_still_reaches_the_app(self):
         headers = {"x-test-key": ip(f"graphql-{self.name}")}
         query = json.dumps({"query": "{ a b c }", "cost": 40}).encode()
-        status, got, out = self.call(lambda: self.client(socket=SOCKET), "/graphql", headers, query)
+        status, got, out = self.call(lambda: self.client(socket=SOCKET, timeout=T), "/graphql", headers, query)
         self.assertEqual((status, out), (200, b"served:" + query))
         self.assertEqual(got["x-ratelimit-remaining"], "110")
 
@@ -224,7 +226,7 @@ class MiddlewareScenarios:
         self.assertEqual((status, out), (200, b"served:"))
 
     def test_a_fail_closed_policy_on_a_store_that_is_down_answers_503(self):
-        down = lambda: self.client(url=DOWN_URL)  # noqa: E731
+        down = lambda: self.client(url=DOWN_URL, timeout=T)  # noqa: E731
         status, _, out = self.call(down, "/login", {"x-test-ip": ip(f"down-{self.name}")})
         self.assertEqual((status, json.loads(out)), (503, {"error": "limiter_unavailable"}))
         status, got, out = self.call(down, "/graphql", {"x-test-key": ip(f"down-{self.name}")}, b"{}")
@@ -232,7 +234,7 @@ class MiddlewareScenarios:
         self.assertNotIn("x-ratelimit-remaining", got, "a fail-open answer carries no quota")
 
     def test_a_check_the_daemon_rejects_is_a_500_not_an_open_door(self):
-        status, _, out = self.call(lambda: self.client(url=URL), "/broken")
+        status, _, out = self.call(lambda: self.client(url=URL, timeout=T), "/broken")
         self.assertEqual((status, json.loads(out)), (500, {"error": "limiter_rejected"}))
 
     def test_redis_state_is_shared_between_daemons(self):
@@ -240,9 +242,9 @@ class MiddlewareScenarios:
             self.skipTest("shared state needs Redis")
         self.assertTrue(URL_B, "SLUICE_TEST_URL_B names the second daemon on the same Redis")
         headers = {"x-test-ip": ip(f"shared-{self.name}")}
-        statuses = [self.call(lambda: self.client(url=URL), "/login", headers)[0] for _ in range(10)]
+        statuses = [self.call(lambda: self.client(url=URL, timeout=T), "/login", headers)[0] for _ in range(10)]
         self.assertEqual(statuses, [200] * 10)
-        status, got, _ = self.call(lambda: self.client(url=URL_B), "/login", headers)
+        status, got, _ = self.call(lambda: self.client(url=URL_B, timeout=T), "/login", headers)
         self.assertEqual((status, got["x-ratelimit-remaining"]), (429, "0"))
 
 
