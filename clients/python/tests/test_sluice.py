@@ -78,9 +78,9 @@ async def asgi_app(scope, receive, send):
     await send({"type": "http.response.body", "body": b"served:" + body})
 
 
-def call_wsgi(client, path, headers=None, body=b""):
+def call_wsgi(client, path, headers=None, body=b"", max_body=1 << 20):
     """(status, headers with lower-case names, body) of one request through SluiceWSGI."""
-    middleware = SluiceWSGI(wsgi_app, route, client=client, read_body=wants_body)
+    middleware = SluiceWSGI(wsgi_app, route, client=client, read_body=wants_body, max_body=max_body)
     environ = {"PATH_INFO": path, "REQUEST_METHOD": "POST", "CONTENT_LENGTH": str(len(body)),
                "wsgi.input": io.BytesIO(body)}
     for name, value in (headers or {}).items():
@@ -96,10 +96,10 @@ def call_wsgi(client, path, headers=None, body=b""):
     return started["status"], started["headers"], out
 
 
-def call_asgi(client, path, headers=None, body=b""):
+def call_asgi(client, path, headers=None, body=b"", max_body=1 << 20):
     """The same through SluiceASGI, the body sent in two parts."""
     async def run():
-        middleware = SluiceASGI(asgi_app, route, client=client(), read_body=wants_body)
+        middleware = SluiceASGI(asgi_app, route, client=client(), read_body=wants_body, max_body=max_body)
         scope = {"type": "http", "method": "POST", "path": path, "query_string": b"",
                  "client": ("127.0.0.1", 5000),
                  "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]}
@@ -160,6 +160,10 @@ class ClientTest(unittest.TestCase):
         after = client.check({"tenant": "acme", "api_key": who}, policy="public_api")
         self.assertEqual(after.status, 429)
 
+    def test_a_route_choice_other_than_open_or_closed_is_refused(self):
+        with self.assertRaises(ValueError):
+            Check({"ip": "x"}, policy="login", on_unreachable="maybe")
+
     def test_an_unreachable_daemon_is_an_error_within_the_deadline(self):
         with self.assertRaises(SluiceError):
             Client(socket=MISSING_SOCKET, timeout=0.2).check({"ip": "x"}, policy="login")
@@ -186,8 +190,16 @@ class ClientTest(unittest.TestCase):
 class MiddlewareScenarios:
     """The same scenarios through WSGI and ASGI: `call(make_client, path, headers, body)`."""
 
-    def call(self, make_client, path, headers=None, body=b""):
+    def call(self, make_client, path, headers=None, body=b"", max_body=1 << 20):
         raise NotImplementedError
+
+    def test_a_body_over_the_bound_is_a_413_and_spends_nothing(self):
+        headers = {"x-test-key": ip(f"big-{self.name}")}
+        status, _, out = self.call(lambda: self.client(url=URL, timeout=T), "/graphql", headers,
+                                   b'{"cost": 40, "pad": "xxxxxxxx"}', max_body=16)
+        self.assertEqual((status, json.loads(out)), (413, {"error": "payload_too_large"}))
+        status, got, _ = self.call(lambda: self.client(url=URL, timeout=T), "/graphql", headers, b"{}")
+        self.assertEqual((status, got["x-ratelimit-remaining"]), (200, "149"))
 
     def test_login_is_denied_with_the_documented_429(self):
         headers = {"x-test-ip": ip(f"login-{self.name}")}
@@ -251,16 +263,16 @@ class MiddlewareScenarios:
 class WsgiTest(MiddlewareScenarios, unittest.TestCase):
     name, client = "wsgi", Client
 
-    def call(self, make_client, path, headers=None, body=b""):
+    def call(self, make_client, path, headers=None, body=b"", max_body=1 << 20):
         with make_client() as client:
-            return call_wsgi(client, path, headers, body)
+            return call_wsgi(client, path, headers, body, max_body)
 
 
 class AsgiTest(MiddlewareScenarios, unittest.TestCase):
     name, client = "asgi", AsyncClient
 
-    def call(self, make_client, path, headers=None, body=b""):
-        return call_asgi(make_client, path, headers, body)
+    def call(self, make_client, path, headers=None, body=b"", max_body=1 << 20):
+        return call_asgi(make_client, path, headers, body, max_body)
 
 
 if __name__ == "__main__":
