@@ -1,19 +1,14 @@
 //! The client examples in `examples/` run against a real daemon, over the Unix socket and TCP:
-//! Python (stdlib), Node.js (`http`), curl, and Go when a Go toolchain is installed. Each must
+//! Python, Node.js and Go (each on its client library in `clients/`), and curl. Each must
 //! report allowed (exit 0), denied with the daemon's retry time (exit 1), a rejected request
 //! (exit 64) and an unreachable daemon (exit 69).
-
-use std::process::Command;
-use std::time::Duration;
 
 use serde_json::json;
 use sluice::client::Target;
 
-use crate::helpers::{repo_root, run_async, spawn_app, ChildGuard, Outcome, TestApp};
+use crate::clients::build_go_example;
+use crate::helpers::{run_async, spawn_app, Outcome, TestApp};
 use crate::tools::{self, example};
-
-/// How long a Go build may take on a cold cache.
-const GO_BUILD_TIMEOUT: Duration = Duration::from_secs(300);
 
 fn tcp_url(app: &TestApp) -> String {
     match &app.tcp {
@@ -120,44 +115,20 @@ async fn curl_example_asks_over_socket_and_tcp() {
     assert_eq!(unreachable.code, Some(69), "{unreachable:?}");
 }
 
-/// Builds the Go example (stdlib only: no module download) and runs it like the others; usage
-/// errors exit 64. CI installs Go (`.ci/run`); elsewhere the test is skipped without it.
+/// Builds the Go example (stdlib and clients/go only: no module download) and runs it like the
+/// others; usage errors exit 64. CI installs Go (`.ci/run`); elsewhere the test is skipped without it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn go_example_builds_and_asks_over_socket_and_tcp() {
     if !tools::required("go") {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let binary = dir.path().join("sluice-check");
-    let mut build = Command::new("go");
-    build
-        .args(["build", "-o"])
-        .arg(&binary)
-        .arg(".")
-        .current_dir(repo_root().join("examples/go"))
-        .env("GOFLAGS", "-mod=mod")
-        .env("GOPROXY", "off")
-        .env("GOTOOLCHAIN", "local")
-        .env("GOPATH", dir.path().join("gopath"));
-    if std::env::var_os("GOCACHE").is_none() && std::env::var_os("HOME").is_none() {
-        build.env("GOCACHE", dir.path().join("gocache"));
-    }
-    let status = tokio::task::spawn_blocking(move || {
-        let mut guard = ChildGuard(Some(build.spawn().expect("spawn go build")));
-        guard.wait_timeout(GO_BUILD_TIMEOUT)
-    })
-    .await
-    .expect("join");
-    assert!(
-        status.expect("go build finishes").success(),
-        "go build examples/go"
-    );
-    let program = binary.display().to_string();
-    scenario(&program, &[], "-socket", "-url").await;
+    let program = build_go_example(dir.path()).await.display().to_string();
+    scenario(&program, &[], "--socket", "--url").await;
     for bad in [
-        &["-url", "not a url"][..],
-        &["-url", "https://127.0.0.1:7070"],
-        &["-no-such-flag"],
+        &["--url", "not a url"][..],
+        &["--url", "https://127.0.0.1:7070"],
+        &["--no-such-flag"],
         &["-d", "ip"],
     ] {
         let out = run_async(example(&program, bad)).await;

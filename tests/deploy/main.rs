@@ -14,6 +14,7 @@ use support::{
     stores, tls_pki, tools, wait,
 };
 
+mod clients;
 mod dockerfile;
 mod examples;
 mod image;

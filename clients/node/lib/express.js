@@ -1,0 +1,34 @@
+'use strict';
+// Express/Connect middleware: `app.use(sluice({ client, route }))`.
+
+const { Client } = require('./client');
+const { decide } = require('./reply');
+
+/**
+ * Middleware `(req, res, next)` asking sluice about every request `route(req)` returns a check for
+ * (`{ descriptors, policy, cost, dryRun, onUnreachable }`, or null: not limited). `route` may be
+ * async; it takes the cost from the request (a GraphQL query's, tokens), so put a body parser
+ * before this middleware when the cost is in the body. Denied: 429 with the documented body and
+ * headers; allowed: through with the rate-limit headers.
+ */
+function sluice({ route, client = new Client(), log = console } = {}) {
+  if (typeof route !== 'function') throw new TypeError('sluice({ route }) needs a route function');
+  return function sluiceMiddleware(req, res, next) {
+    Promise.resolve()
+      .then(() => route(req))
+      .then(async (check) => {
+        if (!check) return next();
+        const reply = await decide(client, check, log);
+        for (const [name, value] of Object.entries(reply.headers)) {
+          if (reply.status !== null || name !== 'retry-after') res.setHeader(name, value);
+        }
+        if (reply.status === null) return next();
+        res.statusCode = reply.status;
+        res.setHeader('content-length', Buffer.byteLength(reply.body));
+        return res.end(reply.body);
+      })
+      .catch(next);
+  };
+}
+
+module.exports = { sluice };
