@@ -16,17 +16,11 @@ pub enum Kind {
     /// over the existing state (a token bucket's lowered burst or rate is an ordinary reload:
     /// Redis answers it as the model does).
     LowerOverState,
-    /// A reload back to an algorithm whose state a partition still holds from before an earlier
-    /// change (no write since): the contract starts it afresh.
-    AlgorithmBack,
     /// Any other reload.
     Reload,
     /// A batch, or checks sent at once, holding a check of every policy and another check of
     /// the same partition.
     GroupWithOthers,
-    /// A check that meets a denial its daemon's local layer remembers, where the store would
-    /// answer other figures (written since, or other policies in the check).
-    StaleLocalDenial,
     /// Time passing, a restart, a pause.
     Store,
 }
@@ -46,22 +40,6 @@ pub struct KnownDefect {
 
 /// The defects the simulator steps around until their fixes land.
 pub const KNOWN_DEFECTS: &[KnownDefect] = &[
-    // An algorithm changed and changed back with no write in between reads the partition's
-    // state of before the first change (`replays::sim_1_*`): stricter than afresh, never more.
-    KnownDefect {
-        item: "sim.1",
-        kind: Kind::AlgorithmBack,
-        stores: ALL,
-    },
-    // The local layer answers a remembered denial with its figures of then: after more was
-    // spent (`remaining` 1 where 0 is left; `replays::sim_2_*`), or for a check of several
-    // policies where another one decides (its `remaining`, a shorter `retry_after`). Never an
-    // admission.
-    KnownDefect {
-        item: "sim.2",
-        kind: Kind::StaleLocalDenial,
-        stores: REDIS,
-    },
     // On a Cluster, a check of policies in several slots, in a batch or at the same time as
     // another check of the partition, can be denied by one policy after the others have spent
     // (`replays::sim_4_*`): a group is all or nothing.
@@ -70,23 +48,6 @@ pub const KNOWN_DEFECTS: &[KnownDefect] = &[
         kind: Kind::GroupWithOthers,
         stores: &[Store::Redis7Cluster],
     },
-];
-
-/// Every store.
-const ALL: &[Store] = &[
-    Store::Embedded,
-    Store::Redis7,
-    Store::Redis7Cluster,
-    Store::Redis62,
-    Store::Valkey9,
-];
-
-/// Every Redis store.
-const REDIS: &[Store] = &[
-    Store::Redis7,
-    Store::Redis7Cluster,
-    Store::Redis62,
-    Store::Valkey9,
 ];
 
 /// Whether `kind` is a known defect on `store`.
@@ -100,16 +61,6 @@ pub fn known(store: Store, kind: Kind) -> Option<&'static str> {
 /// The kind of `op` given the policies in force.
 pub fn kind(op: &Op, model: &Model) -> Kind {
     match op {
-        Op::Check { via, item } if model.stale_local(*via, item) => Kind::StaleLocalDenial,
-        Op::Pause { item, .. } | Op::Reshard { item, .. } if model.stale_local(0, item) => {
-            Kind::StaleLocalDenial
-        }
-        Op::Batch { via, items } if items.iter().any(|i| model.stale_local(*via, i)) => {
-            Kind::StaleLocalDenial
-        }
-        Op::Concurrent { calls } if calls.iter().any(|(via, i)| model.stale_local(*via, i)) => {
-            Kind::StaleLocalDenial
-        }
         Op::Batch { items, .. } if group_and_more(items) => Kind::GroupWithOthers,
         Op::Concurrent { calls }
             if group_and_more(&calls.iter().map(|c| c.1).collect::<Vec<_>>()) =>
@@ -124,8 +75,6 @@ pub fn kind(op: &Op, model: &Model) -> Kind {
             let lower = next.algorithm().limit() < was.algorithm().limit();
             if next.alg == was.alg && next.alg != Alg::TokenBucket && lower {
                 Kind::LowerOverState
-            } else if model.goes_back(*policy, next.alg) {
-                Kind::AlgorithmBack
             } else {
                 Kind::Reload
             }

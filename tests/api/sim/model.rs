@@ -5,7 +5,9 @@
 //!
 //! The transition rules it holds the daemon to (docs/policies.md, "Changing a policy"): a reload
 //! that keeps a policy's algorithm applies the new limit, burst and period to each partition's
-//! state as it is; one that changes the algorithm starts every partition of the policy afresh.
+//! state as it is; one that changes the algorithm starts every partition of the policy afresh
+//! (another algorithm's state reads as fresh), except that a state of the algorithm in force
+//! that a partition still holds (changed away and back, no check in between) counts as it is.
 //! "As it is" is what the store holds: a state written under a policy lives until that policy's
 //! `idle_at` for it (a Redis TTL, the embedded store's expiry) and is fresh from then on, so a
 //! longer period never brings back units that had left the old window when the counter expired.
@@ -16,7 +18,7 @@ use std::collections::BTreeMap;
 
 use sluice::limit::{Decision, Micros, State};
 
-use super::ops::{Alg, Item, Pick, Spec, POLICIES};
+use super::ops::{Item, Pick, Spec, POLICIES};
 
 /// What a check, a batch item or a report must answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,8 +35,12 @@ pub enum Expect {
     },
 }
 
-/// A denial a local layer remembers: the cost denied, and the partition's writes then.
-type Remembered = (u64, u64);
+/// The denials a local layer may remember of one partition (docs/policies.md, "The local
+/// layer"): each as the cost denied and the `remaining` the store answered then. A superset: the
+/// model cannot always tell whether the layer or the store answered (checks at once), and keeps
+/// both possibilities. The layer only denies what the store would deny, so whichever answered,
+/// a check's outcome is the store's; only a denial's `remaining` may be one of these.
+type Remembered = Vec<(u64, u64)>;
 
 /// The policies in force and every partition's state.
 #[derive(Clone, Debug)]
@@ -43,13 +49,10 @@ pub struct Model {
     pub specs: Vec<Spec>,
     /// State per (policy, partition), with the instant it expires; absent is fresh.
     states: BTreeMap<(usize, u8), (State, Micros)>,
-    /// The algorithm of the value the store last wrote per (policy, partition): kept through
-    /// reloads, to name the reloads that go back to an algorithm a partition still holds.
-    held: BTreeMap<(usize, u8), Alg>,
     /// Writes per (policy, partition) so far.
     writes: BTreeMap<(usize, u8), u64>,
-    /// With Redis, each daemon's local layer: the denials it remembers per (daemon, policy,
-    /// partition), as the cost denied and the partition's writes then (cleared by a reload).
+    /// With Redis, each daemon's local layer: the denials it may remember per (daemon, policy,
+    /// partition) (cleared by a reload).
     remembered: Option<BTreeMap<(usize, usize, u8), Remembered>>,
     daemons: usize,
 }
@@ -62,38 +65,53 @@ impl Model {
         Self {
             specs,
             states: BTreeMap::new(),
-            held: BTreeMap::new(),
             writes: BTreeMap::new(),
             remembered: local_layer.then(BTreeMap::new),
             daemons,
         }
     }
 
-    /// Whether `item` on daemon `via` meets a denial its local layer remembers, and the store
-    /// would answer it with other figures: the partition was written since, or the check names
-    /// other policies too (the local layer answers with its remembered denial alone).
-    pub fn stale_local(&self, via: usize, item: &Item) -> bool {
+    /// The `remaining` values daemon `via`'s local layer may answer `item` with (a denial, nothing
+    /// asked of the store): those of the denials it may remember of the item's policies for costs
+    /// up to `item.cost`. Empty when the store surely answers.
+    fn local_answer(&self, via: usize, item: &Item) -> Vec<u64> {
         let Some(remembered) = &self.remembered else {
-            return false;
+            return Vec::new();
         };
-        let policies = Self::policies(item.pick);
-        policies.iter().any(|&p| {
-            remembered
-                .get(&(via % self.daemons, p, item.part))
-                .is_some_and(|&(cost, writes)| {
-                    cost <= item.cost
-                        && (policies.len() > 1 || self.writes.get(&(p, item.part)) != Some(&writes))
-                })
-        })
+        Self::policies(item.pick)
+            .into_iter()
+            .filter_map(|p| remembered.get(&(via % self.daemons, p, item.part)))
+            .flatten()
+            .filter(|(cost, _)| *cost <= item.cost)
+            .map(|(_, remaining)| *remaining)
+            .collect()
     }
 
-    fn remember(&mut self, via: usize, part: u8, cost: u64, decisions: &[(usize, Decision)]) {
+    /// What the store's answer `decisions` to a check of `cost` on daemon `via` leaves in its
+    /// local layer: a denial is remembered; an allowance forgets the partition's denials, when
+    /// the store surely answered (`sure`: no remembered denial applied and the check was alone).
+    fn remember(
+        &mut self,
+        via: usize,
+        part: u8,
+        cost: u64,
+        decisions: &[(usize, Decision)],
+        sure: bool,
+    ) {
+        let daemons = self.daemons;
         let Some(remembered) = &mut self.remembered else {
             return;
         };
-        for (p, _) in decisions.iter().filter(|(_, d)| !d.allowed) {
-            let writes = self.writes.get(&(*p, part)).copied().unwrap_or(0);
-            remembered.insert((via % self.daemons, *p, part), (cost, writes));
+        for (p, decision) in decisions {
+            let at = (via % daemons, *p, part);
+            if !decision.allowed {
+                remembered
+                    .entry(at)
+                    .or_default()
+                    .push((cost, decision.remaining));
+            } else if sure {
+                remembered.remove(&at);
+            }
         }
     }
 
@@ -110,9 +128,8 @@ impl Model {
     /// algorithm, dropped (afresh) under another.
     pub fn reload(&mut self, policy: usize, spec: Spec) {
         let before = self.yaml();
-        if self.specs[policy].alg != spec.alg {
-            self.states.retain(|(p, _), _| *p != policy);
-        }
+        // Another algorithm's state stays where it is and reads as fresh (its variant differs);
+        // changed back before a check of the other one replaced it, it counts again.
         self.specs[policy] = spec;
         // A file whose text did not change is not reloaded (the local layers keep their memory).
         let edited = self.yaml() != before;
@@ -124,16 +141,6 @@ impl Model {
     /// The store lost every counter (a restart without persistence).
     pub fn forget(&mut self) {
         self.states.clear();
-        self.held.clear();
-    }
-
-    /// Whether putting `alg` in force for `policy` goes back to an algorithm whose state a
-    /// partition still holds in the store (written before an earlier change, not since).
-    pub fn goes_back(&self, policy: usize, alg: Alg) -> bool {
-        alg != self.specs[policy].alg
-            && self.held.iter().any(|(&(p, part), &held)| {
-                p == policy && held == alg && !self.states.contains_key(&(p, part))
-            })
     }
 
     fn policies(pick: Pick) -> Vec<usize> {
@@ -154,12 +161,13 @@ impl Model {
     fn write(&mut self, policy: usize, part: u8, state: State) {
         let expires = self.specs[policy].algorithm().idle_at(&state);
         self.states.insert((policy, part), (state, expires));
-        self.held.insert((policy, part), self.specs[policy].alg);
         *self.writes.entry((policy, part)).or_default() += 1;
     }
 
     /// A check on daemon `via` at `now`: all or nothing across the policies it names.
-    pub fn check(&mut self, via: usize, item: &Item, now: Micros) -> Expect {
+    /// `alone`: no other check ran at the same time (a batch's or concurrent callers' run at
+    /// once, so their local layer answers and memory changes may interleave in any way).
+    pub fn check(&mut self, via: usize, item: &Item, now: Micros, alone: bool) -> Expect {
         let policies = Self::policies(item.pick);
         if policies
             .iter()
@@ -176,7 +184,14 @@ impl Model {
             })
             .collect();
         let allowed = decisions.iter().all(|(_, d)| d.allowed);
-        self.remember(via, item.part, item.cost, &decisions);
+        let local = self.local_answer(via, item);
+        self.remember(
+            via,
+            item.part,
+            item.cost,
+            &decisions,
+            alone && local.is_empty(),
+        );
         if allowed && !item.dry_run {
             for &p in &policies {
                 let mut state = self.state(p, item.part, now);
@@ -184,10 +199,13 @@ impl Model {
                 self.write(p, item.part, state);
             }
         }
-        Expect::Answer {
-            allowed,
-            remaining: deciding(&decisions),
+        let mut remaining = deciding(&decisions);
+        if !allowed {
+            remaining.extend(local);
+            remaining.sort_unstable();
+            remaining.dedup();
         }
+        Expect::Answer { allowed, remaining }
     }
 
     /// A batch on daemon `via` run in `order`: one 400 (nothing spent) if any check costs more
@@ -202,7 +220,7 @@ impl Model {
         let before = self.clone();
         let mut expected = vec![Expect::TooCostly; items.len()];
         for &at in order {
-            expected[at] = self.check(via, &items[at], now);
+            expected[at] = self.check(via, &items[at], now, items.len() == 1);
         }
         if expected.contains(&Expect::TooCostly) {
             *self = before;
@@ -222,7 +240,7 @@ impl Model {
                 (p, decision)
             })
             .collect();
-        self.remember(via, part, 1, &decisions);
+        self.remember(via, part, 1, &decisions, true);
         Expect::Answer {
             allowed: decisions.iter().all(|(_, d)| d.allowed),
             remaining: deciding(&decisions),

@@ -96,6 +96,23 @@ impl<'s> World<'s> {
     /// Carries out `op` and checks every answer against `model` (which it advances), then the
     /// store's state.
     pub async fn step(&mut self, model: &mut Model, op: &Op) -> Result<(), String> {
+        let Err(why) = self.carry_out(model, op).await else {
+            return Ok(());
+        };
+        // Where an answer came from a failure mode, its cause: each daemon's Redis errors.
+        let mut causes = String::new();
+        for (at, daemon) in self.daemons.iter().enumerate() {
+            let metrics = daemon.app.metrics().await;
+            for line in metrics.lines().filter(|line| {
+                line.starts_with("sluice_redis_errors_total{") && !line.ends_with(" 0")
+            }) {
+                causes.push_str(&format!("\n  daemon {at}: {line}"));
+            }
+        }
+        Err(format!("{why}{causes}"))
+    }
+
+    async fn carry_out(&mut self, model: &mut Model, op: &Op) -> Result<(), String> {
         match op {
             Op::Check { via, item } => {
                 let target = self.target(*via);
@@ -104,7 +121,7 @@ impl<'s> World<'s> {
                     .await;
                 let actual = read(&reply?, "allowed");
                 self.settle(model, &nows, &[actual], |m, now| {
-                    vec![m.check(*via, item, now)]
+                    vec![m.check(*via, item, now, true)]
                 })?;
             }
             Op::Batch { via, items } => {
@@ -134,7 +151,7 @@ impl<'s> World<'s> {
                     let mut expected = vec![Expect::TooCostly; calls.len()];
                     for &at in order {
                         let (via, item) = &calls[at];
-                        expected[at] = m.check(*via, item, now);
+                        expected[at] = m.check(*via, item, now, calls.len() == 1);
                     }
                     expected
                 })?;
@@ -187,12 +204,9 @@ impl<'s> World<'s> {
                 let reply = check.await.map_err(|e| e.to_string())?;
                 let nows = vec![before, self.now()];
                 let actual = read(&reply?, "allowed");
-                self.settle(
-                    model,
-                    &nows,
-                    &[actual],
-                    |m, now| vec![m.check(0, item, now)],
-                )?;
+                self.settle(model, &nows, &[actual], |m, now| {
+                    vec![m.check(0, item, now, true)]
+                })?;
             }
             Op::Reshard { node, item } => {
                 let Server::Cluster(cluster) = &*self.server else {
@@ -233,12 +247,9 @@ impl<'s> World<'s> {
                 let reply = check.await.map_err(|e| e.to_string())?;
                 let nows = vec![before, self.now()];
                 let actual = read(&reply?, "allowed");
-                self.settle(
-                    model,
-                    &nows,
-                    &[actual],
-                    |m, now| vec![m.check(0, item, now)],
-                )?;
+                self.settle(model, &nows, &[actual], |m, now| {
+                    vec![m.check(0, item, now, true)]
+                })?;
             }
         }
         self.store_invariants()

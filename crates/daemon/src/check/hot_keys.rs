@@ -51,9 +51,17 @@ impl HotKeys {
         }
     }
 
-    /// The store denied `cost` on `key`; `asked` is when the store was asked.
+    /// The store answered `decision` for `cost` on `key`; `asked` is when the store was asked.
+    /// A denial is remembered; an allowance forgets what was remembered of the key, whose figures
+    /// are then stale (this pod may just have spent there): the next check asks the store.
     pub fn remember(&self, key: &Key, cost: u64, decision: &Decision, asked: Instant) {
-        if decision.allowed || decision.retry_after_us == 0 || decision.retry_after_us == NEVER {
+        if decision.allowed {
+            if self.cache.contains_key(key) {
+                self.cache.invalidate(key);
+            }
+            return;
+        }
+        if decision.retry_after_us == 0 || decision.retry_after_us == NEVER {
             return;
         }
         let until = asked + Duration::from_micros(decision.retry_after_us);
@@ -151,6 +159,21 @@ mod tests {
             "a clone forgets for all"
         );
         assert!(hot.denial(&b, 1, asked).is_some());
+    }
+
+    #[test]
+    fn an_allowance_forgets_the_remembered_denial() {
+        let hot = HotKeys::new(10);
+        let key = Key::new("p".into(), ["a"]);
+        let now = Instant::now();
+        hot.remember(&key, 2, &denied(60_000_000), now);
+        assert!(hot.denial(&key, 2, now).is_some());
+        let allowed = Decision::allow(5, 0, 60_000_000);
+        hot.remember(&key, 1, &allowed, now);
+        assert!(
+            hot.denial(&key, 2, now).is_none(),
+            "stale figures are not answered"
+        );
     }
 
     #[test]
