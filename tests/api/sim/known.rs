@@ -79,9 +79,11 @@ pub fn kind(op: &Op, model: &Model) -> Kind {
                 Kind::Reload
             }
         }
-        Op::Advance { .. } | Op::Restart { .. } | Op::Pause { .. } | Op::Reshard { .. } => {
-            Kind::Store
-        }
+        Op::Advance { .. }
+        | Op::Restart { .. }
+        | Op::Pause { .. }
+        | Op::Reshard { .. }
+        | Op::AclRevoke { .. } => Kind::Store,
     }
 }
 

@@ -171,6 +171,15 @@ pub enum Op {
         /// The check in flight.
         item: Item,
     },
+    /// The daemons' ACL user (a single server's: the line docs/redis.md gives) loses the
+    /// command [`ACL_COMMANDS`]`[command]` (modulo their number) while daemon 0 checks `item`,
+    /// then gets it back.
+    AclRevoke {
+        /// Which command the user loses.
+        command: usize,
+        /// The check sent meanwhile.
+        item: Item,
+    },
     /// A Cluster moves the hash slot of a key on node `node` (modulo the nodes; none held: no
     /// move) to the next node, key by key, while `item` is checked (through the first daemon)
     /// when the slot is MIGRATING with its first key moved.
@@ -193,7 +202,27 @@ pub struct Menu {
     pub restart: bool,
     /// Whether to reshard (a Cluster).
     pub reshard: bool,
+    /// Whether to take a command from the daemons' ACL user (a single server).
+    pub acl: bool,
 }
+
+/// The commands the documented ACL line grants that a check or a report may run (the others:
+/// loading scripts, the tenant table, resets).
+pub const ACL_COMMANDS: &[&str] = &[
+    "evalsha",
+    "eval",
+    "time",
+    "get",
+    "getrange",
+    "set",
+    "pexpire",
+    "del",
+    "zadd",
+    "zcount",
+    "zrange",
+    "zremrangebyscore",
+    "zremrangebyrank",
+];
 
 impl Op {
     /// The operation's name, for the tally a run prints.
@@ -209,6 +238,7 @@ impl Op {
             Op::Restart { persist: false } => "restart_empty",
             Op::Pause { .. } => "pause",
             Op::Reshard { .. } => "reshard",
+            Op::AclRevoke { .. } => "acl_revoke",
         }
     }
 }
@@ -338,6 +368,14 @@ pub fn op(menu: Menu) -> BoxedStrategy<Op> {
             1,
             (50u64..=300, item())
                 .prop_map(|(ms, item)| Op::Pause { ms, item })
+                .boxed(),
+        ));
+    }
+    if menu.acl {
+        ops.push((
+            1,
+            (0..ACL_COMMANDS.len(), item())
+                .prop_map(|(command, item)| Op::AclRevoke { command, item })
                 .boxed(),
         ));
     }

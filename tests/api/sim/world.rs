@@ -17,7 +17,7 @@ use sluice::telemetry::Metrics;
 use tempfile::TempDir;
 
 use super::model::{orders, Expect, Model};
-use super::ops::{Item, Op};
+use super::ops::{Item, Op, ACL_COMMANDS};
 use super::store_state;
 use super::wire::{agrees, body, explain, get, post, read, read_batch, Actual};
 use crate::helpers::{run_app, test_settings, TestApp, START_US};
@@ -78,6 +78,9 @@ impl<'s> World<'s> {
         let file = dir.path().join("policies.yaml");
         std::fs::write(&file, model.yaml()).expect("write policies");
         let clock = Arc::new(ManualClock::new(START_US));
+        if let Server::Single(single) = &*server {
+            grant(single, &prefix);
+        }
         let mut daemons = Vec::new();
         for _ in 0..server.daemons() {
             daemons.push(spawn(server, &prefix, &file, &clock).await);
@@ -207,6 +210,54 @@ impl<'s> World<'s> {
                 self.settle(model, &nows, &[actual], |m, now| {
                     vec![m.check(0, item, now, true)]
                 })?;
+            }
+            Op::AclRevoke { command, item } => {
+                let Server::Single(server) = &*self.server else {
+                    unreachable!("ACL changes are generated for single servers only")
+                };
+                let command = ACL_COMMANDS[command % ACL_COMMANDS.len()];
+                let acl = |change: String| {
+                    tokio::task::block_in_place(|| {
+                        redis::cmd("ACL")
+                            .arg("SETUSER")
+                            .arg("sim")
+                            .arg(change)
+                            .query::<()>(&mut server.connection())
+                            .map_err(|e| e.to_string())
+                    })
+                };
+                let refused = |metrics: &str| {
+                    crate::helpers::metric_value(
+                        metrics,
+                        "sluice_redis_errors_total",
+                        &[("kind", "auth")],
+                    )
+                };
+                let before = refused(&self.daemons[0].app.metrics().await);
+                let nows = vec![self.now()];
+                acl(format!("-{command}"))?;
+                let reply = post(self.target(0), "/v1/check", body(item, true)).await;
+                acl(format!("+{command}"))?;
+                let nows = vec![nows[0], self.now()];
+                let actual = read(&reply?, "allowed");
+                if matches!(actual, Actual::Failure(_)) {
+                    // The script path needed the command: the failure mode answered, the cause
+                    // counted as `auth`, and nothing of the check was spent (the model stays).
+                    let after = refused(&self.daemons[0].app.metrics().await);
+                    if after <= before {
+                        return Err(format!(
+                            "without +{command}: a failure-mode answer with no auth error \
+                             counted: {actual:?}"
+                        ));
+                    }
+                    // The refusal opened the circuit: wait until the store answers again.
+                    let probe = json!({"policy": "p0", "descriptors": {"user": "probe"}});
+                    crate::wait::wait_enforced(&self.daemons[0].app.tcp, &probe).await;
+                } else {
+                    self.settle(model, &nows, &[actual], |m, now| {
+                        vec![m.check(0, item, now, true)]
+                    })?;
+                }
             }
             Op::Reshard { node, item } => {
                 let Server::Cluster(cluster) = &*self.server else {
@@ -385,6 +436,8 @@ impl<'s> World<'s> {
                 let _ = std::fs::remove_file(server.dir().join("dump.rdb"));
             }
             server.restart();
+            // ACL users live in memory (no ACL file): the daemons' user is created again.
+            grant(server, &self.prefix);
         });
         if !persist {
             self.ghost = Some(model.clone());
@@ -417,6 +470,27 @@ impl<'s> World<'s> {
     }
 }
 
+/// The daemons' ACL user on a single server, as `redis://<user>:<password>@`.
+const ACL_USER: &str = "redis://sim:sim-password@";
+
+/// Creates (or resets) the daemons' ACL user: the line docs/redis.md gives, for `prefix`'s keys
+/// and reset channel instead of the default `rl`.
+fn grant(server: &RedisServer, prefix: &str) {
+    let mut args = crate::redis::acl::documented_acl("sim", "sim-password");
+    for arg in &mut args {
+        if arg == "~rl:*" {
+            *arg = format!("~{prefix}:*");
+        } else if arg == "&rl:resets" {
+            *arg = format!("&{prefix}:resets");
+        }
+    }
+    let () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg(&args)
+        .query(&mut server.connection())
+        .expect("ACL SETUSER");
+}
+
 async fn spawn(server: &Server, prefix: &str, file: &Path, clock: &Arc<ManualClock>) -> Daemon {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut settings = test_settings(dir.path());
@@ -424,7 +498,7 @@ async fn spawn(server: &Server, prefix: &str, file: &Path, clock: &Arc<ManualClo
     let store_clock: Arc<dyn Clock> = match server {
         Server::Memory => clock.clone(),
         Server::Single(single) => {
-            settings.redis.url = Some(single.url());
+            settings.redis.url = Some(single.url().replacen("redis://", ACL_USER, 1));
             Arc::new(SystemClock::new())
         }
         Server::Cluster(cluster) => {
