@@ -234,11 +234,11 @@ impl<'s> World<'s> {
                     )
                 };
                 let before = refused(&self.daemons[0].app.metrics().await);
-                let nows = vec![self.now()];
+                let before_now = self.now();
                 acl(format!("-{command}"))?;
                 let reply = post(self.target(0), "/v1/check", body(item, true)).await;
                 acl(format!("+{command}"))?;
-                let nows = vec![nows[0], self.now()];
+                let nows = vec![before_now, self.now()];
                 let actual = read(&reply?, "allowed");
                 if matches!(actual, Actual::Failure(_)) {
                     // The script path needed the command: the failure mode answered, the cause
