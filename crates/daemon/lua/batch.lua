@@ -51,10 +51,57 @@ local ITEM_WIDTH, BUCKET_WIDTH, HEAD_WIDTH = 6, 8, 2
 
 local spec = cmsgpack.unpack(ARGV[2])
 
+local keys, node_call = KEYS, #KEYS == 0
+if node_call then
+  keys = {}
+  for i = 3, #ARGV do
+    keys[i - 2] = ARGV[i]
+  end
+end
+
+-- A call holding a sliding log asks for its write permissions (and SET's, which the other
+-- algorithms write with at the end) before anything is written: a permission taken away refuses
+-- every check of the call, each with the refusal, instead of leaving some writes behind
+-- (refused_write, state.lua).
+do
+  local at, log_key, commands = 1, nil, SLIDING_LOG_WRITES
+  while at <= #spec do
+    local count = spec[at]
+    at = at + HEAD_WIDTH
+    for _ = 1, count do
+      local kind = spec[at + 1]
+      if kind == SLIDING_LOG then
+        log_key = log_key or keys[spec[at]]
+      elseif commands == SLIDING_LOG_WRITES then
+        commands = {{'SET', 'v'}}
+        for _, command in ipairs(SLIDING_LOG_WRITES) do
+          commands[#commands + 1] = command
+        end
+      end
+      at = at + (kind == TOKEN_BUCKET and BUCKET_WIDTH or ITEM_WIDTH)
+    end
+  end
+  local refused = log_key and refused_write(log_key, commands)
+  if refused then
+    local results, n = {}, 0
+    at = 1
+    while at <= #spec do
+      local count = spec[at]
+      at = at + HEAD_WIDTH
+      for _ = 1, count do
+        at = at + (spec[at + 1] == TOKEN_BUCKET and BUCKET_WIDTH or ITEM_WIDTH)
+      end
+      n = n + 1
+      results[n] = redis.error_reply(refused.err)
+    end
+    return results
+  end
+end
+
 -- The lean loop: one counter per check, each counter once (ARGV[3]). With no counter shared,
 -- "as if one by one" needs no state kept across checks: each check is its algorithm's own script.
 -- A raised error (a sliding log's command) fails its own check only, as below.
-if ARGV[3] == '1' and #KEYS > 0 then
+if ARGV[3] == '1' and not node_call then
   local results, n, at = {}, 0, 1
   while at <= #spec do
     local commit, key, kind = spec[at + 1] == RECORD, KEYS[spec[at + 2]], spec[at + 3]
@@ -84,13 +131,6 @@ if ARGV[3] == '1' and #KEYS > 0 then
     end
   end
   return results
-end
-local keys, node_call = KEYS, #KEYS == 0
-if node_call then
-  keys = {}
-  for i = 3, #ARGV do
-    keys[i - 2] = ARGV[i]
-  end
 end
 
 -- Per key index: the algorithm kind it is held as in this batch (a policy that changed algorithm

@@ -135,6 +135,11 @@ local function sliding_log_check(key, commit, limit, period, cost, now, min_ttl_
 end
 
 -- sluice:entry
+-- Every write permission first (refused_write, state.lua): none of the check is written without.
+local refused = refused_write(KEYS[1], SLIDING_LOG_WRITES)
+if refused then
+  return redis.error_reply(refused.err .. ' [item 1]')
+end
 local reply = sliding_log_check(KEYS[1], ARGV[4] == '1', tonumber(ARGV[1]), tonumber(ARGV[2]),
   tonumber(ARGV[3]), now, min_ttl_ms)
 if reply.err then

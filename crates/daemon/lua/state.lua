@@ -64,3 +64,35 @@ end
 local function ceil_div(a, b)
   return math.floor((a + b - 1) / b)
 end
+
+-- The commands a sliding log writes with (its trim, its run, its TTL, a report's overspend, the
+-- value of another algorithm it replaces), each with arguments its key is found in.
+local SLIDING_LOG_WRITES = {
+  {'ZREMRANGEBYSCORE', '0', '0'}, {'ZADD', '0', 'm'}, {'PEXPIRE', '1'},
+  {'ZREMRANGEBYRANK', '0', '0'}, {'DEL'},
+}
+
+-- Whether the script's user may run each of `commands` (as SLIDING_LOG_WRITES lists them) on
+-- `key`: nil, or an error reply naming the first it may not (as Redis names a refused command,
+-- so sluice logs and counts it as it does a refusal by Redis inside a script: that call's checks
+-- alone fail, the circuit stays closed). A call that writes with several
+-- commands asks first, so that a permission taken away refuses it before anything is written: a
+-- sliding log without +pexpire once kept its ZADD and answered a failure mode. Redis >= 7.0 can
+-- tell (redis.acl_check_cmd); older servers cannot, and rely on sluice's probe at connect.
+local function refused_write(key, commands)
+  if not redis.acl_check_cmd then
+    return nil
+  end
+  for _, command in ipairs(commands) do
+    local args = {command[1], key}
+    for i = 2, #command do
+      args[#args + 1] = command[i]
+    end
+    local ok, allowed = pcall(redis.acl_check_cmd, unpack(args))
+    if ok and not allowed then
+      return {err = "NOPERM the script's user has no permissions to run the '" ..
+        string.lower(command[1]) .. "' command (asked before writing)"}
+    end
+  end
+  return nil
+end
