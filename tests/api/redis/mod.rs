@@ -6,6 +6,7 @@ pub mod batch;
 pub mod differential;
 mod exactness;
 mod failures;
+mod log_runs;
 mod lowered_limit;
 mod policies;
 pub mod serve_env;
