@@ -332,8 +332,9 @@ async fn on_redis_a_report_is_spent_and_a_dead_store_gives_the_failure_modes() {
         .query(&mut redis.connection())
         .expect("ZCARD");
     assert_eq!(
-        members, 10,
-        "the log keeps its newest `limit` units, not 4 + 25"
+        members, 1,
+        "the log keeps its newest `limit` units: 10 of the 25 reported last, as one run (one \
+         member per unit once: 10 members)"
     );
     let (status, denied) = check(&app, &ask("log", "ann", 1)).await;
     assert_eq!(status, 429, "{denied}");
