@@ -168,7 +168,10 @@ mod tests {
         let now = Instant::now();
         hot.remember(&key, 2, &denied(60_000_000), now);
         assert!(hot.denial(&key, 2, now).is_some());
-        let allowed = Decision::allow(5, 0, 60_000_000);
+        let allowed = Decision {
+            allowed: true,
+            ..denied(0)
+        };
         hot.remember(&key, 1, &allowed, now);
         assert!(
             hot.denial(&key, 2, now).is_none(),
