@@ -17,6 +17,7 @@ use support::{
 };
 
 mod actions;
+mod authority;
 mod authz;
 mod local_in_front;
 mod proxy;
