@@ -20,6 +20,7 @@ mod actions;
 mod authority;
 mod authz;
 mod local_in_front;
+mod lua;
 mod proxy;
 mod redis_down;
 mod rls;

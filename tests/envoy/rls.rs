@@ -60,13 +60,49 @@ async fn shipped_example_enforces_the_shipped_policies(via: Via) {
     assert_eq!(denied.header("x-ratelimit-limit"), Some("10"));
     // Another path is not the login page.
     assert_eq!(envoy.send("GET", "/", &[]).await.body, proxy::APP_BODY);
-    // public_api: a burst of 150 per tenant and key.
-    let key = [("x-tenant", "acme"), ("x-api-key", "k1")];
-    let api = statuses(&envoy, 151, "/v1/things", &key).await;
+    // public_api: a burst of 150 per key, whatever tenant and tier the client claims.
+    let mut api = Vec::new();
+    for i in 0..160 {
+        let tenant = ["acme", "globex", "initech"][i % 3];
+        let headers = [
+            ("x-tenant", tenant),
+            ("x-tier", "enterprise"),
+            ("x-api-key", "k1"),
+        ];
+        api.push(envoy.send("GET", "/v1/things", &headers).await.status);
+    }
     assert_eq!(count(&api, 200), 150, "{via:?}: {api:?}");
-    assert_eq!(api[150], 429);
-    assert_eq!(envoy.stat("cluster.app.ratelimit.over_limit").await, 2);
+    assert_eq!(count(&api[150..], 429), 10);
+    assert_eq!(envoy.stat("cluster.app.ratelimit.over_limit").await, 11);
     assert_eq!(envoy.stat("cluster.app.ratelimit.error").await, 0);
+}
+
+/// Every spelling an application routes to its login page spends the login limit.
+#[tokio::test]
+async fn login_path_spellings_behind_the_shipped_rls_example() {
+    let daemon = spawn_grpc(SHIPPED_POLICIES).await;
+    let Some(envoy) = Envoy::start(rls_example(&daemon, Via::Socket)).await else {
+        return;
+    };
+    let spellings = [
+        "/LOGIN",
+        "/login/",
+        "//login",
+        "/%6Cogin",
+        "/./login",
+        "/x/../login",
+        "/Login?a=1",
+        "/login;x=1",
+        "/%2e/login",
+        "/login",
+    ];
+    let mut codes = Vec::new();
+    for path in spellings {
+        codes.push((path, envoy.send("POST", path, &[]).await.status));
+    }
+    let next = envoy.send("POST", "/login", &[]).await;
+    assert_eq!(next.status, 429, "after {codes:?}\n{}", envoy.log());
+    assert_eq!(envoy.stat("cluster.app.ratelimit.over_limit").await, 1);
 }
 
 #[tokio::test]
