@@ -19,6 +19,7 @@ use support::{
 mod actions;
 mod authority;
 mod authz;
+mod fleet;
 mod local_in_front;
 mod lua;
 mod proxy;
