@@ -240,3 +240,30 @@ async fn control_headers_work_when_the_operator_enables_them() {
     let (status, _, body) = send(&app, Method::GET, "/v1/authz", &headers).await;
     assert_eq!((status, body["remaining"].as_u64()), (200, Some(0)));
 }
+
+/// A fail-closed policy whose store is down: `/v1/authz` denies with the deny status (429, or
+/// nginx's 403) and `Retry-After: 1`, naming the cause, never a 5xx a proxy would read as its
+/// authorization service failing (Envoy's ext_authz with `failure_mode_allow` lets it through);
+/// `/v1/check` still answers 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_closed_with_the_store_down_is_a_denial() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut settings = test_settings(dir.path());
+    settings.redis.url = Some(format!(
+        "redis://127.0.0.1:{}",
+        crate::redis_server::free_port()
+    ));
+    settings.redis.connect_timeout = sluice::config::HumanDuration(300_000);
+    let app = spawn_app_in(dir, settings, SHIPPED_POLICIES).await;
+    let headers = nginx("/login", "192.0.2.60", &[]);
+    let (status, retry, body) = send(&app, Method::GET, "/v1/authz", &headers).await;
+    assert_eq!((status, retry.as_deref()), (429, Some("1")), "{body}");
+    assert_eq!(body["error"], "limiter_unavailable");
+    let headers = nginx("/login", "192.0.2.60", &[("x-sluice-deny-status", "403")]);
+    let (status, retry, _) = send(&app, Method::GET, "/v1/authz", &headers).await;
+    assert_eq!((status, retry.as_deref()), (403, Some("1")));
+    let check = app
+        .check_tcp(&serde_json::json!({"descriptors": {"ip": "192.0.2.60", "path": "/login"}}))
+        .await;
+    assert_eq!(check.status.as_u16(), 503, "/v1/check keeps its 503");
+}

@@ -1,16 +1,11 @@
-//! `examples/envoy/rls.yaml` and `istio-envoyfilter.yaml`, checked structurally (no Envoy binary is
-//! installable here): the rate limit filter calls `envoy.service.ratelimit.v3` over HTTP/2 on the
-//! clusters sluice listens on; and the descriptors its route actions produce, sent by a real gRPC
-//! client to a daemon with the shipped policies, select those policies.
-
-use std::collections::BTreeMap;
+//! `examples/envoy/rls.yaml` and `istio-envoyfilter.yaml`, checked structurally: the rate limit
+//! filter calls `envoy.service.ratelimit.v3` over HTTP/2 on the clusters sluice listens on. What
+//! their route actions select, behind a real Envoy: `tests/envoy` (`cargo test --test envoy`).
 
 use serde_yaml::Value;
-use sluice::transport::grpc::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use sluice::transport::grpc::SERVICE_NAME;
 
-use crate::grpc_client::{ask, descriptor, request, response_header, spawn_grpc, OK, OVER_LIMIT};
-use crate::helpers::{repo_root, SHIPPED_POLICIES};
+use crate::helpers::repo_root;
 
 fn load(name: &str) -> Value {
     let text = std::fs::read_to_string(repo_root().join("examples/envoy").join(name))
@@ -151,130 +146,4 @@ fn istio_filter_patches_the_same_service() {
         at(address(cluster), &["pipe", "path"]),
         "/var/run/sluice/rls.sock"
     );
-}
-
-/// Envoy's descriptor for one `rate_limits` entry and a request's headers (the actions the
-/// examples use; any other kind fails the test so the example cannot outgrow it).
-fn produce(rate_limit: &Value, headers: &BTreeMap<&str, &str>) -> Option<RateLimitDescriptor> {
-    let mut entries = Vec::new();
-    for action in rate_limit["actions"].as_sequence().expect("actions") {
-        if let Some(h) = action.get("request_headers") {
-            let name = h["header_name"].as_str().expect("header_name");
-            match headers.get(name) {
-                Some(value) => entries.push((
-                    h["descriptor_key"].as_str().expect("key").to_owned(),
-                    (*value).to_owned(),
-                )),
-                None if h["skip_if_absent"] == true => {}
-                None => return None,
-            }
-        } else if let Some(g) = action.get("generic_key") {
-            let key = g["descriptor_key"].as_str().unwrap_or("generic_key");
-            entries.push((
-                key.to_owned(),
-                g["descriptor_value"].as_str().expect("value").to_owned(),
-            ));
-        } else {
-            panic!("action kind not simulated: {action:?}");
-        }
-    }
-    let pairs: Vec<(&str, &str)> = entries
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    Some(descriptor(&pairs))
-}
-
-/// The descriptors Envoy sends for `path` (exact or prefix routes; vh limits unless the route has
-/// its own).
-fn descriptors_for(
-    bootstrap: &Value,
-    path: &str,
-    headers: &BTreeMap<&str, &str>,
-) -> Vec<RateLimitDescriptor> {
-    let hcm = &at(bootstrap, &["static_resources", "listeners"])[0]["filter_chains"][0]["filters"]
-        [0]["typed_config"];
-    let vhost = &at(hcm, &["route_config", "virtual_hosts"])[0];
-    let route = vhost["routes"]
-        .as_sequence()
-        .expect("routes")
-        .iter()
-        .find(|r| {
-            r["match"]["path"].as_str() == Some(path)
-                || r["match"]["prefix"]
-                    .as_str()
-                    .is_some_and(|p| path.starts_with(p))
-        })
-        .expect("a route");
-    let limits = match route["route"].get("rate_limits") {
-        Some(own) => own,
-        None => &vhost["rate_limits"],
-    };
-    limits
-        .as_sequence()
-        .expect("rate_limits")
-        .iter()
-        .filter_map(|l| produce(l, headers))
-        .collect()
-}
-
-#[tokio::test]
-async fn route_actions_select_the_shipped_policies() {
-    let bootstrap = load("rls.yaml");
-    let daemon = spawn_grpc(SHIPPED_POLICIES).await;
-    let mut client = daemon.uds().await;
-
-    let login: BTreeMap<&str, &str> = [("x-envoy-external-address", "198.51.100.4")].into();
-    for attempt in 0..10 {
-        let answer = ask(
-            &mut client,
-            request("edge", descriptors_for(&bootstrap, "/login", &login)),
-        )
-        .await;
-        assert_eq!(answer.overall_code, OK, "attempt {attempt}");
-        assert_eq!(
-            answer.statuses[0]
-                .current_limit
-                .as_ref()
-                .map(|l| l.name.as_str()),
-            Some("login")
-        );
-    }
-    let denied = ask(
-        &mut client,
-        request("edge", descriptors_for(&bootstrap, "/login", &login)),
-    )
-    .await;
-    assert_eq!(denied.overall_code, OVER_LIMIT);
-    assert!(response_header(&denied, "retry-after").is_some());
-
-    let api: BTreeMap<&str, &str> = [("x-tenant", "acme"), ("x-api-key", "k")].into();
-    let answer = ask(
-        &mut client,
-        request("edge", descriptors_for(&bootstrap, "/orders", &api)),
-    )
-    .await;
-    assert_eq!(answer.statuses.len(), 1);
-    assert_eq!(
-        answer.statuses[0]
-            .current_limit
-            .as_ref()
-            .map(|l| l.name.as_str()),
-        Some("public_api")
-    );
-    assert_eq!(response_header(&answer, "x-ratelimit-limit"), Some("150"));
-    let gold: BTreeMap<&str, &str> = [
-        ("x-tenant", "big"),
-        ("x-api-key", "k"),
-        ("x-tier", "enterprise"),
-    ]
-    .into();
-    let answer = ask(
-        &mut client,
-        request("edge", descriptors_for(&bootstrap, "/orders", &gold)),
-    )
-    .await;
-    assert_eq!(response_header(&answer, "x-ratelimit-limit"), Some("1500"));
-    // Without an API key Envoy sends no descriptor, so it does not call the service at all.
-    assert!(descriptors_for(&bootstrap, "/orders", &BTreeMap::new()).is_empty());
 }

@@ -15,13 +15,16 @@
 //!   (a 400 otherwise); dry run takes `true`/`false`/`1`/`0`, anything else is a 400.
 //! - `X-Sluice-Deny-Status` (or `?deny_status=`, not both) replaces 429 on a denial: nginx `auth_request`
 //!   understands only 401 and 403 as "deny" (anything else becomes a 500).
+//! - Every denial carries `X-Sluice-Denied-By` (`rate_limit` or `limiter_unavailable`); a
+//!   fail-closed policy whose store is down is a denial too (the deny status, `Retry-After: 1`),
+//!   never a 5xx, which proxies read as the authorization service failing ([`denied_by`]).
 
-use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::response::Response;
 
 use super::http::error_response;
 use super::wire::{self, CheckReply, ErrorReply};
-use crate::check::{CheckRequest, CheckService, Spend};
+use crate::check::{CheckRequest, CheckService, Outcome, Spend};
 use crate::config::{AuthzSettings, ControlHeader, OriginalFrom};
 use crate::limit::Descriptors;
 use crate::telemetry::CheckSpan;
@@ -59,12 +62,34 @@ pub async fn authz(
         }
         Ok(verdict) => {
             super::traced::verdict(span, &verdict);
-            let (mut status, reply) = CheckReply::from_verdict(&verdict);
-            if status == StatusCode::TOO_MANY_REQUESTS {
-                status = deny_status.unwrap_or(status);
-            }
-            super::http::json_response(status, wire::headers(&verdict), &reply)
+            let (status, reply) = CheckReply::from_verdict(&verdict);
+            let mut headers = wire::headers(&verdict);
+            let status = match denied_by(verdict.outcome) {
+                None => status,
+                Some(cause) => {
+                    headers.insert(DENIED_BY, HeaderValue::from_static(cause));
+                    deny_status.unwrap_or(StatusCode::TOO_MANY_REQUESTS)
+                }
+            };
+            super::http::json_response(status, headers, &reply)
         }
+    }
+}
+
+/// Names why a request is denied: `rate_limit`, or `limiter_unavailable` (a fail-closed policy
+/// whose store is down).
+const DENIED_BY: HeaderName = HeaderName::from_static("x-sluice-denied-by");
+
+/// The cause a denial is answered with, `None` when the request may go through. A fail-closed
+/// policy's "store down" is a denial here (the deny status, 429 by default), not `/v1/check`'s
+/// 503: proxies treat a 5xx from an authorization service as the service failing, and Envoy's
+/// ext_authz with `failure_mode_allow` then lets the request through; a 4xx is relayed as a
+/// denial by Envoy, nginx (with the deny status) and Traefik alike.
+fn denied_by(outcome: Outcome) -> Option<&'static str> {
+    match outcome {
+        Outcome::Allowed => None,
+        Outcome::Denied => Some("rate_limit"),
+        Outcome::Unavailable => Some("limiter_unavailable"),
     }
 }
 

@@ -108,6 +108,8 @@ fn routes(ctx: Ctx) -> Router {
         .route("/v1/check/batch", post(batch))
         .route("/v1/report", post(report))
         .route("/v1/authz", any(authz))
+        // Envoy's path_prefix sends `/` as `/v1/authz/`, which the wildcard below does not match.
+        .route("/v1/authz/", any(authz))
         .route("/v1/authz/{*original}", any(authz))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

@@ -4,7 +4,8 @@
 //! size and flow-control windows (memory per connection), keepalive PINGs (a dead peer is
 //! closed), a handshake timeout (the preface and SETTINGS must arrive in time, or the
 //! connection is dropped), an idle timeout and a maximum age (a graceful GOAWAY; Envoy
-//! reconnects), and each stream's body read timeout ([`super::stream`]).
+//! reconnects), and each stream's body read timeout ([`super::stream`]). Any `:authority` is
+//! accepted ([`super::authority`]).
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -19,6 +20,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::authority::AnyAuthority;
 use super::stream::{StreamLimits, Streams};
 use super::Rls;
 use crate::config::Settings;
@@ -141,7 +143,7 @@ async fn connection<IO>(
     let activity = Arc::new(Activity::new());
     let started = activity.started;
     let io = Watched {
-        inner: io,
+        inner: AnyAuthority::new(io),
         activity: activity.clone(),
     };
     let service = service(activity.clone());
