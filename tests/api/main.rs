@@ -24,6 +24,7 @@ mod hardening;
 mod hostile_client;
 mod injector;
 mod local_limit;
+mod local_peers;
 mod log_safety;
 mod matching;
 mod openapi;
