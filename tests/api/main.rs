@@ -45,3 +45,4 @@ mod tracing_off;
 mod tracing_otlp;
 mod transports;
 mod windows;
+mod yaml_bounds;

@@ -41,7 +41,7 @@ pub struct Problem {
 }
 
 impl Problem {
-    fn at(line: Option<usize>, message: String) -> Self {
+    pub(crate) fn at(line: Option<usize>, message: String) -> Self {
         Self { line, message }
     }
 }
@@ -108,7 +108,7 @@ pub fn parse_policies(path: &Path, text: &str) -> Result<PolicySet, PolicyFileEr
         file: path.to_owned(),
         problems,
     };
-    check_expansion(text).map_err(|e| fail(vec![Problem::at(None, e.to_string())]))?;
+    check_expansion(text).map_err(|e| fail(vec![Problem::at(e.line, e.to_string())]))?;
     if envoy::is_envoy_config(text) {
         let converted = envoy::convert(text).map_err(|messages| {
             let at = |m: String| Problem::at(envoy::problem_line(text, &m), m);
