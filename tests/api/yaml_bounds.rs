@@ -5,7 +5,8 @@
 //! refused with its file and line by `config check` (file and directory) under a 400 MB address
 //! space limit, and by a serving daemon's hot reload (file and directory source) whose peak RSS
 //! (`VmHWM`) stays under 200 MB. A deeply nested envoyproxy/ratelimit file is refused for its
-//! depth, not read as a policy file ("unknown field `domain`").
+//! depth, not read as a policy file ("unknown field `domain`"). A policy path pointed at a secret
+//! is refused without the secret in the log.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
@@ -209,4 +210,45 @@ async fn hot_reload_refuses_an_alias_bomb_in_a_directory_or_a_file_in_bounded_me
             "peak RSS {peak} KiB (directory: {as_dir})"
         );
     }
+}
+
+/// A policy path pointed at the wrong file (a symlinked secret) is refused with the file, line
+/// and reason only: the secret's text never reaches the log.
+#[tokio::test]
+async fn a_symlinked_secret_is_refused_without_its_text_in_the_log() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (good, secret) = (dir.path().join("good.yaml"), dir.path().join("token"));
+    std::fs::write(&good, ONE).expect("write");
+    std::fs::write(&secret, "TOPSECRET-ab12cd34\n").expect("write");
+    let link = dir.path().join("policies.yaml");
+    std::os::unix::fs::symlink(&good, &link).expect("symlink");
+    let log = dir.path().join("sluice.log");
+    let (mut child, admin) = serve(dir.path(), &link, &log);
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_answering(
+        &admin,
+        "/readyz",
+        &mut child,
+        Duration::from_secs(20),
+        read_log,
+    )
+    .await;
+
+    let next = dir.path().join("next-link");
+    std::os::unix::fs::symlink(&secret, &next).expect("symlink");
+    std::fs::rename(&next, &link).expect("swap the link");
+    until("the secret is refused", Duration::from_secs(20), || async {
+        let logged = read_log();
+        match logged.contains("policy file rejected") {
+            true => Ok(()),
+            false => Err(logged),
+        }
+    })
+    .await;
+    let logged = read_log();
+    assert!(!logged.contains("TOPSECRET"), "{logged}");
+    assert!(
+        logged.contains("policies.yaml:1: invalid type: a string (not shown)"),
+        "{logged}"
+    );
 }

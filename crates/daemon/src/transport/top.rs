@@ -18,7 +18,7 @@ use serde::Serialize;
 use super::admin::AdminAccess;
 use super::http::error_response;
 use super::wire::ErrorReply;
-use crate::check::{CheckService, TopList, TOP_CAPACITY};
+use crate::check::{CheckService, TopList, MAX_POLICIES, TOP_CAPACITY};
 
 /// Entries per policy when `limit` is not given.
 pub const DEFAULT_LIMIT: usize = 10;
@@ -67,6 +67,7 @@ pub async fn top(service: &CheckService, access: &AdminAccess, request: Request)
             .get::<ConnectInfo<SocketAddr>>()
             .map(|ConnectInfo(peer)| *peer),
     );
+    let by_name = query.policy.is_some();
     let names = match query.policy {
         Some(name) if service.policies().get(&name).is_none() => {
             return error_response((
@@ -77,10 +78,27 @@ pub async fn top(service: &CheckService, access: &AdminAccess, request: Request)
         Some(name) => vec![name],
         None => service.denied_policies(),
     };
-    let policies = names
-        .iter()
-        .filter_map(|name| service.top_denied(name, query.limit, raw))
-        .collect();
+    let mut policies = Vec::with_capacity(names.len());
+    for name in &names {
+        match service.top_denied(name, query.limit, raw) {
+            Some(list) => policies.push(list),
+            // Asked for by name: an untracked policy must not read as "nobody denied".
+            None if by_name => {
+                return error_response((
+                    StatusCode::CONFLICT,
+                    ErrorReply::new(
+                        "not_tracked",
+                        format!(
+                            "policy `{name}` has no top list: the first {MAX_POLICIES} policies \
+                             of the set (in file order) are tracked; its denials are counted in \
+                             sluice_decisions_total only"
+                        ),
+                    ),
+                ))
+            }
+            None => {}
+        }
+    }
     (
         [(header::CACHE_CONTROL, "no-store")],
         Json(TopReply {

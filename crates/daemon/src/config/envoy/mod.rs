@@ -274,7 +274,8 @@ pub fn convert_sources(
             let config = match RawConfig::deserialize(doc) {
                 Ok(config) => config,
                 Err(e) => {
-                    problems.push(at(format!("document {}: {e}", index + 1)));
+                    let reason = crate::config::policy::without_text(&e.to_string());
+                    problems.push(at(format!("document {}: {reason}", index + 1)));
                     continue;
                 }
             };

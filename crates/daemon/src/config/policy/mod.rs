@@ -78,6 +78,41 @@ struct RawFile {
     policies: Vec<serde_yaml::Value>,
 }
 
+/// `message` (a YAML error about the whole file) without the text it quotes: a path pointed at
+/// the wrong file (a symlinked secret, a token) is a YAML string, and serde's "invalid type:
+/// string \"...\"" would copy it into the log. The file, line and reason are enough.
+pub(crate) fn without_text(message: &str) -> String {
+    const QUOTED: &str = "string \"";
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(start) = rest.find(QUOTED) {
+        out.push_str(&rest[..start]);
+        out.push_str("a string (not shown)");
+        let quoted = &rest[start + QUOTED.len()..];
+        // The string is Debug-escaped: it ends at the first `"` not escaped by a `\`.
+        let mut escaped = false;
+        let end = quoted
+            .char_indices()
+            .find_map(|(at, c)| match (escaped, c) {
+                (false, '\\') => {
+                    escaped = true;
+                    None
+                }
+                (false, '"') => Some(at),
+                _ => {
+                    escaped = false;
+                    None
+                }
+            });
+        rest = match end {
+            Some(at) => &quoted[at + 1..],
+            None => "",
+        };
+    }
+    out.push_str(rest);
+    out
+}
+
 /// The version of a policy file's content: the low 32 bits of its SHA-1 (exported as
 /// `sluice_policies_version`, so operators can see every pod runs the same file).
 pub fn policy_file_version(text: &str) -> u32 {
@@ -118,7 +153,7 @@ pub fn parse_policies(path: &Path, text: &str) -> Result<PolicySet, PolicyFileEr
     }
     let raw: RawFile = serde_yaml::from_str(text).map_err(|e| {
         let line = e.location().map(|l| l.line());
-        fail(vec![Problem::at(line, e.to_string())])
+        fail(vec![Problem::at(line, without_text(&e.to_string()))])
     })?;
     let lines = self::yaml_lines::PolicyLines::new(text, raw.policies.len());
     let mut problems = Vec::new();
@@ -412,5 +447,30 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("tier `gold`"));
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_policy_file_is_refused_without_its_text() {
+        for secret in [
+            "TOPSECRET-token-1234\n",
+            "\"TOPSECRET \\\" quoted\"\n",
+            "-----BEGIN KEY-----\n  TOPSECRET\n  -----END KEY-----\n",
+        ] {
+            let error = parse_policies(Path::new("p.yaml"), secret)
+                .unwrap_err()
+                .to_string();
+            assert!(!error.contains("TOPSECRET"), "{error}");
+            assert!(
+                error.starts_with("p.yaml:1: invalid type: a string (not shown)"),
+                "{error}"
+            );
+        }
+        assert_eq!(
+            without_text(r#"a string "x\"y" and string "z" end"#),
+            "a a string (not shown) and a string (not shown) end"
+        );
+        let envoy = parse_policies(Path::new("e.yaml"), "domain: d\ndescriptors: TOPSECRET\n");
+        let envoy = envoy.unwrap_err().to_string();
+        assert!(!envoy.contains("TOPSECRET"), "{envoy}");
     }
 }
