@@ -17,6 +17,7 @@ mod batch;
 mod check;
 mod cli;
 mod counters;
+mod deny;
 mod envoy_upstream;
 mod first_hour;
 mod grpc;

@@ -193,6 +193,13 @@ fn dump(policy: &Policy) -> Value {
     if !parts.replaces.is_empty() {
         value["replaces"] = json!(parts.replaces);
     }
+    if parts.deny {
+        // A block list has no quota: its placeholder's period is the wait it tells.
+        value["deny"] = json!(true);
+        let period = parts.quota.windows().first().map(|w| w.period_us());
+        value["period"] = json!(period.map(|us| HumanDuration(us).to_string()));
+        return value;
+    }
     merge(&mut value, quota(&parts.quota));
     if let Some(tiers) = &parts.tiers {
         let levels: serde_json::Map<String, Value> = tiers

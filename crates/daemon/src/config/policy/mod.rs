@@ -15,7 +15,7 @@ pub(super) mod yaml_budget;
 mod yaml_lines;
 
 use self::policy_fields::{read_policy, RawPolicy};
-use self::policy_quota::{FieldProblem, RawQuota};
+use self::policy_quota::{AlgorithmName, FieldProblem, RawQuota};
 // What the policy file's own modules (`super::` from them) share with the rest of config.
 use crate::config::{bounded_read, check_expansion, envoy, FileLimits, HumanDuration};
 use crate::limit::{field_problems, CostTable, Pattern, Policy, PolicyParts, PolicySet, Tiers};
@@ -249,6 +249,40 @@ pub const DEFAULT_REPORT_DEBT_PERIODS: u64 = 1;
 pub const MAX_REPORT_DEBT_PERIODS: u64 = 1000;
 
 /// Builds one policy, or every problem found in it (each field checked on its own).
+/// What a block list (`deny: true`) may not say: it has no quota, and it is enforced.
+fn deny_problems(raw: &RawPolicy) -> Vec<FieldProblem> {
+    let mut problems: Vec<FieldProblem> = Vec::new();
+    let given = [
+        ("algorithm", raw.algorithm.is_some()),
+        ("limit", raw.limit.is_some()),
+        ("burst", raw.burst.is_some()),
+        ("limits", raw.limits.is_some()),
+        ("local_limit", raw.local_limit.is_some()),
+        ("tiers", raw.tiers.is_some()),
+        ("cost", raw.cost.is_some()),
+    ];
+    for (field, _) in given.iter().filter(|(_, given)| *given) {
+        let reason = "a deny policy has no quota: every request it applies to is denied";
+        problems.push((*field, reason.to_owned()).into());
+    }
+    if raw.shadow || raw.enforce_percent < 100 {
+        let field = if raw.shadow {
+            "shadow"
+        } else {
+            "enforce_percent"
+        };
+        let reason = "a deny policy is enforced whole (try it first as a shadow policy with a \
+                      limit)";
+        problems.push((field, reason.to_owned()).into());
+    }
+    if raw.period.is_none() {
+        let reason = "missing: a deny policy's `period` is the wait a denied client is told \
+                      (Retry-After)";
+        problems.push(("period", reason.to_owned()).into());
+    }
+    problems
+}
+
 fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
     let mut problems: Vec<FieldProblem> = Vec::new();
     if let Some(timeout) = raw.timeout {
@@ -262,13 +296,30 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
             );
         }
     }
-    let written = RawQuota {
-        algorithm: raw.algorithm,
-        limit: raw.limit,
-        period: raw.period,
-        burst: raw.burst,
-        limits: raw.limits.as_deref(),
-        local_limit: raw.local_limit,
+    let written = if raw.deny {
+        problems.extend(deny_problems(&raw));
+        // A placeholder quota, never sent to a store: its period is the wait a denial tells.
+        RawQuota {
+            algorithm: AlgorithmName::FixedWindow,
+            limit: Some(1),
+            period: raw.period,
+            burst: None,
+            limits: None,
+            local_limit: None,
+        }
+    } else {
+        let algorithm = raw.algorithm.unwrap_or_else(|| {
+            problems.push(("algorithm", "missing".to_owned()).into());
+            AlgorithmName::FixedWindow
+        });
+        RawQuota {
+            algorithm,
+            limit: raw.limit,
+            period: raw.period,
+            burst: raw.burst,
+            limits: raw.limits.as_deref(),
+            local_limit: raw.local_limit,
+        }
     };
     let debt = raw
         .report_debt_periods
@@ -349,6 +400,7 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
         limit_override: raw.limit_override,
         reports: raw.reports,
         replaces: raw.replaces,
+        deny: raw.deny,
     })
     .map_err(|e| vec![(e.field, e.reason).into()])
 }
