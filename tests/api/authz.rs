@@ -32,7 +32,7 @@ fn nginx<'a>(uri: &'a str, ip: &'a str, extra: &[(&'a str, &'a str)]) -> Vec<(&'
 }
 
 /// Sends `method path` with `headers` over TCP; returns (status, Retry-After, body).
-async fn send(
+pub(crate) async fn send(
     app: &TestApp,
     method: Method,
     path: &str,

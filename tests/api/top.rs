@@ -260,3 +260,33 @@ async fn a_reload_drops_removed_policies_lists_and_keeps_the_others() {
         "login's list survives"
     );
 }
+
+/// Lists are kept for the first `MAX_POLICIES` policies: one past them, asked for by name, is
+/// answered as not tracked (a 409), never as an empty list that reads as "nobody was denied".
+#[tokio::test]
+async fn a_policy_past_the_tracked_ones_is_answered_as_not_tracked() {
+    let tracked = sluice::check::MAX_POLICIES;
+    let mut yaml = String::from("policies:\n");
+    for n in 0..=tracked {
+        yaml.push_str(&format!(
+            "  - {{name: p{n:04}, key: [ip], match: {{route: r{n}}}, algorithm: fixed_window, \
+             limit: 1, period: 1h}}\n"
+        ));
+    }
+    let app = spawn_app_with(&yaml).await;
+    let last = format!("p{tracked:04}");
+    for _ in 0..3 {
+        let body = json!({"descriptors": {"route": format!("r{tracked}"), "ip": "192.0.2.1"}});
+        app.check_tcp(&body).await;
+    }
+    let reason = assert_error(
+        &app.admin_get(&format!("/v1/top?policy={last}")).await,
+        409,
+        "not_tracked",
+    );
+    assert!(reason.contains(&format!("`{last}`")), "{reason}");
+    assert!(reason.contains(&tracked.to_string()), "{reason}");
+    // The first policy is tracked: an empty list is a true "no denial".
+    let body = top(&app, "?policy=p0000").await;
+    assert_eq!(body["policies"][0]["denials"], json!(0), "{body}");
+}

@@ -208,6 +208,34 @@ async fn the_nginx_example_holds_against_a_hostile_client_over_tcp() {
     };
     let nginx = start_nginx(&sluice_addr.to_string()).await;
     the_login_limit_holds(nginx.port).await;
+    the_tenant_comes_from_the_key_not_the_client(nginx.port, app.admin).await;
+}
+
+/// The tenant is the API key's (the example's map), whatever `X-Tenant` the client sends: three
+/// requests under three invented tenants spend three tokens of acme's one bucket (they were three
+/// fresh buckets of 150 each when the example read `$http_x_tenant`).
+async fn the_tenant_comes_from_the_key_not_the_client(port: u16, admin: std::net::SocketAddr) {
+    for tenant in ["evil-1", "evil-2", "acme"] {
+        let headers = [("X-Api-Key", "key-acme-1"), ("X-Tenant", tenant)];
+        assert_eq!(send(port, "/api/items", &headers).await, 200, "{tenant}");
+    }
+    let remaining = |tenant: &str| {
+        let path = format!("/v1/counters?policy=public_api&d.tenant={tenant}&d.api_key=key-acme-1");
+        let admin = sluice::client::Target::Tcp(admin);
+        async move {
+            let reply = sluice::client::request(&admin, axum::http::Method::GET, &path, None)
+                .await
+                .expect("admin answers");
+            assert_eq!(reply.status, 200, "{:?}", reply.json());
+            reply.json()["remaining"].as_u64()
+        }
+    };
+    assert_eq!(remaining("acme").await, Some(147));
+    assert_eq!(
+        remaining("evil-1").await,
+        Some(150),
+        "an invented tenant has no bucket"
+    );
 }
 
 /// The socket as a VM install has it: a directory others can enter, the socket `0660`. nginx's

@@ -85,14 +85,26 @@ fn assert_injected(object: &Value, replicas: &str) {
             .iter()
             .any(|e| e["name"] == "SLUICE_SOCKET" && e["value"] == "/var/run/sluice/sluice.sock"));
     }
-    let labels = if object["kind"] == "Pod" {
-        &object["metadata"]["labels"]
+    let metadata = if object["kind"] == "Pod" {
+        &object["metadata"]
     } else if object["kind"] == "CronJob" {
-        &object["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
+        &object["spec"]["jobTemplate"]["spec"]["template"]["metadata"]
     } else {
-        &object["spec"]["template"]["metadata"]["labels"]
+        &object["spec"]["template"]["metadata"]
     };
-    assert_eq!(labels["sluice.io/injected"], "true");
+    assert_eq!(metadata["labels"]["sluice.io/injected"], "true");
+    // A mesh (Istio) must not capture the check, admin and gRPC ports: captured, a mesh peer
+    // reaches them from 127.0.0.6.
+    let excluded = metadata["annotations"]["traffic.sidecar.istio.io/excludeInboundPorts"]
+        .as_str()
+        .unwrap_or_default();
+    for port in ["7070", "7071", "8081"] {
+        assert!(
+            excluded.split(',').any(|p| p == port),
+            "{port} not in excludeInboundPorts {excluded:?} ({:?})",
+            object["kind"]
+        );
+    }
 }
 
 #[test]

@@ -25,7 +25,7 @@ pub use stores::check_redis;
 
 use crate::check::CheckService;
 use crate::clock::{Clock, SystemClock};
-use crate::config::{load_policies, AdminResets, AuthzSettings, Settings};
+use crate::config::{load_policies, AuthzSettings, Settings};
 use crate::limit::PolicySet;
 use crate::reload::Reloader;
 use crate::store::MemoryStore;
@@ -65,7 +65,7 @@ pub struct App {
     reloader: Option<(Reloader, Duration)>,
     authz: AuthzSettings,
     max_connections: usize,
-    admin_resets: AdminResets,
+    admin_access: admin::AdminAccess,
     banner: banner::Banner,
 }
 
@@ -134,7 +134,10 @@ impl App {
             reloader: None,
             authz: settings.authz.clone(),
             max_connections: settings.limits.max_connections,
-            admin_resets: settings.listen.admin_resets,
+            admin_access: admin::AdminAccess {
+                resets: settings.listen.admin_resets,
+                local_peers: settings.listen.local_peers.clone(),
+            },
             banner: banner::Banner::new(settings, resolved.redis.as_ref()),
         })
     }
@@ -237,7 +240,7 @@ impl App {
             self.service.clone(),
             self.metrics.clone(),
             self.ready.clone(),
-            self.admin_resets,
+            self.admin_access,
         );
         // The same bounded accept loop as the check listeners (it may face the pod network).
         let admin_task = tokio::spawn(serve(

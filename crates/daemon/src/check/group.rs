@@ -162,22 +162,10 @@ impl CheckService {
     async fn spend(&self, mut plan: Plan, per_item: &mut [Vec<PolicyDecision>]) -> Verdict {
         // What a denied group gives back (the checks move into the verdict).
         let costs: Vec<u64> = plan.checks.iter().map(|check| check.cost).collect();
-        if plan.parts.iter().any(|p| is_blocked(&p.policy)) {
-            // A converted `requests_per_unit: 0` selected: denied without spending; the figures
-            // of the others are read.
-            let mut read = self.ask_store(Spend::DryRun, &mut plan).await;
-            for part in &mut read.evaluated {
-                if is_blocked(&part.policy) {
-                    part.mode = Mode::Enforced;
-                    part.decision = Decision {
-                        allowed: false,
-                        limit: 0,
-                        remaining: 0,
-                        reset_after_us: 0,
-                        retry_after_us: NEVER,
-                    };
-                }
-            }
+        if plan.parts.iter().any(|p| p.policy.is_deny()) {
+            // A block list selected (`deny: true`, a converted `requests_per_unit: 0`): denied
+            // without spending, the others' figures read (see `deny`).
+            let read = self.ask_store(Spend::DryRun, &mut plan).await;
             let overall = verdict::decide(read.evaluated);
             self.record(&overall);
             place(
@@ -217,11 +205,6 @@ impl CheckService {
         place(&plan, placed.into_iter().flatten(), give_back, per_item);
         overall
     }
-}
-
-/// Whether a policy is a converted `requests_per_unit: 0`.
-fn is_blocked(policy: &crate::limit::Policy) -> bool {
-    StandIn::of(policy.name()) == Some(StandIn::Blocked)
 }
 
 /// The answer of a converted `requests_per_unit: 0` that the store has no part in, as upstream

@@ -6,6 +6,7 @@
 
 mod counters;
 mod degrade;
+mod deny;
 mod explain;
 mod group;
 mod hot_keys;
@@ -240,8 +241,17 @@ impl CheckService {
     }
 
     /// Asks the store about every check of `plan` as one group (failure modes if it cannot
-    /// answer); records nothing in the metrics. The checks move into the verdict.
+    /// answer), unless a block list denies it ([`deny`]); records nothing in the metrics. The
+    /// checks move into the verdict.
     async fn ask_store(&self, spend: Spend, plan: &mut Plan) -> Verdict {
+        if let Some(denied) = self.deny_listed(plan).await {
+            return denied;
+        }
+        self.store_verdict(spend, plan).await
+    }
+
+    /// [`Self::ask_store`] without block lists.
+    async fn store_verdict(&self, spend: Spend, plan: &mut Plan) -> Verdict {
         let deadline = plan.deadline();
         let asked = Instant::now();
         let evaluated = match self.store.check(&plan.checks, spend, deadline).await {

@@ -21,6 +21,7 @@ pub use policy::{
 pub use settings::authz_settings::{AuthzSettings, ControlHeader, OriginalFrom};
 pub use settings::envoy_settings::EnvoySettings;
 pub use settings::listen_settings::{AdminResets, Listen, ListenAddrs};
+pub use settings::local_peers::{LocalPeers, PeerNet};
 pub use settings::redact::mask_url;
 pub use settings::redis_settings::{
     BreakerSettings, RedisSettings, RedisTarget, SentinelSettings, SentinelTarget, TlsSettings,

@@ -97,6 +97,9 @@ pub struct PolicyParts {
     /// The policies (by name) this one replaces: where it applies to a request (or to any
     /// descriptor of an Envoy request), they do not (envoyproxy/ratelimit's `replaces`).
     pub replaces: Vec<String>,
+    /// A block list: every request the policy applies to is denied, without a counter (its
+    /// quota is a placeholder whose period is the wait a denied client is told).
+    pub deny: bool,
 }
 
 /// Why a [`PolicyParts`] is not a valid policy; names the offending field.
@@ -339,6 +342,11 @@ impl Policy {
     /// Whether the policy only reports and never blocks.
     pub fn shadow(&self) -> bool {
         self.parts.shadow
+    }
+
+    /// Whether the policy is a block list (`deny: true`): it denies whatever it applies to.
+    pub fn is_deny(&self) -> bool {
+        self.parts.deny
     }
 
     /// What to do when the store cannot answer.

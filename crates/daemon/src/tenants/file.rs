@@ -110,7 +110,10 @@ impl FileTiers {
 }
 
 fn parse(path: &std::path::Path, text: &str) -> Result<HashMap<String, String>, String> {
-    crate::config::check_expansion(text).map_err(|e| format!("{}: {e}", path.display()))?;
+    crate::config::check_expansion(text).map_err(|e| match e.line {
+        Some(line) => format!("{}:{line}: {e}", path.display()),
+        None => format!("{}: {e}", path.display()),
+    })?;
     let raw: RawTable =
         serde_yaml::from_str(text).map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(raw.tenants)

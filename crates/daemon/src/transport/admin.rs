@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 
 use super::wire::{CheckBody, ErrorReply};
 use crate::check::CheckService;
-use crate::config::{AdminResets, HumanDuration};
+use crate::config::{AdminResets, HumanDuration, LocalPeers};
 use crate::limit::{Algorithm, Policy, Quota};
 use crate::telemetry::Metrics;
 
@@ -27,16 +27,32 @@ struct AdminCtx {
     service: Arc<CheckService>,
     metrics: Metrics,
     ready: Arc<AtomicBool>,
-    resets: AdminResets,
+    access: Arc<AdminAccess>,
 }
 
-/// The admin router. `ready` turns false when the daemon starts draining; `resets` says who may
-/// reset counters.
+/// Who may see raw partitions and reset counters on the admin listener.
+#[derive(Debug, Clone, Default)]
+pub struct AdminAccess {
+    /// Who may reset counters.
+    pub resets: AdminResets,
+    /// The clients that count as local (`listen.local_peers`).
+    pub local_peers: LocalPeers,
+}
+
+impl AdminAccess {
+    /// Whether the client at `peer` is local (unknown: not local).
+    pub fn is_local(&self, peer: Option<std::net::SocketAddr>) -> bool {
+        peer.is_some_and(|p| self.local_peers.contains(p.ip()))
+    }
+}
+
+/// The admin router. `ready` turns false when the daemon starts draining; `access` says who may
+/// reset counters and see raw partitions.
 pub fn router(
     service: Arc<CheckService>,
     metrics: Metrics,
     ready: Arc<AtomicBool>,
-    resets: AdminResets,
+    access: AdminAccess,
 ) -> Router {
     Router::new()
         .route("/livez", get(livez))
@@ -53,7 +69,7 @@ pub fn router(
             service,
             metrics,
             ready,
-            resets,
+            access: Arc::new(access),
         })
 }
 
@@ -136,11 +152,11 @@ async fn explain(State(ctx): State<AdminCtx>, headers: HeaderMap, body: Body) ->
 }
 
 async fn counters(State(ctx): State<AdminCtx>, request: Request) -> Response {
-    super::counters::counters(&ctx.service, ctx.resets, request).await
+    super::counters::counters(&ctx.service, &ctx.access, request).await
 }
 
 async fn top(State(ctx): State<AdminCtx>, request: Request) -> Response {
-    super::top::top(&ctx.service, request).await
+    super::top::top(&ctx.service, &ctx.access, request).await
 }
 
 async fn policies(State(ctx): State<AdminCtx>) -> Json<Value> {
@@ -176,6 +192,13 @@ fn dump(policy: &Policy) -> Value {
     }
     if !parts.replaces.is_empty() {
         value["replaces"] = json!(parts.replaces);
+    }
+    if parts.deny {
+        // A block list has no quota: its placeholder's period is the wait it tells.
+        value["deny"] = json!(true);
+        let period = parts.quota.windows().first().map(|w| w.period_us());
+        value["period"] = json!(period.map(|us| HumanDuration(us).to_string()));
+        return value;
     }
     merge(&mut value, quota(&parts.quota));
     if let Some(tiers) = &parts.tiers {

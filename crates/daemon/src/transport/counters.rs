@@ -4,7 +4,7 @@
 //! (form encoding: `%XX` escapes, `+` is a space); `GET` also takes `cost` (default 1), the cost
 //! whose `allowed` / `retry_after_ms` it reports. Anything else is a 400: a typo must not name
 //! another counter. A reset lifts a limit, so it is taken only from the clients
-//! `listen.admin_resets` allows (loopback by default); others get a 403, logged.
+//! `listen.admin_resets` allows (local clients by default: `listen.local_peers`); others get a 403, logged.
 
 use std::net::SocketAddr;
 
@@ -13,6 +13,7 @@ use axum::http::{header, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
+use super::admin::AdminAccess;
 use super::http::error_response;
 use super::wire::ErrorReply;
 use crate::check::{CheckService, CounterError, CounterQuery};
@@ -35,7 +36,7 @@ enum Action {
 }
 
 /// Answers `GET` and `DELETE /v1/counters`; resets only from the peers `resets` allows.
-pub async fn counters(service: &CheckService, resets: AdminResets, request: Request) -> Response {
+pub async fn counters(service: &CheckService, access: &AdminAccess, request: Request) -> Response {
     let action = match *request.method() {
         Method::GET => Action::Show,
         Method::DELETE => Action::Reset,
@@ -71,7 +72,7 @@ pub async fn counters(service: &CheckService, resets: AdminResets, request: Requ
                 .extensions()
                 .get::<ConnectInfo<SocketAddr>>()
                 .map(|ConnectInfo(addr)| *addr);
-            if let Err(reason) = may_reset(resets, peer) {
+            if let Err(reason) = may_reset(access, peer) {
                 if let Some(held_back) = REFUSALS.pass() {
                     let requested_by = peer.map_or_else(|| "unknown".to_owned(), |p| p.to_string());
                     tracing::warn!(policy = %query.policy, requested_by, reason, held_back,
@@ -106,16 +107,15 @@ pub async fn counters(service: &CheckService, resets: AdminResets, request: Requ
 }
 
 /// Whether `peer` may reset counters under `resets`; why not, if it may not.
-fn may_reset(resets: AdminResets, peer: Option<SocketAddr>) -> Result<(), &'static str> {
-    match resets {
+fn may_reset(access: &AdminAccess, peer: Option<SocketAddr>) -> Result<(), &'static str> {
+    match access.resets {
         AdminResets::Any => Ok(()),
         AdminResets::Off => Err("counter resets are off on this daemon (listen.admin_resets)"),
-        AdminResets::Loopback if peer.is_some_and(|p| p.ip().to_canonical().is_loopback()) => {
-            Ok(())
-        }
+        AdminResets::Loopback if access.is_local(peer) => Ok(()),
         AdminResets::Loopback => Err(
-            "counter resets are taken from loopback only (kubectl port-forward); \
-             listen.admin_resets = \"any\" allows other clients",
+            "counter resets are taken from local clients only (127.0.0.1 and ::1 unless \
+             listen.local_peers widens it; kubectl port-forward); listen.admin_resets = \"any\" \
+             allows other clients",
         ),
     }
 }
@@ -217,30 +217,37 @@ mod tests {
     #[test]
     fn resets_come_from_the_peers_the_setting_allows() {
         let peer = |text: &str| Some(text.parse::<SocketAddr>().expect("address"));
-        for loopback in [
-            "127.0.0.1:5000",
-            "127.9.9.9:1",
-            "[::1]:5000",
-            "[::ffff:127.0.0.1]:5000",
-        ] {
-            assert_eq!(
-                may_reset(AdminResets::Loopback, peer(loopback)),
-                Ok(()),
-                "{loopback}"
-            );
-            assert!(may_reset(AdminResets::Off, peer(loopback)).is_err());
-        }
-        for remote in ["10.0.0.7:5000", "[fd00::7]:5000", "[::ffff:10.0.0.7]:5000"] {
-            assert!(
-                may_reset(AdminResets::Loopback, peer(remote)).is_err(),
-                "{remote}"
-            );
-            assert_eq!(may_reset(AdminResets::Any, peer(remote)), Ok(()));
-        }
-        assert!(
-            may_reset(AdminResets::Loopback, None).is_err(),
-            "unknown peer"
+        let access = |resets| AdminAccess {
+            resets,
+            local_peers: Default::default(),
+        };
+        let (local, off, any) = (
+            access(AdminResets::Loopback),
+            access(AdminResets::Off),
+            access(AdminResets::Any),
         );
+        for loopback in ["127.0.0.1:5000", "[::1]:5000", "[::ffff:127.0.0.1]:5000"] {
+            assert_eq!(may_reset(&local, peer(loopback)), Ok(()), "{loopback}");
+            assert!(may_reset(&off, peer(loopback)).is_err());
+        }
+        // Istio (REDIRECT) delivers mesh traffic from 127.0.0.6: not local unless listed.
+        for remote in [
+            "10.0.0.7:5000",
+            "[fd00::7]:5000",
+            "[::ffff:10.0.0.7]:5000",
+            "127.0.0.6:5000",
+            "127.9.9.9:1",
+            "[::ffff:127.0.0.6]:5000",
+        ] {
+            assert!(may_reset(&local, peer(remote)).is_err(), "{remote}");
+            assert_eq!(may_reset(&any, peer(remote)), Ok(()));
+        }
+        assert!(may_reset(&local, None).is_err(), "unknown peer");
+        let widened = AdminAccess {
+            resets: AdminResets::Loopback,
+            local_peers: serde_json::from_str(r#"["127.0.0.0/8"]"#).expect("peers"),
+        };
+        assert_eq!(may_reset(&widened, peer("127.0.0.6:1")), Ok(()));
     }
 
     #[test]

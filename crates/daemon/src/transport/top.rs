@@ -2,8 +2,10 @@
 //! (`?policy=NAME` for one policy, `&limit=N` entries each, 1 to 64, default 10). Any other
 //! parameter, or a policy that does not exist, is a 400: a typo must not read as "nobody is
 //! limited". Partitions are named by their log fingerprint; the partition itself (escaped key
-//! descriptor values, which can be API keys or IPs) only to a loopback client (a port-forward or
-//! an exec in the pod), since the admin listener may be reachable in-cluster.
+//! descriptor values, which can be API keys or IPs) only to a local client (`listen.local_peers`:
+//! 127.0.0.1 and ::1 unless widened; a port-forward or an exec in the pod), since the admin
+//! listener may be reachable in-cluster, and a mesh's sidecar relays remote peers from other
+//! 127.0.0.0/8 addresses.
 
 use std::net::SocketAddr;
 
@@ -13,9 +15,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 
+use super::admin::AdminAccess;
 use super::http::error_response;
 use super::wire::ErrorReply;
-use crate::check::{CheckService, TopList, TOP_CAPACITY};
+use crate::check::{CheckService, TopList, MAX_POLICIES, TOP_CAPACITY};
 
 /// Entries per policy when `limit` is not given.
 pub const DEFAULT_LIMIT: usize = 10;
@@ -23,7 +26,7 @@ pub const DEFAULT_LIMIT: usize = 10;
 /// The answer.
 #[derive(Debug, Serialize)]
 struct TopReply {
-    /// Whether `partition` is shown (loopback clients) or only fingerprints.
+    /// Whether `partition` is shown (local clients) or only fingerprints.
     raw_partitions: bool,
     /// The policy asked for, or every policy with a denial (name order).
     policies: Vec<TopList>,
@@ -37,7 +40,7 @@ struct TopQuery {
 }
 
 /// Answers `GET /v1/top`.
-pub async fn top(service: &CheckService, request: Request) -> Response {
+pub async fn top(service: &CheckService, access: &AdminAccess, request: Request) -> Response {
     if request.method() != Method::GET {
         let mut response = error_response((
             StatusCode::METHOD_NOT_ALLOWED,
@@ -58,10 +61,13 @@ pub async fn top(service: &CheckService, request: Request) -> Response {
             ))
         }
     };
-    let raw = request
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .is_some_and(|ConnectInfo(peer)| peer.ip().to_canonical().is_loopback());
+    let raw = access.is_local(
+        request
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|ConnectInfo(peer)| *peer),
+    );
+    let by_name = query.policy.is_some();
     let names = match query.policy {
         Some(name) if service.policies().get(&name).is_none() => {
             return error_response((
@@ -72,10 +78,27 @@ pub async fn top(service: &CheckService, request: Request) -> Response {
         Some(name) => vec![name],
         None => service.denied_policies(),
     };
-    let policies = names
-        .iter()
-        .filter_map(|name| service.top_denied(name, query.limit, raw))
-        .collect();
+    let mut policies = Vec::with_capacity(names.len());
+    for name in &names {
+        match service.top_denied(name, query.limit, raw) {
+            Some(list) => policies.push(list),
+            // Asked for by name: an untracked policy must not read as "nobody denied".
+            None if by_name => {
+                return error_response((
+                    StatusCode::CONFLICT,
+                    ErrorReply::new(
+                        "not_tracked",
+                        format!(
+                            "policy `{name}` has no top list: the first {MAX_POLICIES} policies \
+                             of the set (in file order) are tracked; its denials are counted in \
+                             sluice_decisions_total only"
+                        ),
+                    ),
+                ))
+            }
+            None => {}
+        }
+    }
     (
         [(header::CACHE_CONTROL, "no-store")],
         Json(TopReply {

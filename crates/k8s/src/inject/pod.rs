@@ -107,6 +107,41 @@ fn inject_app(app: &mut Value, overwrite: bool) -> Result<bool, Conflict> {
     Ok(changed)
 }
 
+/// Merges [`sidecar::MESH_EXCLUDED_PORTS`] into the pod's Istio `excludeInboundPorts`
+/// annotation (created when absent; the ports already listed are kept as written).
+pub fn exclude_from_mesh(annotations: &mut Value) -> Result<bool, Conflict> {
+    if annotations.is_null() {
+        *annotations = Value::Mapping(Mapping::new());
+    }
+    let Some(annotations) = annotations.as_mapping_mut() else {
+        return Err("annotations is not a mapping".into());
+    };
+    let key = sidecar::ISTIO_EXCLUDE_INBOUND;
+    let listed = match annotations.get(key) {
+        None => "",
+        Some(Value::String(text)) => text.as_str(),
+        Some(other) => return Err(format!("annotation {key} is {other:?}, not a string")),
+    };
+    let mut ports: Vec<String> = listed
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let before = ports.len();
+    for port in sidecar::MESH_EXCLUDED_PORTS {
+        let port = port.to_string();
+        if !ports.contains(&port) {
+            ports.push(port);
+        }
+    }
+    if ports.len() == before {
+        return Ok(false);
+    }
+    annotations.insert(key.into(), Value::String(ports.join(",")));
+    Ok(true)
+}
+
 fn add_label(labels: &mut Value, overwrite: bool) -> Result<bool, Conflict> {
     if labels.is_null() {
         *labels = Value::Mapping(Mapping::new());

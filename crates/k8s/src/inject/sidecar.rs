@@ -25,6 +25,13 @@ pub const GRPC_ADDR: &str = "127.0.0.1:8081";
 pub const GRPC_SOCKET_PATH: &str = "/var/run/sluice/rls.sock";
 /// The admin port: probes and Prometheus reach it on the pod IP.
 pub const ADMIN_PORT: u16 = 7071;
+/// The pod annotation that keeps inbound ports out of Istio's traffic capture.
+pub const ISTIO_EXCLUDE_INBOUND: &str = "traffic.sidecar.istio.io/excludeInboundPorts";
+/// The sidecar's ports that must stay pod-local under a mesh: the check API, the admin port and
+/// the gRPC service. Captured, a mesh peer's connection reaches them from the mesh proxy's
+/// `127.0.0.6` (Istio REDIRECT mode); excluded, it arrives from the peer's own address, which
+/// the 127.0.0.1-bound listeners never see and the admin listener treats as remote.
+pub const MESH_EXCLUDED_PORTS: [u16; 3] = [7070, ADMIN_PORT, 8081];
 /// Pod label that marks injected pods (the PodMonitor selects it).
 pub const LABEL: &str = "sluice.io/injected";
 

@@ -107,8 +107,14 @@ pub fn inject_template(
         .and_then(|m| m.get("labels"))
         .cloned()
         .unwrap_or(Value::Null);
-    let changed = pod::inject(&mut spec, &mut labels, &options, replicas)
+    let mut annotations = template
+        .get("metadata")
+        .and_then(|m| m.get("annotations"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    let mut changed = pod::inject(&mut spec, &mut labels, &options, replicas)
         .map_err(refused(Refusal::Conflict))?;
+    changed |= pod::exclude_from_mesh(&mut annotations).map_err(refused(Refusal::Conflict))?;
     let metadata = template.entry("metadata".into()).or_insert(Value::Null);
     if metadata.is_null() {
         *metadata = Value::Mapping(Mapping::new());
@@ -120,6 +126,7 @@ pub fn inject_template(
     };
     // Inserting over an existing key keeps its position.
     metadata.insert("labels".into(), labels);
+    metadata.insert("annotations".into(), annotations);
     template.insert("spec".into(), Value::Mapping(spec));
     Ok(Outcome {
         injection: if changed {
@@ -209,5 +216,27 @@ mod tests {
             assert_eq!(refused.refusal, refusal, "{}", refused.reason);
             assert_eq!(pod, template(&yaml), "unchanged after {refusal:?}");
         }
+    }
+
+    #[test]
+    fn the_sidecars_ports_are_kept_out_of_istios_capture_merged_with_the_pods_own() {
+        let key = "traffic.sidecar.istio.io/excludeInboundPorts";
+        let cases = [
+            (POD.to_owned(), "7070,7071,8081"),
+            (
+                format!("metadata: {{annotations: {{{key}: \"9000, 7071\"}}}}\n{POD}"),
+                "9000,7071,7070,8081",
+            ),
+        ];
+        for (yaml, expected) in cases {
+            let mut pod = template(&yaml);
+            inject_template(&mut pod, &Options::default(), None).expect("injects");
+            assert_eq!(pod["metadata"]["annotations"][key], expected, "{yaml}");
+            let again = inject_template(&mut pod, &Options::default(), None).expect("again");
+            assert_eq!(again.injection, Injection::Unchanged, "{yaml}");
+        }
+        let mut odd = template(&format!("metadata: {{annotations: {{{key}: [1]}}}}\n{POD}"));
+        let refused = inject_template(&mut odd, &Options::default(), None).expect_err("refused");
+        assert!(refused.reason.contains(key), "{}", refused.reason);
     }
 }

@@ -22,11 +22,16 @@ pub(super) struct OutPolicy {
     conditions: BTreeMap<String, String>,
     group: String,
     key: Vec<String>,
-    algorithm: &'static str,
-    limit: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    algorithm: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limit: Option<u64>,
     period: &'static str,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     shadow: bool,
+    /// A block list (`requests_per_unit: 0`): denied by its kind, whatever it is named.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    deny: bool,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     replaces: Vec<String>,
 }
@@ -65,16 +70,14 @@ pub(super) fn to_policies(
                 (super::NO_LIMIT, "1s", true, Some(StandIn::Exempt))
             }
             Rule::Exempt => continue,
-            // Denied by the check's group (a shadow policy never denies in the store).
-            Rule::Blocked(period) => {
-                let kind = if leaf.shadow {
-                    StandIn::ShadowBlocked
-                } else {
-                    StandIn::Blocked
-                };
-                (super::NO_LIMIT, period, true, Some(kind))
+            // In shadow mode: answered by the check's group (a shadow policy never denies).
+            Rule::Blocked(period) if leaf.shadow => {
+                (super::NO_LIMIT, period, true, Some(StandIn::ShadowBlocked))
             }
+            // A block list (`deny: true`): denied on every transport, by its kind.
+            Rule::Blocked(period) => (0, period, false, Some(StandIn::Blocked)),
         };
+        let deny = kind == Some(StandIn::Blocked);
         let mut conditions: BTreeMap<String, String> = names
             .iter()
             .zip(&leaf.path)
@@ -114,10 +117,11 @@ pub(super) fn to_policies(
             conditions,
             group,
             key,
-            algorithm: "fixed_window",
-            limit,
+            algorithm: (!deny).then_some("fixed_window"),
+            limit: (!deny).then_some(limit),
             period,
             shadow,
+            deny,
             replaces: Vec::new(),
         });
     }
@@ -175,10 +179,11 @@ fn override_policy(domain: &str, taken: &mut BTreeSet<String>) -> OutPolicy {
         // Not an `rls:` group: no key path is ever named so.
         group: format!("rls-override:{domain}"),
         key: vec![ENTRIES_DESCRIPTOR.into()],
-        algorithm: "fixed_window",
-        limit: super::NO_LIMIT,
+        algorithm: Some("fixed_window"),
+        limit: Some(super::NO_LIMIT),
         period: "1s",
         shadow: false,
+        deny: false,
         replaces: Vec::new(),
     }
 }

@@ -159,11 +159,19 @@ struct OutFile {
 }
 
 /// Whether `text` is an envoyproxy/ratelimit file (a top-level `domain`) rather than a policy file.
+/// Only the first document's top-level keys are looked at: no value is built (the values are
+/// skipped), so a file not yet bounded by [`super::check_expansion`] costs no memory here.
 pub fn is_envoy_config(text: &str) -> bool {
+    /// The top-level keys that tell the two formats apart.
+    #[derive(Deserialize)]
+    struct Probe {
+        domain: Option<serde::de::IgnoredAny>,
+        policies: Option<serde::de::IgnoredAny>,
+    }
     serde_yaml::Deserializer::from_str(text)
         .next()
-        .and_then(|doc| serde_yaml::Value::deserialize(doc).ok())
-        .is_some_and(|value| value.get("domain").is_some() && value.get("policies").is_none())
+        .and_then(|doc| Probe::deserialize(doc).ok())
+        .is_some_and(|probe| probe.domain.is_some() && probe.policies.is_none())
 }
 
 /// The line (1-based) of the `replaces` entry a conversion problem is about, found in `text`
@@ -221,7 +229,10 @@ pub fn convert_file(path: &Path) -> Result<String, PolicyFileError> {
     };
     let (text, _) = super::bounded_read::read(path, &super::FileLimits::default())
         .map_err(|e| fail(vec![format!("cannot read: {}", e.reason)]))?;
-    super::check_expansion(&text).map_err(|e| fail(vec![e.to_string()]))?;
+    super::check_expansion(&text).map_err(|e| PolicyFileError {
+        file: path.to_owned(),
+        problems: vec![Problem::at(e.line, e.to_string())],
+    })?;
     if !is_envoy_config(&text) {
         return Err(fail(vec![
             "not an envoyproxy/ratelimit file (no top-level `domain`)".into(),
@@ -263,7 +274,8 @@ pub fn convert_sources(
             let config = match RawConfig::deserialize(doc) {
                 Ok(config) => config,
                 Err(e) => {
-                    problems.push(at(format!("document {}: {e}", index + 1)));
+                    let reason = crate::config::policy::without_text(&e.to_string());
+                    problems.push(at(format!("document {}: {reason}", index + 1)));
                     continue;
                 }
             };

@@ -15,7 +15,7 @@ pub(super) mod yaml_budget;
 mod yaml_lines;
 
 use self::policy_fields::{read_policy, RawPolicy};
-use self::policy_quota::{FieldProblem, RawQuota};
+use self::policy_quota::{AlgorithmName, FieldProblem, RawQuota};
 // What the policy file's own modules (`super::` from them) share with the rest of config.
 use crate::config::{bounded_read, check_expansion, envoy, FileLimits, HumanDuration};
 use crate::limit::{field_problems, CostTable, Pattern, Policy, PolicyParts, PolicySet, Tiers};
@@ -41,7 +41,7 @@ pub struct Problem {
 }
 
 impl Problem {
-    fn at(line: Option<usize>, message: String) -> Self {
+    pub(crate) fn at(line: Option<usize>, message: String) -> Self {
         Self { line, message }
     }
 }
@@ -78,6 +78,41 @@ struct RawFile {
     policies: Vec<serde_yaml::Value>,
 }
 
+/// `message` (a YAML error about the whole file) without the text it quotes: a path pointed at
+/// the wrong file (a symlinked secret, a token) is a YAML string, and serde's "invalid type:
+/// string \"...\"" would copy it into the log. The file, line and reason are enough.
+pub(crate) fn without_text(message: &str) -> String {
+    const QUOTED: &str = "string \"";
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(start) = rest.find(QUOTED) {
+        out.push_str(&rest[..start]);
+        out.push_str("a string (not shown)");
+        let quoted = &rest[start + QUOTED.len()..];
+        // The string is Debug-escaped: it ends at the first `"` not escaped by a `\`.
+        let mut escaped = false;
+        let end = quoted
+            .char_indices()
+            .find_map(|(at, c)| match (escaped, c) {
+                (false, '\\') => {
+                    escaped = true;
+                    None
+                }
+                (false, '"') => Some(at),
+                _ => {
+                    escaped = false;
+                    None
+                }
+            });
+        rest = match end {
+            Some(at) => &quoted[at + 1..],
+            None => "",
+        };
+    }
+    out.push_str(rest);
+    out
+}
+
 /// The version of a policy file's content: the low 32 bits of its SHA-1 (exported as
 /// `sluice_policies_version`, so operators can see every pod runs the same file).
 pub fn policy_file_version(text: &str) -> u32 {
@@ -108,7 +143,7 @@ pub fn parse_policies(path: &Path, text: &str) -> Result<PolicySet, PolicyFileEr
         file: path.to_owned(),
         problems,
     };
-    check_expansion(text).map_err(|e| fail(vec![Problem::at(None, e.to_string())]))?;
+    check_expansion(text).map_err(|e| fail(vec![Problem::at(e.line, e.to_string())]))?;
     if envoy::is_envoy_config(text) {
         let converted = envoy::convert(text).map_err(|messages| {
             let at = |m: String| Problem::at(envoy::problem_line(text, &m), m);
@@ -118,7 +153,7 @@ pub fn parse_policies(path: &Path, text: &str) -> Result<PolicySet, PolicyFileEr
     }
     let raw: RawFile = serde_yaml::from_str(text).map_err(|e| {
         let line = e.location().map(|l| l.line());
-        fail(vec![Problem::at(line, e.to_string())])
+        fail(vec![Problem::at(line, without_text(&e.to_string()))])
     })?;
     let lines = self::yaml_lines::PolicyLines::new(text, raw.policies.len());
     let mut problems = Vec::new();
@@ -214,6 +249,40 @@ pub const DEFAULT_REPORT_DEBT_PERIODS: u64 = 1;
 pub const MAX_REPORT_DEBT_PERIODS: u64 = 1000;
 
 /// Builds one policy, or every problem found in it (each field checked on its own).
+/// What a block list (`deny: true`) may not say: it has no quota, and it is enforced.
+fn deny_problems(raw: &RawPolicy) -> Vec<FieldProblem> {
+    let mut problems: Vec<FieldProblem> = Vec::new();
+    let given = [
+        ("algorithm", raw.algorithm.is_some()),
+        ("limit", raw.limit.is_some()),
+        ("burst", raw.burst.is_some()),
+        ("limits", raw.limits.is_some()),
+        ("local_limit", raw.local_limit.is_some()),
+        ("tiers", raw.tiers.is_some()),
+        ("cost", raw.cost.is_some()),
+    ];
+    for (field, _) in given.iter().filter(|(_, given)| *given) {
+        let reason = "a deny policy has no quota: every request it applies to is denied";
+        problems.push((*field, reason.to_owned()).into());
+    }
+    if raw.shadow || raw.enforce_percent < 100 {
+        let field = if raw.shadow {
+            "shadow"
+        } else {
+            "enforce_percent"
+        };
+        let reason = "a deny policy is enforced whole (try it first as a shadow policy with a \
+                      limit)";
+        problems.push((field, reason.to_owned()).into());
+    }
+    if raw.period.is_none() {
+        let reason = "missing: a deny policy's `period` is the wait a denied client is told \
+                      (Retry-After)";
+        problems.push(("period", reason.to_owned()).into());
+    }
+    problems
+}
+
 fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
     let mut problems: Vec<FieldProblem> = Vec::new();
     if let Some(timeout) = raw.timeout {
@@ -227,13 +296,30 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
             );
         }
     }
-    let written = RawQuota {
-        algorithm: raw.algorithm,
-        limit: raw.limit,
-        period: raw.period,
-        burst: raw.burst,
-        limits: raw.limits.as_deref(),
-        local_limit: raw.local_limit,
+    let written = if raw.deny {
+        problems.extend(deny_problems(&raw));
+        // A placeholder quota, never sent to a store: its period is the wait a denial tells.
+        RawQuota {
+            algorithm: AlgorithmName::FixedWindow,
+            limit: Some(1),
+            period: raw.period,
+            burst: None,
+            limits: None,
+            local_limit: None,
+        }
+    } else {
+        let algorithm = raw.algorithm.unwrap_or_else(|| {
+            problems.push(("algorithm", "missing".to_owned()).into());
+            AlgorithmName::FixedWindow
+        });
+        RawQuota {
+            algorithm,
+            limit: raw.limit,
+            period: raw.period,
+            burst: raw.burst,
+            limits: raw.limits.as_deref(),
+            local_limit: raw.local_limit,
+        }
     };
     let debt = raw
         .report_debt_periods
@@ -314,6 +400,7 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
         limit_override: raw.limit_override,
         reports: raw.reports,
         replaces: raw.replaces,
+        deny: raw.deny,
     })
     .map_err(|e| vec![(e.field, e.reason).into()])
 }
@@ -412,5 +499,30 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("tier `gold`"));
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_policy_file_is_refused_without_its_text() {
+        for secret in [
+            "TOPSECRET-token-1234\n",
+            "\"TOPSECRET \\\" quoted\"\n",
+            "-----BEGIN KEY-----\n  TOPSECRET\n  -----END KEY-----\n",
+        ] {
+            let error = parse_policies(Path::new("p.yaml"), secret)
+                .unwrap_err()
+                .to_string();
+            assert!(!error.contains("TOPSECRET"), "{error}");
+            assert!(
+                error.starts_with("p.yaml:1: invalid type: a string (not shown)"),
+                "{error}"
+            );
+        }
+        assert_eq!(
+            without_text(r#"a string "x\"y" and string "z" end"#),
+            "a a string (not shown) and a string (not shown) end"
+        );
+        let envoy = parse_policies(Path::new("e.yaml"), "domain: d\ndescriptors: TOPSECRET\n");
+        let envoy = envoy.unwrap_err().to_string();
+        assert!(!envoy.contains("TOPSECRET"), "{envoy}");
     }
 }

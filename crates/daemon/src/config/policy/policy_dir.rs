@@ -65,6 +65,13 @@ impl SourceText {
     /// at one level is still refused). Each unit says whether its text is a file's own (its lines
     /// are the file's).
     fn units(&self) -> Result<Vec<Unit<'_>>, PolicyFileError> {
+        // Every file is bounded before anything is read from it (which format it is included).
+        for (path, text) in &self.files {
+            super::check_expansion(text).map_err(|e| PolicyFileError {
+                file: path.clone(),
+                problems: vec![Problem::at(e.line, e.to_string())],
+            })?;
+        }
         let is_envoy = |text: &str| super::envoy::is_envoy_config(text);
         let envoy: Vec<(&Path, &str)> = self
             .files
@@ -84,10 +91,6 @@ impl SourceText {
             file: file.to_owned(),
             problems,
         };
-        for (path, text) in &envoy {
-            super::check_expansion(text)
-                .map_err(|e| fail(path, vec![Problem::from(e.to_string())]))?;
-        }
         let merged = super::envoy::convert_sources(&envoy, super::envoy::DomainMerge::Merge)
             .map_err(|problems| fail(first, problems.into_iter().map(Problem::from).collect()))?;
         let mut units = Vec::with_capacity(self.files.len());

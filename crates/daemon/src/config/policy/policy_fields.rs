@@ -27,7 +27,8 @@ pub(super) struct RawPolicy {
     pub path_case: PathCase,
     pub group: Option<String>,
     pub key: Vec<String>,
-    pub algorithm: AlgorithmName,
+    /// Required unless `deny`.
+    pub algorithm: Option<AlgorithmName>,
     /// One window: `limit` per `period` (with `burst` for a token bucket) ...
     pub limit: Option<u64>,
     pub period: Option<HumanDuration>,
@@ -57,6 +58,9 @@ pub(super) struct RawPolicy {
     /// Policies this one replaces where both apply (names, checked against the file).
     #[serde(default)]
     pub replaces: Vec<String>,
+    /// A block list: deny every request the policy applies to (`period`: the wait told).
+    #[serde(default)]
+    pub deny: bool,
 }
 
 fn yes() -> bool {
@@ -80,7 +84,7 @@ pub(super) struct RawCost {
 }
 
 /// The fields a policy must have.
-const REQUIRED: [&str; 3] = ["name", "key", "algorithm"];
+const REQUIRED: [&str; 2] = ["name", "key"];
 
 /// A field problem: the field's name as written (`None` for the policy as a whole) and why.
 pub(super) type FieldError = (Option<String>, String);
@@ -142,7 +146,7 @@ fn read_field(name: &str, value: Value) -> Result<(), String> {
         "limits" => read::<Vec<RawWindow>>(value),
         "local_limit" => read::<RawWindow>(value),
         "failure_mode" => read::<FailureMode>(value),
-        "shadow" | "limit_override" | "reports" => read::<bool>(value),
+        "shadow" | "limit_override" | "reports" | "deny" => read::<bool>(value),
         "enforce_percent" => read::<u8>(value),
         "tiers" => read::<RawTiers>(value),
         "cost" => read::<RawCost>(value),

@@ -1,4 +1,6 @@
-//! A bound on what YAML anchors and aliases expand to, checked before a file is parsed.
+//! The bound every YAML text sluice reads passes before any value is built from it (policy files
+//! and directories, hot reload, `config check`, the tenant table, `sluice inject`): what anchors
+//! and aliases expand to, and how deep nodes nest.
 //!
 //! An alias repeats its anchor's node, and anchors may contain aliases: a few kilobytes of nested
 //! aliases ("billion laughs") expand to gigabytes once deserialized into values. serde_yaml
@@ -17,16 +19,31 @@ use serde::de::{self, DeserializeSeed, Deserializer, EnumAccess, MapAccess, SeqA
 pub const EXPANSION_FACTOR: u64 = 16;
 /// See [`EXPANSION_FACTOR`].
 pub const EXPANSION_SLACK: u64 = 1 << 20;
+/// Deepest nesting of collections (a policy file needs 5; an envoyproxy/ratelimit file two per
+/// descriptor level, and its conversion takes 8 levels). Below serde_yaml's own recursion limit
+/// (128), so that a deep file is refused for its depth, never read as something else.
+pub const MAX_DEPTH: usize = 64;
 
-/// The text's documents expand to more than the bound allows.
+/// The text is refused before it is parsed: what was exceeded, and the line where.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExpansionError {
-    /// The bound that was reached (weight units: nodes plus scalar bytes).
+    /// The expansion bound (weight units: nodes plus scalar bytes), or 0 for [`MAX_DEPTH`].
     pub bound: u64,
+    /// `true`: nested deeper than [`MAX_DEPTH`]; `false`: expands past `bound`.
+    pub too_deep: bool,
+    /// The line (1-based) where the walk stopped, when known.
+    pub line: Option<usize>,
 }
 
 impl fmt::Display for ExpansionError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.too_deep {
+            return write!(
+                f,
+                "nested deeper than {MAX_DEPTH} levels of lists and mappings; refused (a policy \
+                 file needs 5, an envoyproxy/ratelimit file converts at most 8 descriptor levels)"
+            );
+        }
         write!(
             f,
             "anchors and aliases expand this file past {} nodes and bytes ({}x its size + 1 MiB); \
@@ -38,8 +55,9 @@ impl fmt::Display for ExpansionError {
 
 impl std::error::Error for ExpansionError {}
 
-/// Refuses `text` if its YAML documents, with every alias expanded, weigh more than the bound.
-/// Syntax errors are not reported here: the real parse reports them with their line.
+/// Refuses `text` if its YAML documents, with every alias expanded, weigh more than the bound, or
+/// nest deeper than [`MAX_DEPTH`]. The walk keeps no value, so it costs no memory. Syntax errors
+/// are not reported here: the real parse reports them with their line.
 pub fn check_expansion(text: &str) -> Result<(), ExpansionError> {
     let bound = EXPANSION_FACTOR
         .saturating_mul(text.len() as u64)
@@ -47,7 +65,10 @@ pub fn check_expansion(text: &str) -> Result<(), ExpansionError> {
     let budget = Budget {
         left: Cell::new(bound),
         spent: Cell::new(false),
+        depth: Cell::new(0),
+        too_deep: Cell::new(false),
     };
+    let mut line = None;
     for document in serde_yaml::Deserializer::from_str(text) {
         if let Err(error) = (&budget).deserialize(document) {
             // serde_yaml's own alias bound ("repetition limit exceeded") is the same refusal;
@@ -55,21 +76,42 @@ pub fn check_expansion(text: &str) -> Result<(), ExpansionError> {
             if error.to_string().contains("repetition limit") {
                 budget.spent.set(true);
             }
+            line = error.location().map(|l| l.line());
             break;
         }
     }
-    match budget.spent.get() {
-        true => Err(ExpansionError { bound }),
-        false => Ok(()),
+    match (budget.spent.get(), budget.too_deep.get()) {
+        (false, false) => Ok(()),
+        (_, too_deep) => Err(ExpansionError {
+            bound: if too_deep { 0 } else { bound },
+            too_deep,
+            line,
+        }),
     }
 }
 
 struct Budget {
     left: Cell<u64>,
     spent: Cell<bool>,
+    /// Collections open around the node being walked.
+    depth: Cell<usize>,
+    too_deep: Cell<bool>,
 }
 
 impl Budget {
+    /// Walks a collection's children one level deeper.
+    fn nested<E: de::Error>(&self, walk: impl FnOnce() -> Result<(), E>) -> Result<(), E> {
+        let depth = self.depth.get() + 1;
+        if depth > MAX_DEPTH {
+            self.too_deep.set(true);
+            return Err(E::custom("nested too deep"));
+        }
+        self.depth.set(depth);
+        let walked = walk();
+        self.depth.set(depth - 1);
+        walked
+    }
+
     fn spend<E: de::Error>(&self, weight: u64) -> Result<(), E> {
         match self.left.get().checked_sub(weight) {
             Some(left) => {
@@ -145,16 +187,20 @@ impl<'de> Visitor<'de> for &Budget {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         self.spend(1)?;
-        while seq.next_element_seed(self)?.is_some() {}
-        Ok(())
+        self.nested(|| {
+            while seq.next_element_seed(self)?.is_some() {}
+            Ok(())
+        })
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         self.spend(1)?;
-        while map.next_key_seed(self)?.is_some() {
-            map.next_value_seed(self)?;
-        }
-        Ok(())
+        self.nested(|| {
+            while map.next_key_seed(self)?.is_some() {
+                map.next_value_seed(self)?;
+            }
+            Ok(())
+        })
     }
 
     /// A tagged node (`!tag value`): the tag, then its value.
@@ -203,6 +249,34 @@ mod tests {
         // Bad syntax is the real parser's to report, with its line.
         assert_eq!(check_expansion("policies: [\n"), Ok(()));
         assert_eq!(check_expansion("!tag {a: 1}\n---\n- x\n"), Ok(()));
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_for_its_depth_with_its_line() {
+        let deep = |levels: usize| {
+            let mut text = String::from("domain: d\n");
+            for level in 0..levels {
+                let pad = "    ".repeat(level);
+                text.push_str(&format!("{pad}descriptors:\n{pad}  - key: k{level}\n"));
+            }
+            let pad = "    ".repeat(levels);
+            text.push_str(&format!(
+                "{pad}rate_limit: {{unit: second, requests_per_unit: 1}}\n"
+            ));
+            text
+        };
+        assert_eq!(check_expansion(&deep(10)), Ok(()));
+        let error = check_expansion(&deep(40)).unwrap_err();
+        assert!(error.too_deep, "{error}");
+        assert!(
+            error.to_string().contains("nested deeper than 64"),
+            "{error}"
+        );
+        // The 32nd descriptor (line 3 + 2 * 31) opens the 65th collection.
+        assert_eq!(error.line, Some(65), "{error}");
+        // Flow style, past serde_yaml's own recursion limit: still a depth refusal.
+        let flow = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+        assert!(check_expansion(&flow).unwrap_err().too_deep);
     }
 
     #[test]

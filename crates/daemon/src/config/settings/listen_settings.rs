@@ -39,15 +39,20 @@ pub struct Listen {
     pub trust_socket_dir: bool,
     /// Who may reset counters (`DELETE /v1/counters`) on the admin listener.
     pub admin_resets: AdminResets,
+    /// The admin clients that count as local (raw partitions in `/v1/top`, resets under
+    /// `admin_resets = "loopback"`): `127.0.0.1` and `::1` unless widened, since a mesh's sidecar
+    /// connects from other `127.0.0.0/8` addresses (Istio: `127.0.0.6`) for remote peers.
+    pub local_peers: super::local_peers::LocalPeers,
 }
 
 /// Who may reset counters on the admin listener. The admin listener often binds the pod's
-/// address (probes, metrics): a reset lifts a limit, so by default only a client on loopback
-/// (`kubectl port-forward`, `kubectl exec`) may ask.
+/// address (probes, metrics): a reset lifts a limit, so by default only a local client
+/// (`listen.local_peers`: `kubectl port-forward`, `kubectl exec`) may ask.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AdminResets {
-    /// Clients connected from a loopback address.
+    /// Clients connected from an address of `listen.local_peers` (127.0.0.1 and ::1 unless
+    /// widened).
     #[default]
     Loopback,
     /// Any client that reaches the admin listener.
@@ -68,6 +73,7 @@ impl Default for Listen {
             grpc_socket: None,
             trust_socket_dir: false,
             admin_resets: AdminResets::Loopback,
+            local_peers: super::local_peers::LocalPeers::default(),
         }
     }
 }

@@ -13,6 +13,7 @@ pub(super) mod authz_settings;
 pub(super) mod envoy_settings;
 mod field_names;
 pub(super) mod listen_settings;
+pub(super) mod local_peers;
 mod log_level;
 pub(super) mod redact;
 pub(super) mod redis_settings;

@@ -28,6 +28,7 @@ pub(crate) fn parts(name: &str) -> PolicyParts {
         limit_override: true,
         reports: true,
         replaces: Vec::new(),
+        deny: false,
     }
 }
 
