@@ -1,5 +1,6 @@
 //! `sluice top`: the partitions each policy denied most on a running daemon (`GET /v1/top` on
-//! its admin listener), as a table or the daemon's JSON. Exit 0 shown, 64 bad usage or request,
+//! its admin listener), then those shadow policies would have blocked most, as a table or the
+//! daemon's JSON. Exit 0 shown, 64 bad usage or request,
 //! 69 the daemon is unreachable.
 
 use std::path::PathBuf;
@@ -15,7 +16,7 @@ use sluice::client::Target;
 /// `sluice top ...`.
 #[derive(Debug, Args)]
 pub struct TopArgs {
-    /// Only this policy (default: every policy with a denial).
+    /// Only this policy (default: every policy with a denial or a shadow would-block).
     #[arg(long, short)]
     policy: Option<String>,
     /// Partitions per policy (1 to 64).
@@ -53,7 +54,8 @@ pub(super) fn run(args: TopArgs) -> ExitCode {
     }
 }
 
-/// A table for people: one block per policy, one row per partition.
+/// A table for people: one block per policy, one row per partition; denials first, then
+/// shadow would-blocks.
 fn table(status: u16, json: &serde_json::Value) -> String {
     if status != 200 {
         return format!(
@@ -64,16 +66,52 @@ fn table(status: u16, json: &serde_json::Value) -> String {
     }
     let raw = json["raw_partitions"] == true;
     let mut out = String::new();
-    let policies = json["policies"].as_array().map_or(&[][..], Vec::as_slice);
-    if policies.is_empty() {
+    let lists = |name: &str| json[name].as_array().map_or(&[][..], Vec::as_slice);
+    let (denied, shadow) = (lists("policies"), lists("shadow"));
+    if denied.is_empty() {
         out.push_str("no denials yet");
     }
-    for (i, policy) in policies.iter().enumerate() {
+    blocks(
+        &mut out,
+        denied,
+        raw,
+        "denials",
+        "DENIALS",
+        "LAST DENIED (UTC)",
+    );
+    // A daemon from before would-block lists has no `shadow` field: nothing to say of it.
+    if json.get("shadow").is_some() {
+        out.push_str("\n\n");
+        if shadow.is_empty() {
+            out.push_str("no shadow would-blocks yet");
+        }
+        blocks(
+            &mut out,
+            shadow,
+            raw,
+            "shadow would-blocks (nothing blocked)",
+            "WOULD",
+            "LAST WOULD-BLOCK (UTC)",
+        );
+    }
+    out
+}
+
+/// One block per list of `lists`.
+fn blocks(
+    out: &mut String,
+    lists: &[serde_json::Value],
+    raw: bool,
+    what: &str,
+    count: &str,
+    last: &str,
+) {
+    for (i, policy) in lists.iter().enumerate() {
         if i > 0 {
             out.push('\n');
         }
         out.push_str(&format!(
-            "policy {}: {} denials (top {} of at most {} partitions tracked)\n",
+            "policy {}: {} {what} (top {} of at most {} partitions tracked)\n",
             field(policy, "policy"),
             field(policy, "denials"),
             policy["entries"].as_array().map_or(0, Vec::len),
@@ -81,7 +119,7 @@ fn table(status: u16, json: &serde_json::Value) -> String {
         ));
         out.push_str(&format!(
             "{:>10} {:>8} {:<24} {:<16} {}",
-            "DENIALS", "±ERROR", "LAST DENIED (UTC)", "FINGERPRINT", "PARTITION"
+            count, "±ERROR", last, "FINGERPRINT", "PARTITION"
         ));
         for entry in policy["entries"].as_array().map_or(&[][..], Vec::as_slice) {
             let partition = if raw {
@@ -104,7 +142,6 @@ fn table(status: u16, json: &serde_json::Value) -> String {
             ));
         }
     }
-    out
 }
 
 /// `2026-12-04T03:29:22.123Z` from milliseconds since the epoch (civil-from-days, no crate).

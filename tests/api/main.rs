@@ -39,6 +39,7 @@ mod reload_bounds;
 mod reload_signal;
 mod report;
 mod report_differential;
+mod shadow_fleet;
 mod shutdown;
 mod sim;
 mod top;

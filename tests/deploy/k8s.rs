@@ -341,3 +341,53 @@ fn prometheusrule_carries_the_alert_rules() {
         "listed in monitoring/"
     );
 }
+
+/// The offline check docs/kubernetes.md gives adopters ("Check manifests offline"), run as
+/// written (with this build's `sluice` first on `PATH`): it passes an injected Deployment and
+/// fails one with a misspelt field, which `sluice inject` carries through unchanged.
+#[test]
+fn the_documented_offline_check_passes_injected_manifests_and_fails_a_broken_one() {
+    const RECIPE: &str = "sluice inject deploy.yaml > injected.yaml && python3 -m kubernetes_validate --strict -k 1.29.0 injected.yaml";
+    let docs = std::fs::read_to_string(repo_root().join("docs/kubernetes.md")).expect("docs");
+    assert!(docs.contains(RECIPE), "docs/kubernetes.md gives: {RECIPE}");
+    if !tools::required_python_module("kubernetes_validate") {
+        return;
+    }
+    let sample =
+        std::fs::read_to_string(repo_root().join("tests/k8s/deployment.yaml")).expect("sample");
+    let broken = sample.replacen("\n  replicas:", "\n  replica:", 1);
+    assert_ne!(broken, sample);
+    let bin_dir = Path::new(crate::helpers::sluice_bin())
+        .parent()
+        .expect("bin dir")
+        .to_owned();
+    let path = std::env::join_paths(std::iter::once(bin_dir).chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )))
+    .expect("PATH");
+    for (manifest, valid) in [(&sample, true), (&broken, false)] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("deploy.yaml"), manifest).expect("write");
+        let mut command = Command::new("sh");
+        command
+            .args(["-c", RECIPE])
+            .current_dir(dir.path())
+            .env("PATH", &path);
+        let outcome = run(command);
+        assert_eq!(
+            outcome.code == Some(0),
+            valid,
+            "{:?}\n{}{}",
+            outcome.code,
+            outcome.stdout,
+            outcome.stderr
+        );
+        if !valid {
+            assert!(
+                outcome.stdout.contains("'replica' was unexpected"),
+                "{}",
+                outcome.stdout
+            );
+        }
+    }
+}

@@ -132,6 +132,13 @@ async fn assert_failure_modes(app: &TestApp, user: &str) {
     let open = app.check_tcp(&api("k")).await;
     assert_eq!(open.status, 200);
     assert_eq!(json_of(&open)["mode"], "fail_open");
+    // Nothing was counted: no `remaining` to tell (it said 0).
+    assert_eq!(
+        json_of(&open)["remaining"],
+        Value::Null,
+        "{}",
+        json_of(&open)
+    );
 
     let closed = app
         .check_tcp(&json!({"policy": "login", "descriptors": {"ip": "192.0.2.1"}}))
@@ -139,6 +146,7 @@ async fn assert_failure_modes(app: &TestApp, user: &str) {
     assert_eq!(closed.status, 503);
     assert_eq!(json_of(&closed)["error"], "limiter_unavailable");
     assert_eq!(closed.header("retry-after"), Some("1"));
+    assert_eq!(json_of(&closed)["remaining"], Value::Null);
 
     // 8 per hour shared by 2 replicas: this pod may let 4 through on its own.
     let local = json!({"policy": "shared", "descriptors": {"user": user}});
@@ -147,6 +155,8 @@ async fn assert_failure_modes(app: &TestApp, user: &str) {
         assert_eq!(reply.status, 200, "local {i}: {}", json_of(&reply));
         assert_eq!(json_of(&reply)["mode"], "local");
         assert_eq!(json_of(&reply)["limit"], 4);
+        // Counted in this pod's share.
+        assert_eq!(json_of(&reply)["remaining"], 3 - i);
     }
     let over = app.check_tcp(&local).await;
     assert_eq!(over.status, 429);

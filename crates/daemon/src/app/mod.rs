@@ -108,7 +108,25 @@ impl App {
         }
         let (service, memory) =
             stores::service(settings, resolved.redis.as_ref(), policies, clock, &metrics)?;
-        let service = Arc::new(service.with_unmatched_log(settings.log.unmatched));
+        let key = settings.shadow.fingerprint_key.as_deref();
+        if key.is_none()
+            && service
+                .policies()
+                .iter()
+                .any(|p| !p.enforces_every_partition())
+        {
+            tracing::warn!(
+                "shadow policies (or rollouts) are loaded but shadow.fingerprint_key is not set: \
+                 partition fingerprints in would-block lines and /v1/top are random per process \
+                 and cannot be joined across pods (set SLUICE_SHADOW__FINGERPRINT_KEY, the same \
+                 secret on every pod)"
+            );
+        }
+        let service = Arc::new(
+            service
+                .with_unmatched_log(settings.log.unmatched)
+                .with_fingerprint_key(key),
+        );
         let addrs = &resolved.listen;
         let http = addrs
             .http

@@ -32,7 +32,7 @@ pub use hot_keys::HotKeys;
 pub use labels::{DecisionOutcome, ReportOutcome};
 pub use plan::{Part, Plan, TENANT_DESCRIPTOR};
 pub use request::{CheckError, CheckRequest, Spend, MAX_DESCRIPTOR_NAME};
-pub use top::{TopDenied, TopEntry, TopList, MAX_POLICIES, TOP_CAPACITY};
+pub use top::{Tally, TopDenied, TopEntry, TopList, MAX_POLICIES, TOP_CAPACITY};
 pub use top_sketch::{SpaceSaving, MAX_LABEL};
 pub use verdict::{Mode, Outcome, PolicyDecision, Verdict};
 
@@ -78,7 +78,7 @@ impl CheckService {
             tiers: None,
             hot: None,
             local_limits: None,
-            shadow_log: shadow_log::ShadowLog::new(),
+            shadow_log: shadow_log::ShadowLog::new(None),
             unmatched: unmatched::Unmatched::new(false),
             limits,
             counter_resets: counters::resets_metric(&metrics),
@@ -93,6 +93,13 @@ impl CheckService {
     /// Consults `tiers` for tenants' tiers.
     pub fn with_tenant_tiers(mut self, tiers: TenantTiers) -> Self {
         self.tiers = Some(tiers);
+        self
+    }
+
+    /// Keys partition fingerprints (log lines, `/v1/top`) by `secret`, the same on every pod
+    /// given it (`None`: a random key of this process, as [`CheckService::new`] starts with).
+    pub fn with_fingerprint_key(mut self, secret: Option<&str>) -> Self {
+        self.shadow_log = shadow_log::ShadowLog::new(secret.map(str::as_bytes));
         self
     }
 
@@ -341,8 +348,11 @@ impl CheckService {
             match outcome {
                 DecisionOutcome::Denied
                 | DecisionOutcome::LocalDenied
-                | DecisionOutcome::LocalLimitDenied => self.note_denied(part),
-                DecisionOutcome::ShadowDenied => self.shadow_log.would_block(part),
+                | DecisionOutcome::LocalLimitDenied => self.note_top(top::Tally::Denied, part),
+                DecisionOutcome::ShadowDenied => {
+                    self.note_top(top::Tally::WouldBlock, part);
+                    self.shadow_log.would_block(part);
+                }
                 _ => {}
             }
             self.metrics

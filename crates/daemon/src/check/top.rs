@@ -1,13 +1,16 @@
-//! "Who is limited": per policy, the partitions denied most, kept by a fixed-memory
-//! heavy-hitters sketch ([`super::top_sketch`]) and served on the admin listener (`GET /v1/top`,
-//! `sluice top`). Only denials touch it (the allow path never does): one read lock on the
-//! policies' map and the policy's own mutex, O(capacity) work. At most [`MAX_POLICIES`] policies
-//! have a list; a reload keeps the lists of policies still present (same name) and drops the
-//! others'. Counted since the daemon started (or the policy appeared), in this pod only.
+//! "Who is limited": per policy, the partitions denied most, and apart from them the partitions a
+//! shadow policy (or a partition outside a rollout) would have blocked most, each kept by a
+//! fixed-memory heavy-hitters sketch ([`super::top_sketch`]) of the same bounds and served on the
+//! admin listener (`GET /v1/top`, `sluice top`). Only denials and would-blocks touch them (the
+//! allow path never does): one read lock on the policies' map and the policy's own mutex,
+//! O(capacity) work. At most [`MAX_POLICIES`] policies have lists; a reload keeps the lists of
+//! policies still present (same name) and drops the others'. Counted since the daemon started (or
+//! the policy appeared), in this pod only.
 //!
-//! Entries name the partition by the same keyed fingerprint as the log lines (a hash random per
-//! process); the partition itself (escaped key descriptor values, as `/v1/counters` shows it) is
-//! kept too, at most 128 bytes, and shown only to loopback clients (see `transport::top`).
+//! Entries name the partition by the same keyed fingerprint as the log lines (the same on every
+//! pod given `shadow.fingerprint_key`, else random per process); the partition itself (escaped
+//! key descriptor values, as `/v1/counters` shows it) is kept too, at most 128 bytes, and shown
+//! only to loopback clients (see `transport::top`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -25,8 +28,23 @@ pub const TOP_CAPACITY: usize = 64;
 /// Policies with a list; a policy beyond (in file order) has none (its denials are not listed).
 pub const MAX_POLICIES: usize = 512;
 
-/// The lists of every policy.
+/// The lists of every policy: denials and shadow would-blocks, apart.
 pub struct TopDenied {
+    denied: Lists,
+    would_block: Lists,
+}
+
+/// Which of a policy's lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tally {
+    /// Denials (enforced, local, local limit).
+    Denied,
+    /// Would-blocks of a shadow policy or of a partition outside a rollout (nothing blocked).
+    WouldBlock,
+}
+
+/// One list per policy.
+struct Lists {
     lists: RwLock<HashMap<Arc<str>, Mutex<SpaceSaving>>>,
 }
 
@@ -35,7 +53,7 @@ pub struct TopDenied {
 pub struct TopList {
     /// The policy.
     pub policy: String,
-    /// Denials of the policy noted (every partition's).
+    /// Denials of the policy noted (every partition's); in a would-block list, would-blocks.
     pub denials: u64,
     /// Partitions the list can hold; with more denied partitions, counts carry an error bound.
     pub capacity: usize,
@@ -54,7 +72,7 @@ pub struct TopEntry {
     /// Whether `partition` was cut at 128 bytes.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub partition_truncated: bool,
-    /// Denials counted: at most `error` more than the true number.
+    /// Denials (would-blocks) counted: at most `error` more than the true number.
     pub denials: u64,
     /// The overestimate bound: the true number is in `denials - error ..= denials`.
     pub error: u64,
@@ -66,14 +84,57 @@ impl TopDenied {
     /// Lists for `policies` (the first [`MAX_POLICIES`]).
     pub fn new(policies: &PolicySet) -> Self {
         let top = Self {
-            lists: RwLock::new(HashMap::new()),
+            denied: Lists::new(),
+            would_block: Lists::new(),
         };
         top.replace_policies(policies);
         top
     }
 
+    fn of(&self, tally: Tally) -> &Lists {
+        match tally {
+            Tally::Denied => &self.denied,
+            Tally::WouldBlock => &self.would_block,
+        }
+    }
+
     /// Keeps the lists of policies still in `policies`, drops the others', adds empty ones.
     pub fn replace_policies(&self, policies: &PolicySet) {
+        self.denied.replace_policies(policies);
+        self.would_block.replace_policies(policies);
+    }
+
+    /// Counts a denial or would-block of `key`'s partition (identified by `id`) under `policy`.
+    pub fn note(&self, tally: Tally, policy: &str, id: u64, key: &Key) {
+        self.of(tally).note(policy, id, key);
+    }
+
+    /// The `limit` partitions of `policy` noted most in `tally` (`None`: it has no list),
+    /// partitions shown only with `raw`.
+    pub fn list(&self, tally: Tally, policy: &str, limit: usize, raw: bool) -> Option<TopList> {
+        self.of(tally).list(policy, limit, raw)
+    }
+
+    /// Every listed policy with at least one entry in `tally`, in name order.
+    pub fn noted_policies(&self, tally: Tally) -> Vec<String> {
+        self.of(tally).noted_policies()
+    }
+
+    /// Partitions tracked over every list of both kinds (at most
+    /// `2 * MAX_POLICIES * TOP_CAPACITY`).
+    pub fn tracked(&self) -> usize {
+        self.denied.tracked() + self.would_block.tracked()
+    }
+}
+
+impl Lists {
+    fn new() -> Self {
+        Self {
+            lists: RwLock::new(HashMap::new()),
+        }
+    }
+
+    fn replace_policies(&self, policies: &PolicySet) {
         let mut lists = self.lists.write().unwrap_or_else(|p| p.into_inner());
         let names: Vec<&str> = policies
             .iter()
@@ -88,8 +149,7 @@ impl TopDenied {
         }
     }
 
-    /// Counts a denial of `key`'s partition (identified by `id`) under `policy`.
-    pub fn note(&self, policy: &str, id: u64, key: &Key) {
+    fn note(&self, policy: &str, id: u64, key: &Key) {
         let lists = self.lists.read().unwrap_or_else(|p| p.into_inner());
         let Some(list) = lists.get(policy) else {
             return;
@@ -101,9 +161,7 @@ impl TopDenied {
         list.note(id, || key.partition().to_owned(), now_ms);
     }
 
-    /// The `limit` most denied partitions of `policy` (`None`: it has no list), partitions shown
-    /// only with `raw`.
-    pub fn list(&self, policy: &str, limit: usize, raw: bool) -> Option<TopList> {
+    fn list(&self, policy: &str, limit: usize, raw: bool) -> Option<TopList> {
         let lists = self.lists.read().unwrap_or_else(|p| p.into_inner());
         let list = lists.get(policy)?.lock().unwrap_or_else(|p| p.into_inner());
         Some(TopList {
@@ -125,8 +183,7 @@ impl TopDenied {
         })
     }
 
-    /// Every listed policy with at least one denial, in name order.
-    pub fn denied_policies(&self) -> Vec<String> {
+    fn noted_policies(&self) -> Vec<String> {
         let lists = self.lists.read().unwrap_or_else(|p| p.into_inner());
         let mut names: Vec<String> = lists
             .iter()
@@ -137,8 +194,7 @@ impl TopDenied {
         names
     }
 
-    /// Partitions tracked over every list (at most `MAX_POLICIES * TOP_CAPACITY`).
-    pub fn tracked(&self) -> usize {
+    fn tracked(&self) -> usize {
         let lists = self.lists.read().unwrap_or_else(|p| p.into_inner());
         lists
             .values()
@@ -148,28 +204,28 @@ impl TopDenied {
 }
 
 impl CheckService {
-    /// Counts a denial in the policy's top list (the partition, every window as one).
-    pub(super) fn note_denied(&self, part: &PolicyDecision) {
+    /// Counts a denial or would-block in the policy's top list of `tally` (the partition, every
+    /// window as one).
+    pub(super) fn note_top(&self, tally: Tally, part: &PolicyDecision) {
+        let id = self.shadow_log.fingerprint_id(&part.key);
         // A policy of one window (most) needs no copy of its key.
         if part.key.period_us().is_none() {
-            let id = self.shadow_log.fingerprint_id(&part.key);
-            self.top.note(part.policy.name(), id, &part.key);
+            self.top.note(tally, part.policy.name(), id, &part.key);
         } else {
             let key = part.key.without_window();
-            let id = self.shadow_log.fingerprint_id(&key);
-            self.top.note(part.policy.name(), id, &key);
+            self.top.note(tally, part.policy.name(), id, &key);
         }
     }
 
-    /// The `limit` partitions of `policy` denied most in this pod (`None`: no such list); the
-    /// partitions themselves only with `raw` (else fingerprints only).
-    pub fn top_denied(&self, policy: &str, limit: usize, raw: bool) -> Option<TopList> {
-        self.top.list(policy, limit, raw)
+    /// The `limit` partitions of `policy` noted most in `tally` in this pod (`None`: no such
+    /// list); the partitions themselves only with `raw` (else fingerprints only).
+    pub fn top_list(&self, tally: Tally, policy: &str, limit: usize, raw: bool) -> Option<TopList> {
+        self.top.list(tally, policy, limit, raw)
     }
 
-    /// Policies with at least one denial listed, in name order.
-    pub fn denied_policies(&self) -> Vec<String> {
-        self.top.denied_policies()
+    /// Policies with at least one entry listed in `tally`, in name order.
+    pub fn top_policies(&self, tally: Tally) -> Vec<String> {
+        self.top.noted_policies(tally)
     }
 
     /// Partitions tracked by every policy's top list (bounded whatever the traffic).
@@ -193,18 +249,35 @@ mod tests {
     fn partitions_only_when_raw_and_lists_follow_reloads() {
         let top = TopDenied::new(&set(TWO));
         let key = Key::new(Arc::from("a"), ["203.0.113.7"]);
-        top.note("a", 7, &key);
-        top.note("b", 8, &key);
-        let hidden = top.list("a", 10, false).expect("a list");
+        top.note(Tally::Denied, "a", 7, &key);
+        top.note(Tally::Denied, "b", 8, &key);
+        top.note(Tally::WouldBlock, "b", 9, &key);
+        assert_eq!(top.noted_policies(Tally::WouldBlock), ["b"]);
+        let would = top.list(Tally::WouldBlock, "b", 10, false).expect("b list");
+        assert_eq!(
+            (would.denials, &*would.entries[0].fingerprint),
+            (1, "0000000000000009")
+        );
+        assert_eq!(
+            top.list(Tally::WouldBlock, "a", 10, false)
+                .map(|l| l.denials),
+            Some(0)
+        );
+        let hidden = top.list(Tally::Denied, "a", 10, false).expect("a list");
         assert_eq!(hidden.entries[0].partition, None);
         assert_eq!(hidden.entries[0].fingerprint, "0000000000000007");
-        let shown = top.list("a", 10, true).expect("a list");
+        let shown = top.list(Tally::Denied, "a", 10, true).expect("a list");
         assert_eq!(shown.entries[0].partition.as_deref(), Some("203.0.113.7"));
         // b removed, a kept with its denial, c new and empty.
         top.replace_policies(&set(&TWO.replace("name: b", "name: c")));
-        assert!(top.list("b", 10, true).is_none());
-        assert_eq!(top.list("a", 10, true).map(|l| l.denials), Some(1));
-        assert_eq!(top.denied_policies(), ["a"]);
+        assert!(top.list(Tally::Denied, "b", 10, true).is_none());
+        assert!(top.list(Tally::WouldBlock, "b", 10, true).is_none());
+        assert_eq!(
+            top.list(Tally::Denied, "a", 10, true).map(|l| l.denials),
+            Some(1)
+        );
+        assert_eq!(top.noted_policies(Tally::Denied), ["a"]);
+        assert!(top.noted_policies(Tally::WouldBlock).is_empty());
         assert_eq!(top.tracked(), 1);
     }
 }

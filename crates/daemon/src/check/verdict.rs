@@ -23,6 +23,13 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// Whether the answer's figures were counted somewhere (the store, this pod's share, the
+    /// local limit): false for `fail_open` and `fail_closed`, whose store was not reached, so
+    /// they have no `remaining` to tell.
+    pub fn counted(self) -> bool {
+        !matches!(self, Self::FailOpen | Self::FailClosed)
+    }
+
     /// Every mode.
     pub const ALL: [Self; 6] = [
         Self::Enforced,

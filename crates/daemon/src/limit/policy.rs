@@ -339,6 +339,12 @@ impl Policy {
         percent >= 100 || key.bucket_of_100() < percent
     }
 
+    /// Whether every partition is enforced (not a shadow policy, no rollout below 100%): else
+    /// some partitions only report would-blocks.
+    pub fn enforces_every_partition(&self) -> bool {
+        !self.parts.shadow && self.parts.enforce_percent >= 100
+    }
+
     /// Whether the policy only reports and never blocks.
     pub fn shadow(&self) -> bool {
         self.parts.shadow

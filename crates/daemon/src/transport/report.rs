@@ -24,7 +24,8 @@ pub struct ReportReply<'a> {
     pub window: Option<usize>,
     /// Most units the deciding policy ever has available at once; `null` when none applied.
     pub limit: Option<u64>,
-    /// Units left after the spend (0 past the limit); `null` when none applied.
+    /// Units left after the spend (0 past the limit); `null` when none applied or nothing was
+    /// counted (`fail_open`, `fail_closed`).
     pub remaining: Option<u64>,
     /// Milliseconds (rounded up) until the quota is full again if nothing else arrives.
     pub reset_after_ms: u64,
@@ -63,7 +64,7 @@ impl<'a> ReportReply<'a> {
                 policy: Some(part.policy.name()),
                 window: part.window_index,
                 limit: Some(part.decision.limit),
-                remaining: Some(part.decision.remaining),
+                remaining: part.mode.counted().then_some(part.decision.remaining),
                 reset_after_ms: part.decision.reset_after_us.div_ceil(1_000),
                 retry_after_ms: if within_limit {
                     0

@@ -1,5 +1,7 @@
 //! `GET /v1/top` on the admin listener: the partitions each policy denied most in this pod
-//! (`?policy=NAME` for one policy, `&limit=N` entries each, 1 to 64, default 10). Any other
+//! (`policies`), and apart the partitions shadow policies would have blocked most (`shadow`:
+//! their `denials` count would-blocks) (`?policy=NAME` for one policy's two lists, `&limit=N`
+//! entries each, 1 to 64, default 10). Any other
 //! parameter, or a policy that does not exist, is a 400: a typo must not read as "nobody is
 //! limited". Partitions are named by their log fingerprint; the partition itself (escaped key
 //! descriptor values, which can be API keys or IPs) only to a local client (`listen.local_peers`:
@@ -18,7 +20,7 @@ use serde::Serialize;
 use super::admin::AdminAccess;
 use super::http::error_response;
 use super::wire::ErrorReply;
-use crate::check::{CheckService, TopList, MAX_POLICIES, TOP_CAPACITY};
+use crate::check::{CheckService, Tally, TopList, MAX_POLICIES, TOP_CAPACITY};
 
 /// Entries per policy when `limit` is not given.
 pub const DEFAULT_LIMIT: usize = 10;
@@ -30,6 +32,8 @@ struct TopReply {
     raw_partitions: bool,
     /// The policy asked for, or every policy with a denial (name order).
     policies: Vec<TopList>,
+    /// Would-blocks: the policy asked for, or every policy with one (name order).
+    shadow: Vec<TopList>,
 }
 
 /// What the query asks.
@@ -67,43 +71,44 @@ pub async fn top(service: &CheckService, access: &AdminAccess, request: Request)
             .get::<ConnectInfo<SocketAddr>>()
             .map(|ConnectInfo(peer)| *peer),
     );
-    let by_name = query.policy.is_some();
-    let names = match query.policy {
-        Some(name) if service.policies().get(&name).is_none() => {
+    if let Some(name) = &query.policy {
+        if service.policies().get(name).is_none() {
             return error_response((
                 StatusCode::BAD_REQUEST,
                 ErrorReply::new("unknown_policy", format!("unknown policy `{name}`")),
-            ))
+            ));
         }
-        Some(name) => vec![name],
-        None => service.denied_policies(),
-    };
-    let mut policies = Vec::with_capacity(names.len());
-    for name in &names {
-        match service.top_denied(name, query.limit, raw) {
-            Some(list) => policies.push(list),
-            // Asked for by name: an untracked policy must not read as "nobody denied".
-            None if by_name => {
-                return error_response((
-                    StatusCode::CONFLICT,
-                    ErrorReply::new(
-                        "not_tracked",
-                        format!(
-                            "policy `{name}` has no top list: the first {MAX_POLICIES} policies \
-                             of the set (in file order) are tracked; its denials are counted in \
-                             sluice_decisions_total only"
-                        ),
+        // Asked for by name: an untracked policy must not read as "nobody denied".
+        if service.top_list(Tally::Denied, name, 1, false).is_none() {
+            return error_response((
+                StatusCode::CONFLICT,
+                ErrorReply::new(
+                    "not_tracked",
+                    format!(
+                        "policy `{name}` has no top list: the first {MAX_POLICIES} policies of the \
+                         set (in file order) are tracked; its denials are counted in \
+                         sluice_decisions_total only"
                     ),
-                ))
-            }
-            None => {}
+                ),
+            ));
         }
     }
+    let lists = |tally: Tally| -> Vec<TopList> {
+        let names = match &query.policy {
+            Some(name) => vec![name.clone()],
+            None => service.top_policies(tally),
+        };
+        names
+            .iter()
+            .filter_map(|name| service.top_list(tally, name, query.limit, raw))
+            .collect()
+    };
     (
         [(header::CACHE_CONTROL, "no-store")],
         Json(TopReply {
             raw_partitions: raw,
-            policies,
+            policies: lists(Tally::Denied),
+            shadow: lists(Tally::WouldBlock),
         }),
     )
         .into_response()

@@ -125,7 +125,8 @@ pub struct CheckReply<'a> {
     pub window: Option<usize>,
     /// Most units the deciding policy ever has available at once; `null` when none applied.
     pub limit: Option<u64>,
-    /// Units still available; `null` when none applied.
+    /// Units still available; `null` when none applied or nothing was counted (`fail_open`,
+    /// `fail_closed`: the store was not reached).
     pub remaining: Option<u64>,
     /// Milliseconds (rounded up) until the quota is fully restored.
     pub reset_after_ms: u64,
@@ -199,7 +200,7 @@ impl<'a> CheckReply<'a> {
                 policy: Some(part.policy.name()),
                 window: part.window_index,
                 limit: Some(part.decision.limit),
-                remaining: Some(part.decision.remaining),
+                remaining: part.mode.counted().then_some(part.decision.remaining),
                 reset_after_ms: ceil_div(part.decision.reset_after_us, 1_000),
                 // A shadow policy's would-block is allowed all the same: nothing to wait for.
                 retry_after_ms: if verdict.outcome == Outcome::Allowed {

@@ -18,6 +18,7 @@ mod log_level;
 pub(super) mod redact;
 pub(super) mod redis_settings;
 mod settings_errors;
+pub(super) mod shadow_settings;
 pub(super) mod socket_group;
 pub(super) mod tracing_settings;
 
@@ -78,6 +79,8 @@ pub struct Settings {
     pub file: Option<PathBuf>,
     /// OpenTelemetry trace export (OTLP); off unless `tracing.endpoint` is set.
     pub tracing: TracingSettings,
+    /// The secret keying partition fingerprints (shadow log lines, `/v1/top`).
+    pub shadow: self::shadow_settings::ShadowSettings,
 }
 
 /// What [`Settings::validate`] parsed, in the types the daemon uses: nothing downstream parses an
@@ -114,6 +117,7 @@ impl Default for Settings {
             policies_allow_empty: false,
             file: None,
             tracing: Default::default(),
+            shadow: Default::default(),
         }
     }
 }
@@ -389,6 +393,7 @@ impl Settings {
         self.authz.validate()?;
         self.envoy.validate()?;
         self.tracing.validate()?;
+        self.shadow.validate()?;
         self::log_level::validate(&self.log.level)
             .map_err(|reason| SettingsError(format!("log.level: {reason}")))?;
         Ok(Resolved {
