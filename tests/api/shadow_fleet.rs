@@ -1,4 +1,4 @@
-//! Shadow tuning across a fleet (issue 39): real `sluice serve` processes given the same
+//! Shadow tuning across a fleet (issue 39): six real `sluice serve` processes given the same
 //! `shadow.fingerprint_key` log one partition's would-block under the same fingerprint (the one
 //! `printf '%s\0%s' POLICY PARTITION | openssl dgst -sha1 -hmac KEY` gives, so an operator can
 //! find a suspect's lines), and list it under that fingerprint in `/v1/top`'s `shadow` lists; the
@@ -35,9 +35,12 @@ struct Seen {
     metrics: String,
 }
 
-/// Runs a daemon (with `secret` in the environment, if any), checks the partition
-/// `1 + WOULD_BLOCKS` times against a shadow policy of limit 1, and stops it.
-async fn run_daemon(secret: Option<&str>) -> Seen {
+/// The partition every pod of the fleet sees.
+const SHARED: &str = "203.0.113.99";
+
+/// Runs a daemon (with `secret` in the environment, if any), checks each of `ips` (the shared
+/// partition first) `1 + WOULD_BLOCKS` times against a shadow policy of limit 1, and stops it.
+async fn run_daemon(secret: Option<&str>, ips: &[String]) -> Seen {
     let dir = tempfile::tempdir().expect("tempdir");
     let policies = dir.path().join("policies.yaml");
     std::fs::write(
@@ -79,12 +82,12 @@ async fn run_daemon(secret: Option<&str>) -> Seen {
             .is_ok()
     })
     .await;
-    let body = json!({"descriptors": {"ip": "203.0.113.99"}})
-        .to_string()
-        .into_bytes();
-    for _ in 0..=WOULD_BLOCKS {
-        let answer = post(&tcp, "/v1/check", body.clone()).await;
-        assert_eq!(answer.status, 200, "shadow never blocks");
+    for ip in ips {
+        let body = json!({"descriptors": {"ip": ip}}).to_string().into_bytes();
+        for _ in 0..=WOULD_BLOCKS {
+            let answer = post(&tcp, "/v1/check", body.clone()).await;
+            assert_eq!(answer.status, 200, "shadow never blocks");
+        }
     }
     let top = json_of(&get(&admin, "/v1/top").await);
     let metrics = String::from_utf8_lossy(&get(&admin, "/metrics").await.body).into_owned();
@@ -106,41 +109,57 @@ async fn run_daemon(secret: Option<&str>) -> Seen {
     }
 }
 
+/// Six pods given one secret, each seeing the shared partition and one of its own: each logs the
+/// shared one under the same fingerprint, and their `/v1/top` shadow lists join by fingerprint
+/// into one fleet list (the shared partition with every pod's would-blocks, each pod's own once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_sharing_a_secret_name_a_partition_alike_and_count_every_would_block() {
-    let pods = [
-        run_daemon(Some(SECRET)).await,
-        run_daemon(Some(SECRET)).await,
-    ];
+    let mut pods = Vec::new();
+    for pod in 0..6 {
+        let ips = [SHARED.to_owned(), format!("198.51.100.{pod}")];
+        pods.push(run_daemon(Some(SECRET), &ips).await);
+    }
+    let mut fleet = std::collections::BTreeMap::<String, u64>::new();
     for pod in &pods {
-        // Logged once (once per partition per minute), counted every time.
-        assert_eq!(pod.would_block.len(), 1, "{}", pod.log);
-        assert_eq!(pod.would_block[0]["policy"], "watch");
-        assert_eq!(pod.would_block[0]["partition"], FINGERPRINT, "{}", pod.log);
+        // Logged once per partition (once a minute), counted every time.
+        let shared: Vec<&Value> = pod
+            .would_block
+            .iter()
+            .filter(|line| line["partition"] == FINGERPRINT)
+            .collect();
+        assert_eq!(shared.len(), 1, "{}", pod.log);
+        assert_eq!(shared[0]["policy"], "watch");
+        assert_eq!(pod.would_block.len(), 2, "{}", pod.log);
         let counted = metric_value(
             &pod.metrics,
             "sluice_decisions_total",
             &[("policy", "watch"), ("outcome", "shadow_denied")],
         );
-        assert_eq!(counted, WOULD_BLOCKS as f64);
+        assert_eq!(counted, 2.0 * WOULD_BLOCKS as f64);
         // Listed apart from denials (there were none), under the same fingerprint.
         assert_eq!(pod.top["policies"], json!([]), "{}", pod.top);
         let list = &pod.top["shadow"][0];
         assert_eq!(
             (&list["policy"], &list["denials"]),
-            (&json!("watch"), &json!(WOULD_BLOCKS)),
+            (&json!("watch"), &json!(2 * WOULD_BLOCKS)),
             "{}",
             pod.top
         );
-        let entry = &list["entries"][0];
-        assert_eq!(entry["fingerprint"], FINGERPRINT);
-        assert_eq!(entry["partition"], "203.0.113.99", "a loopback client");
+        let entries = list["entries"].as_array().expect("entries");
+        let entry = entries
+            .iter()
+            .find(|entry| entry["fingerprint"] == FINGERPRINT)
+            .expect("the shared partition is listed");
+        assert_eq!(entry["partition"], SHARED, "a loopback client");
         assert_eq!(entry["denials"], json!(WOULD_BLOCKS));
-        assert!(
-            !pod.log.contains("203.0.113.99"),
-            "no raw value: {}",
-            pod.log
-        );
+        for entry in entries {
+            let fingerprint = entry["fingerprint"]
+                .as_str()
+                .expect("fingerprint")
+                .to_owned();
+            *fleet.entry(fingerprint).or_default() += entry["denials"].as_u64().expect("denials");
+        }
+        assert!(!pod.log.contains(SHARED), "no raw value: {}", pod.log);
         assert!(!pod.log.contains(SECRET), "the secret is never logged");
         assert!(
             !pod.log.contains("fingerprint_key is not set"),
@@ -148,8 +167,14 @@ async fn pods_sharing_a_secret_name_a_partition_alike_and_count_every_would_bloc
             pod.log
         );
     }
+    // One joinable list: 7 partitions, the shared one with all six pods' would-blocks.
+    assert_eq!(fleet.len(), 7, "{fleet:?}");
+    assert_eq!(fleet[FINGERPRINT], 6 * WOULD_BLOCKS as u64, "{fleet:?}");
+    assert!(fleet
+        .values()
+        .all(|&n| n == WOULD_BLOCKS as u64 || n == 6 * WOULD_BLOCKS as u64));
 
-    let alone = run_daemon(None).await;
+    let alone = run_daemon(None, &[SHARED.to_owned()]).await;
     assert!(
         alone.log.contains("shadow.fingerprint_key is not set"),
         "{}",

@@ -205,11 +205,7 @@ impl<'s> World<'s> {
                 tokio::time::sleep(Duration::from_millis(*ms)).await;
                 server.signal("CONT");
                 let reply = check.await.map_err(|e| e.to_string())?;
-                let nows = vec![before, self.now()];
-                let actual = read(&reply?, "allowed");
-                self.settle(model, &nows, &[actual], |m, now| {
-                    vec![m.check(0, item, now, true)]
-                })?;
+                self.settle_check(model, before, item, read(&reply?, "allowed"))?;
             }
             Op::AclRevoke { command, item } => {
                 let Server::Single(server) = &*self.server else {
@@ -238,7 +234,6 @@ impl<'s> World<'s> {
                 acl(format!("-{command}"))?;
                 let reply = post(self.target(0), "/v1/check", body(item, true)).await;
                 acl(format!("+{command}"))?;
-                let nows = vec![before_now, self.now()];
                 let actual = read(&reply?, "allowed");
                 if matches!(actual, Actual::Failure(_)) {
                     // The script path needed the command: the failure mode answered, the cause
@@ -250,13 +245,12 @@ impl<'s> World<'s> {
                              counted: {actual:?}"
                         ));
                     }
-                    // The refusal opened the circuit: wait until the store answers again.
+                    // A refusal of the call itself (EVALSHA) opens the circuit: wait until the
+                    // store answers again.
                     let probe = json!({"policy": "p0", "descriptors": {"user": "probe"}});
                     crate::wait::wait_enforced(&self.daemons[0].app.tcp, &probe).await;
                 } else {
-                    self.settle(model, &nows, &[actual], |m, now| {
-                        vec![m.check(0, item, now, true)]
-                    })?;
+                    self.settle_check(model, before_now, item, actual)?;
                 }
             }
             Op::Reshard { node, item } => {
@@ -285,25 +279,27 @@ impl<'s> World<'s> {
                 });
                 let check = tokio::spawn(post(target, "/v1/check", body(item, true)));
                 tokio::time::sleep(Duration::from_millis(5)).await;
-                tokio::task::block_in_place(|| {
-                    for _ in 0..100 {
-                        let keys = migration.keys_left(cluster);
-                        if keys.is_empty() {
-                            break;
-                        }
-                        migration.migrate(cluster, &keys);
-                    }
-                    migration.finish(cluster);
-                });
+                tokio::task::block_in_place(|| migration.complete(cluster));
                 let reply = check.await.map_err(|e| e.to_string())?;
-                let nows = vec![before, self.now()];
-                let actual = read(&reply?, "allowed");
-                self.settle(model, &nows, &[actual], |m, now| {
-                    vec![m.check(0, item, now, true)]
-                })?;
+                self.settle_check(model, before, item, read(&reply?, "allowed"))?;
             }
         }
         self.store_invariants()
+    }
+
+    /// Settles the answer `actual` to daemon 0's check of `item`, sent after the store's time
+    /// `before` and answered by now (either instant's answer agrees).
+    fn settle_check(
+        &self,
+        model: &mut Model,
+        before: u64,
+        item: &Item,
+        actual: Actual,
+    ) -> Result<(), String> {
+        let nows = [before, self.now()];
+        self.settle(model, &nows, &[actual], |m, now| {
+            vec![m.check(0, item, now, true)]
+        })
     }
 
     fn target(&self, via: usize) -> Target {

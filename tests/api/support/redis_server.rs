@@ -298,15 +298,7 @@ impl RedisCluster {
     /// next node: IMPORTING and MIGRATING, `MIGRATE` of every key, then the new owner announced
     /// to every node.
     pub fn move_slot(&self, slot: u16) {
-        let migration = self.begin_migration(slot);
-        for _ in 0..100 {
-            let keys = migration.keys_left(self);
-            if keys.is_empty() {
-                break;
-            }
-            migration.migrate(self, &keys);
-        }
-        migration.finish(self);
+        self.begin_migration(slot).complete(self);
     }
 
     /// Starts moving hash slot `slot` (which must hold keys) from the node serving it to the
@@ -414,6 +406,18 @@ impl Migration {
             .arg(keys)
             .query(&mut cluster.connections()[self.from])
             .expect("MIGRATE");
+    }
+
+    /// Moves the keys left (100 at a time, bounded) and announces the new owner.
+    pub fn complete(&self, cluster: &RedisCluster) {
+        for _ in 0..100 {
+            let keys = self.keys_left(cluster);
+            if keys.is_empty() {
+                break;
+            }
+            self.migrate(cluster, &keys);
+        }
+        self.finish(cluster);
     }
 
     /// Announces the target as the slot's owner to every node (the source's keys must have
