@@ -160,7 +160,7 @@ impl CheckService {
         // Numbered under the lock, so generations only grow in the order sets come in force.
         let mut in_force = self.policies.write().unwrap_or_else(|p| p.into_inner());
         let generation = in_force.generation() + 1;
-        *in_force = Arc::new(policies.with_generation(generation));
+        *in_force = Arc::new(policies.with_generation(generation, &in_force));
         drop(in_force);
         if let Some(hot) = &self.hot {
             hot.clear();

@@ -166,8 +166,8 @@ pub(crate) fn select(
 }
 
 /// Plans the store checks of `applicable` (from [`select`]) for `request`: tier, cost, key,
-/// enforcement, windows and local limit, each check of `policies`' generation (the set
-/// `applicable` was selected from). A `report`'s cost may exceed what a policy ever allows.
+/// enforcement, windows and local limit, each check carrying its policy's revision in `policies`
+/// (the set `applicable` was selected from). A `report`'s cost may exceed what a policy ever allows.
 pub(crate) async fn plan_selected(
     tiers: Option<&TenantTiers>,
     request: &CheckRequest,
@@ -175,7 +175,6 @@ pub(crate) async fn plan_selected(
     policies: &PolicySet,
     report: bool,
 ) -> Result<Plan, CheckError> {
-    let generation = policies.generation();
     let descriptors = &request.descriptors;
     let tenant_tier = match (tiers, descriptors.get(TENANT_DESCRIPTOR)) {
         (Some(tiers), Some(tenant))
@@ -187,6 +186,7 @@ pub(crate) async fn plan_selected(
     };
     let mut plan = Plan::with_capacity(applicable.len());
     for Applicable { policy, captures } in applicable {
+        let generation = policies.revision(policy.name());
         let (tier, quota) = policy.quota_for(descriptors, tenant_tier.as_deref());
         let cost = policy.cost_for(descriptors, request.cost);
         if !report && cost > quota.max_cost() {

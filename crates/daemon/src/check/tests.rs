@@ -376,6 +376,32 @@ async fn counter_questions_are_checked_like_checks_and_a_dead_store_changes_noth
     assert_eq!(down.counter_resets.with_label_values(&["per_ip"]).get(), 0);
 }
 
+/// A reload that leaves a policy as it was (another policy changed) leaves its checks in flight
+/// alone: a check planned before it is decided as usual, not answered superseded.
+#[tokio::test]
+async fn a_reload_that_leaves_a_policy_as_it_was_leaves_its_checks_in_flight_alone() {
+    let kept = "  - {name: kept, key: [ip], algorithm: fixed_window, limit: 5, period: 1h}\n";
+    let before = format!("policies:\n{kept}  - {{name: other, key: [ip], algorithm: fixed_window, limit: 5, period: 1h}}\n");
+    let after = format!("policies:\n{kept}  - {{name: other, key: [ip], algorithm: token_bucket, limit: 9, period: 1h}}\n");
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let service = service_with(&before, Arc::new(MemoryStore::new(1_000, clock, None)));
+    let request = CheckRequest {
+        policy: Some("kept".into()),
+        descriptors: [("ip".to_owned(), "192.0.2.1".to_owned())].into(),
+        cost: 1,
+        spend: Spend::Record,
+    };
+    let old = service.policies();
+    let mut late = service.plan(&old, &request).await.expect("planned");
+    service.replace_policies(parse_policies(Path::new("t.yaml"), &after).expect("valid"));
+    let new = service.policies();
+    assert_eq!(new.revision("kept"), old.revision("kept"));
+    assert_eq!(new.revision("other"), new.generation());
+    assert!(service.check(&request).await.expect("valid").outcome == Outcome::Allowed);
+    let verdict = service.run(Spend::Record, &mut late).await;
+    assert_eq!(verdict.outcome, Outcome::Allowed, "{verdict:?}");
+}
+
 /// The interleaving a busy machine gave `algorithm_changes_start_afresh_on_the_embedded_store`,
 /// driven explicitly: a check planned under the old set (a token bucket of 1000) reaches the
 /// store after four checks of the new set (a fixed window of 5). It is denied as superseded,

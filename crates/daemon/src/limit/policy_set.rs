@@ -26,6 +26,9 @@ pub struct PolicySet {
     /// Which set in force this is: each reload's set is one more than the set it replaced (see
     /// [`PolicySet::generation`]).
     generation: u64,
+    /// Per policy (same order): the generation its definition last changed in (see
+    /// [`PolicySet::revision`]).
+    revisions: Vec<u64>,
 }
 
 /// A policy that applies, with the template parameters its conditions captured.
@@ -46,10 +49,12 @@ impl PolicySet {
             }
         }
         let replacing = policies.iter().any(|p| !p.replaces().is_empty());
+        let policies_len = policies.len();
         Ok(Self {
             policies: policies.into_iter().map(Arc::new).collect(),
             replacing,
             generation: 0,
+            revisions: vec![0; policies_len],
         })
     }
 
@@ -61,10 +66,41 @@ impl PolicySet {
         self.generation
     }
 
-    /// This set as generation `generation` (see [`PolicySet::generation`]).
-    pub fn with_generation(mut self, generation: u64) -> Self {
+    /// This set as generation `generation` (see [`PolicySet::generation`]), following
+    /// `previous` (the set it replaces): a policy defined as it was there keeps its revision,
+    /// every other one gets `generation`.
+    pub fn with_generation(mut self, generation: u64, previous: &PolicySet) -> Self {
         self.generation = generation;
+        self.revisions = self
+            .policies
+            .iter()
+            .map(|policy| {
+                previous
+                    .policies
+                    .iter()
+                    .zip(&previous.revisions)
+                    .find(|(old, _)| old.name() == policy.name())
+                    // Every field is in the Debug form (a field kept in a map may print in
+                    // another order: then the policy reads as changed, which only costs its
+                    // checks in flight a retry).
+                    .filter(|(old, _)| format!("{old:?}") == format!("{policy:?}"))
+                    .map_or(generation, |(_, &revision)| revision)
+            })
+            .collect();
         self
+    }
+
+    /// The generation policy `name`'s definition last changed in (0 as built, or for a name not
+    /// in the set). Every check of the policy carries it (`StoreCheck::generation`), so a store
+    /// can tell a plan made before a reload that changed the policy from one made after it, and
+    /// never let the older plan restart or overwrite what the newer one wrote; a reload that
+    /// leaves the policy as it was leaves its checks in flight alone.
+    pub fn revision(&self, name: &str) -> u64 {
+        self.policies
+            .iter()
+            .zip(&self.revisions)
+            .find(|(policy, _)| policy.name() == name)
+            .map_or(0, |(_, &revision)| revision)
     }
 
     /// The policy with this name.

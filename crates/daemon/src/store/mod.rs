@@ -25,8 +25,8 @@ pub struct StoreCheck {
     pub cost: u64,
     /// False for shadow policies: their denials do not block the group.
     pub enforce: bool,
-    /// The generation of the policy set the check was planned under
-    /// ([`PolicySet::generation`](crate::limit::PolicySet::generation)). The embedded store
+    /// The generation its policy's definition last changed in, in the set the check was planned
+    /// under ([`PolicySet::revision`](crate::limit::PolicySet::revision)). The embedded store
     /// keeps, with each counter, the newest generation that wrote it, and a check of an older
     /// generation never restarts or overwrites it (see [`MemoryStore`]).
     pub generation: u64,
