@@ -15,8 +15,8 @@
 //! A reload can leave a check planned under the old policy set queued behind checks of the new
 //! one (it waited for a CPU, or a tenant's tier). The dispatcher takes jobs in queue order, which
 //! is the order their calls reach Redis (one connection per node, commands in order), and keeps
-//! the newest policy generation it has sent per policy: a job of an older generation for a policy
-//! a newer one already went out for is answered superseded (denied, nothing spent, retry at once)
+//! the newest revision it has sent per policy (`PolicySet::revision`): a job of an older revision
+//! of a policy than one already sent is answered superseded (denied, nothing spent, retry at once)
 //! without a call, so it never restarts a partition under the old algorithm nor spends under the
 //! old quota; one sent before any check of the new set is decided as if the reload came after
 //! it, as on the embedded store. Pods reload at different moments: across pods nothing orders
@@ -92,47 +92,44 @@ impl BatchMetrics {
 /// One decision per item, or why the check could not be decided.
 pub type Reply = Result<Vec<Decision>, StoreError>;
 
-/// Where a check was planned: the policy set's generation and each item's policy (see the
-/// module header: a job of an older generation than one already sent for its policy is answered
-/// superseded).
+/// Where a check was planned: each item's policy and its revision then (see the module header:
+/// a job of an older revision of a policy than one already sent is answered superseded).
 #[derive(Debug, Clone, Default)]
 pub struct Origin {
-    /// The generation of the policy set the check was planned under.
-    pub generation: u64,
-    /// Each item's policy, in item order.
-    pub policies: Vec<Arc<str>>,
+    /// Each item's policy and the revision it was planned under, in item order.
+    pub policies: Vec<(Arc<str>, u64)>,
 }
 
-/// The newest generation sent per policy, kept by the dispatcher alone (no lock: one task).
+/// The newest revision sent per policy, kept by the dispatcher alone (no lock: one task).
 #[derive(Default)]
 struct Sent {
     newest: std::collections::HashMap<Arc<str>, u64>,
 }
 
 impl Sent {
-    /// Most policies remembered; past it the entries of older generations go (a check planned
+    /// Most policies remembered; past it the entries of older revisions go (a check planned
     /// under one of those is then sent, as before this guard).
     const MAX: usize = 4096;
 
-    /// Whether `origin` was planned before a set whose check for one of its policies already
-    /// went out; if not, records its generation for each of them.
+    /// Whether `origin` was planned under an older revision of one of its policies than a check
+    /// already sent; if not, records its revisions.
     fn superseded(&mut self, origin: &Origin) -> bool {
-        if origin.policies.iter().any(|policy| {
+        if origin.policies.iter().any(|(policy, revision)| {
             self.newest
                 .get(policy)
-                .is_some_and(|&g| g > origin.generation)
+                .is_some_and(|newest| newest > revision)
         }) {
             return true;
         }
-        for policy in &origin.policies {
+        for (policy, revision) in &origin.policies {
             match self.newest.get_mut(policy) {
-                Some(generation) => *generation = (*generation).max(origin.generation),
+                Some(newest) => *newest = (*newest).max(*revision),
                 None => {
                     if self.newest.len() >= Self::MAX {
                         let newest = self.newest.values().copied().max().unwrap_or(0);
-                        self.newest.retain(|_, generation| *generation >= newest);
+                        self.newest.retain(|_, revision| *revision >= newest);
                     }
-                    self.newest.insert(Arc::clone(policy), origin.generation);
+                    self.newest.insert(Arc::clone(policy), *revision);
                 }
             }
         }

@@ -231,12 +231,12 @@ impl RedisStore {
 
     /// Where `checks` were planned (see [`batcher::Origin`]).
     fn origin<'c>(checks: impl IntoIterator<Item = &'c StoreCheck>) -> Origin {
-        let mut origin = Origin::default();
-        for check in checks {
-            origin.generation = check.generation;
-            origin.policies.push(Arc::clone(check.key.policy_name()));
+        Origin {
+            policies: checks
+                .into_iter()
+                .map(|check| (Arc::clone(check.key.policy_name()), check.generation))
+                .collect(),
         }
-        origin
     }
 
     fn item(&self, check: &StoreCheck) -> Item {
