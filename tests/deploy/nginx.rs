@@ -211,6 +211,26 @@ async fn the_nginx_example_holds_against_a_hostile_client_over_tcp() {
     the_tenant_comes_from_the_key_not_the_client(nginx.port, app.admin).await;
 }
 
+/// A fail-closed policy whose Redis is down: sluice denies with the example's 403 naming the
+/// cause (`X-Sluice-Denied-By: limiter_unavailable`), and the client gets the example's 503, not
+/// a 429 "rate_limit" (nor the login).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fail_closed_policy_with_redis_down_is_a_503_through_nginx() {
+    if !tools::required("nginx") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut settings = test_settings(dir.path());
+    // Nothing listens there: the circuit stays open, `login` (fail closed) answers its mode.
+    settings.redis.url = Some(format!("redis://127.0.0.1:{}", free_port()));
+    let app = spawn_app_in(dir, settings, SHIPPED_POLICIES).await;
+    let sluice::client::Target::Tcp(sluice_addr) = app.tcp.clone() else {
+        unreachable!("tcp target")
+    };
+    let nginx = start_nginx(&sluice_addr.to_string()).await;
+    assert_eq!(send(nginx.port, "/login", &[]).await, 503);
+}
+
 /// The tenant is the API key's (the example's map), whatever `X-Tenant` the client sends: three
 /// requests under three invented tenants spend three tokens of acme's one bucket (they were three
 /// fresh buckets of 150 each when the example read `$http_x_tenant`).
