@@ -34,6 +34,8 @@ const FRAME_HEADER: usize = 9;
 /// The largest HEADERS or CONTINUATION payload rewritten (the default SETTINGS_MAX_FRAME_SIZE,
 /// which sluice never raises); a larger one passes through for h2 to refuse.
 pub const MAX_FRAME: usize = 16_384;
+/// The most read from the connection at once.
+const READ_CHUNK: usize = 8 * 1024;
 /// The largest header block rewritten (a request's whole HEADERS + CONTINUATIONs).
 pub const MAX_BLOCK: usize = 64 * 1024;
 
@@ -355,16 +357,15 @@ impl<IO: AsyncRead + Unpin> AsyncRead for AnyAuthority<IO> {
                 this.reader.out = rest;
                 continue;
             }
-            let mut chunk = [0u8; 8 * 1024];
-            let mut read = ReadBuf::new(&mut chunk);
-            match Pin::new(&mut this.inner).poll_read(cx, &mut read) {
+            // Straight into `raw`'s spare room, at most READ_CHUNK at a time: no buffer to
+            // zero and copy on every read (an 8 KiB one cost a third of a check's instructions).
+            this.reader.raw.reserve(READ_CHUNK);
+            let mut room = (&mut this.reader.raw).limit(READ_CHUNK);
+            match tokio_util::io::poll_read_buf(Pin::new(&mut this.inner), cx, &mut room) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
-                Poll::Ready(Ok(())) if read.filled().is_empty() => this.reader.eof = true,
-                Poll::Ready(Ok(())) => {
-                    this.reader.raw.extend_from_slice(read.filled());
-                    this.reader.parse();
-                }
+                Poll::Ready(Ok(0)) => this.reader.eof = true,
+                Poll::Ready(Ok(_)) => this.reader.parse(),
             }
         }
     }
@@ -510,5 +511,60 @@ mod tests {
         input.extend(frame(0x0, 0, 1, &[7; 100]));
         // Half a DATA frame is passed on at once.
         assert_eq!(through(&input[..24 + 9 + 50], 1000), input[..24 + 9 + 50]);
+    }
+
+    /// A connection's read side serving `input` in pieces of at most `step` bytes, noting the
+    /// largest buffer it was offered and the most of one that was already initialised.
+    struct Pieces {
+        input: Vec<u8>,
+        step: usize,
+        offered: usize,
+        initialised: usize,
+    }
+
+    impl AsyncRead for Pieces {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            self.offered = self.offered.max(buf.remaining());
+            self.initialised = self.initialised.max(buf.initialized().len());
+            let n = self.step.min(buf.remaining()).min(self.input.len());
+            let piece: Vec<u8> = self.input.drain(..n).collect();
+            buf.put_slice(&piece);
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[test]
+    fn reads_go_straight_into_the_buffer_a_chunk_at_most() {
+        let mut input = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        input.extend(frame(HEADERS, END_HEADERS, 1, &literal(1, b"a|b")));
+        input.extend(frame(0x0, END_STREAM, 1, &[9; 20_000]));
+        let expected = through(&input, input.len());
+        let mut io = AnyAuthority::new(Pieces {
+            input,
+            step: 5_000,
+            offered: 0,
+            initialised: 0,
+        });
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let (mut out, mut chunk) = (Vec::new(), [0u8; 3_000]);
+        for _ in 0..100 {
+            let mut buf = ReadBuf::new(&mut chunk);
+            let Poll::Ready(Ok(())) = Pin::new(&mut io).poll_read(&mut cx, &mut buf) else {
+                panic!("the pieces are always ready");
+            };
+            if buf.filled().is_empty() {
+                break;
+            }
+            out.extend_from_slice(buf.filled());
+        }
+        assert_eq!(out, expected);
+        // No zeroed buffer per read (it cost a third of a gRPC check's instructions), and
+        // never more than a chunk asked for at once.
+        assert_eq!(io.inner.initialised, 0);
+        assert!(io.inner.offered > 0 && io.inner.offered <= READ_CHUNK);
     }
 }
