@@ -21,6 +21,16 @@ fn known_defect(item: &str, store: Store, specs: Vec<Spec>, ops: Vec<super::ops:
     }
 }
 
+/// A policy of the replays.
+fn spec(alg: super::ops::Alg, limit: u64, burst: u64, period_s: u64) -> Spec {
+    Spec {
+        alg,
+        limit,
+        burst,
+        period_s,
+    }
+}
+
 /// A check through the first daemon, spending (not a dry run).
 fn check(pick: super::ops::Pick, part: u8, cost: u64) -> super::ops::Op {
     Check {
@@ -46,23 +56,9 @@ fn passes(store: Store, specs: Vec<Spec>, ops: Vec<super::ops::Op>) {
 /// it is, another algorithm's reads as fresh. Stricter than afresh, never looser.
 #[test]
 fn sim_1_an_algorithm_changed_back_reads_its_state_as_it_is_on_the_embedded_store() {
-    known_defect(
-        "sim.1",
+    passes(
         Store::Embedded,
-        vec![
-            Spec {
-                alg: SlidingLog,
-                limit: 1,
-                burst: 1,
-                period_s: 10,
-            },
-            Spec {
-                alg: TokenBucket,
-                limit: 1,
-                burst: 1,
-                period_s: 10,
-            },
-        ],
+        vec![spec(SlidingLog, 1, 1, 10), spec(TokenBucket, 1, 1, 10)],
         vec![
             check(One(0), 1, 1),
             Reload {
@@ -82,23 +78,9 @@ fn sim_1_an_algorithm_changed_back_reads_its_state_as_it_is_on_the_embedded_stor
 /// applies to the state as it is (over the limit, remaining 0), the daemon answers `fail_open`.
 #[test]
 fn item_1_a_lowered_limit_over_state_is_enforced_on_redis_cluster() {
-    known_defect(
-        "36.1",
+    passes(
         Store::Redis7Cluster,
-        vec![
-            Spec {
-                alg: FixedWindow,
-                limit: 2,
-                burst: 1,
-                period_s: 3600,
-            },
-            Spec {
-                alg: SlidingLog,
-                limit: 2,
-                burst: 1,
-                period_s: 3600,
-            },
-        ],
+        vec![spec(FixedWindow, 2, 1, 3600), spec(SlidingLog, 2, 1, 3600)],
         vec![
             check(All, 1, 2),
             Reload {
@@ -121,23 +103,9 @@ fn item_1_a_lowered_limit_over_state_is_enforced_on_redis_cluster() {
 /// just spent there), so the last check asks Redis: `remaining` 0.
 #[test]
 fn sim_2_a_remembered_denial_answers_todays_remaining_on_redis() {
-    known_defect(
-        "sim.2",
+    passes(
         Store::Redis7,
-        vec![
-            Spec {
-                alg: SlidingLog,
-                limit: 6,
-                burst: 1,
-                period_s: 3600,
-            },
-            Spec {
-                alg: FixedWindow,
-                limit: 4,
-                burst: 1,
-                period_s: 3600,
-            },
-        ],
+        vec![spec(SlidingLog, 6, 1, 3600), spec(FixedWindow, 4, 1, 3600)],
         vec![
             Batch {
                 via: 0,
@@ -163,20 +131,7 @@ fn sim_4_a_denied_group_in_a_batch_spends_nothing_on_redis_cluster() {
     known_defect(
         "sim.4",
         Store::Redis7Cluster,
-        vec![
-            Spec {
-                alg: TokenBucket,
-                limit: 4,
-                burst: 1,
-                period_s: 3600,
-            },
-            Spec {
-                alg: TokenBucket,
-                limit: 1,
-                burst: 5,
-                period_s: 3600,
-            },
-        ],
+        vec![spec(TokenBucket, 4, 1, 3600), spec(TokenBucket, 1, 5, 3600)],
         vec![
             Batch {
                 via: 0,
@@ -204,23 +159,9 @@ fn sim_4_a_denied_group_in_a_batch_spends_nothing_on_redis_cluster() {
 /// write in between: the bucket of before the first change denies (limit 1), as it is.
 #[test]
 fn sim_1_an_algorithm_changed_back_reads_its_state_as_it_is_on_redis() {
-    known_defect(
-        "sim.1",
+    passes(
         Store::Redis7,
-        vec![
-            Spec {
-                alg: TokenBucket,
-                limit: 1,
-                burst: 1,
-                period_s: 3600,
-            },
-            Spec {
-                alg: TokenBucket,
-                limit: 1,
-                burst: 1,
-                period_s: 3600,
-            },
-        ],
+        vec![spec(TokenBucket, 1, 1, 3600), spec(TokenBucket, 1, 1, 3600)],
         vec![
             Report {
                 via: 0,
@@ -251,20 +192,7 @@ fn sim_3_a_changed_fixed_window_period_is_a_window_boundary_on_every_store() {
     for store in [Store::Embedded, Store::Redis7, Store::Redis7Cluster] {
         passes(
             store,
-            vec![
-                Spec {
-                    alg: FixedWindow,
-                    limit: 2,
-                    burst: 1,
-                    period_s: 3600,
-                },
-                Spec {
-                    alg: TokenBucket,
-                    limit: 1,
-                    burst: 1,
-                    period_s: 3600,
-                },
-            ],
+            vec![spec(FixedWindow, 2, 1, 3600), spec(TokenBucket, 1, 1, 3600)],
             vec![
                 check(All, 2, 1),
                 Reload {
@@ -287,20 +215,7 @@ fn a_bounded_report_debt_then_a_raised_burst_admits_from_the_state_as_it_is() {
     for store in [Store::Embedded, Store::Redis7] {
         passes(
             store,
-            vec![
-                Spec {
-                    alg: TokenBucket,
-                    limit: 1,
-                    burst: 1,
-                    period_s: 7200,
-                },
-                Spec {
-                    alg: SlidingLog,
-                    limit: 8,
-                    burst: 1,
-                    period_s: 3600,
-                },
-            ],
+            vec![spec(TokenBucket, 1, 1, 7200), spec(SlidingLog, 8, 1, 3600)],
             vec![
                 Report {
                     via: 0,
