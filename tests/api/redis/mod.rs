@@ -7,6 +7,7 @@ pub mod differential;
 mod exactness;
 mod failures;
 mod generation;
+mod lease_twins;
 mod log_runs;
 mod lowered_limit;
 mod policies;

@@ -19,6 +19,7 @@ mod decision;
 mod fixed_window;
 mod glob;
 mod key;
+mod lease;
 mod matcher;
 mod period;
 mod policy;
@@ -40,6 +41,7 @@ pub use decision::{Decision, Micros, NEVER};
 pub use fixed_window::{FixedWindow, WindowState};
 pub use glob::{globs_overlap, Glob};
 pub use key::Key;
+pub use lease::{bucket_lease_shrunk, Grant};
 pub use matcher::{Captures, Pattern, Segment};
 pub use period::{period_name, PeriodName};
 pub use policy::{

@@ -10,9 +10,11 @@ use std::time::Duration;
 
 use prometheus::{IntCounter, IntGauge};
 
-use super::{Fleet, RateStore, ResetFuture, ResetOutcome, Spend, StoreCheck, StoreFuture};
+use super::{
+    Fleet, LeaseFuture, RateStore, ResetFuture, ResetOutcome, Spend, StoreCheck, StoreFuture,
+};
 use crate::clock::Clock;
-use crate::limit::{Decision, Key, Micros, State};
+use crate::limit::{Decision, Grant, Key, Micros, State};
 
 /// What one key costs besides its own heap parts: the map entry, its control byte and the
 /// table's spare capacity. A hashbrown table doubles when 7/8 full, so right after it grows it
@@ -225,7 +227,9 @@ impl MemoryStore {
     }
 
     fn admit(&self, shard: &mut Shard, check: &StoreCheck, now: Micros) {
-        self.record(shard, check, now, false);
+        self.update(shard, check, now, |alg, state| {
+            alg.admit(state, now, check.cost)
+        });
     }
 
     /// Admits `check` (its decision allowed it) or, with `spend`, spends it whatever the
@@ -237,6 +241,25 @@ impl MemoryStore {
         now: Micros,
         spend: bool,
     ) -> Option<Decision> {
+        self.update(shard, check, now, |alg, state| {
+            if spend {
+                Some(alg.spend(state, now, check.cost))
+            } else {
+                alg.admit(state, now, check.cost);
+                None
+            }
+        })
+    }
+
+    /// Changes `check`'s counter with `change` (creating it, or starting it afresh when idle),
+    /// keeping the key and byte budgets.
+    fn update<R>(
+        &self,
+        shard: &mut Shard,
+        check: &StoreCheck,
+        now: Micros,
+        change: impl FnOnce(&crate::limit::Algorithm, &mut State) -> R,
+    ) -> R {
         let is_new = !shard.slots.contains_key(&check.key);
         if is_new && shard.slots.len() >= self.shard_capacity {
             self.evict_one(shard, now, None);
@@ -261,12 +284,7 @@ impl MemoryStore {
                 generation: check.generation,
             }),
         };
-        let decision = if spend {
-            Some(check.algorithm.spend(&mut slot.state, now, check.cost))
-        } else {
-            check.algorithm.admit(&mut slot.state, now, check.cost);
-            None
-        };
+        let outcome = change(&check.algorithm, &mut slot.state);
         slot.idle_at = check.algorithm.idle_at(&slot.state);
         let after = slot_bytes(&check.key, slot);
         shard.bytes = (shard.bytes + after).saturating_sub(before);
@@ -276,7 +294,51 @@ impl MemoryStore {
             tries -= 1;
             self.evict_one(shard, now, Some(&check.key));
         }
-        decision
+        outcome
+    }
+
+    /// The synchronous core of [`RateStore::take`]: a lease of at most `check.cost` units (see
+    /// [`Algorithm::take`](crate::limit::Algorithm::take)); a check of an older policy set than
+    /// the counter's gets nothing (its [`superseded`](crate::limit::Algorithm::superseded)
+    /// answer).
+    pub fn take_now(&self, check: &StoreCheck, fraction: u64) -> Option<Grant> {
+        if !check.algorithm.leasable() {
+            return None;
+        }
+        let now = self.clock.now_us();
+        let mut shard = self.lock(self.shard_of(&check.key));
+        if shard
+            .slots
+            .get(&check.key)
+            .is_some_and(|slot| slot.supersedes(check))
+        {
+            return Some(Grant {
+                units: 0,
+                decision: check.algorithm.superseded(),
+                window: 0,
+                hold_us: 0,
+            });
+        }
+        self.update(&mut shard, check, now, |alg, state| {
+            alg.take(state, now, check.cost, fraction)
+        })
+    }
+
+    /// The synchronous core of [`RateStore::give_back`]; whether the counter held state to take
+    /// the units back into.
+    pub fn give_back_now(&self, check: &StoreCheck, units: u64, window: u64) -> bool {
+        let now = self.clock.now_us();
+        let mut shard = self.lock(self.shard_of(&check.key));
+        match shard.slots.get_mut(&check.key) {
+            Some(slot) if slot.idle_at > now => {
+                check
+                    .algorithm
+                    .give_back(&mut slot.state, now, units, window);
+                slot.idle_at = check.algorithm.idle_at(&slot.state);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Makes room: purges idle keys (at most once a second), else evicts the soonest-to-expire
@@ -367,6 +429,27 @@ impl RateStore for MemoryStore {
     ) -> StoreFuture<'a> {
         let decisions = self.spend_now(checks);
         Box::pin(std::future::ready(Ok(decisions)))
+    }
+
+    fn take<'a>(
+        &'a self,
+        check: &'a StoreCheck,
+        fraction: u64,
+        _deadline: Option<Duration>,
+    ) -> LeaseFuture<'a, Option<Grant>> {
+        Box::pin(std::future::ready(Ok(self.take_now(check, fraction))))
+    }
+
+    fn give_back<'a>(
+        &'a self,
+        check: &'a StoreCheck,
+        units: u64,
+        window: u64,
+        _deadline: Option<Duration>,
+    ) -> LeaseFuture<'a, bool> {
+        Box::pin(std::future::ready(Ok(
+            self.give_back_now(check, units, window)
+        )))
     }
 
     fn reset<'a>(&'a self, key: &'a Key) -> ResetFuture<'a> {

@@ -12,7 +12,7 @@ pub use memory::{MemoryMetrics, MemoryStore};
 pub use redis::error::ErrorKind;
 pub use redis::health::Circuit;
 
-use crate::limit::{Algorithm, Decision, Key};
+use crate::limit::{Algorithm, Decision, Grant, Key};
 
 /// One counter to check: which key, under which algorithm and quota, for what cost.
 #[derive(Debug, Clone)]
@@ -107,6 +107,9 @@ impl StoreError {
 pub type StoreFuture<'a> =
     Pin<Box<dyn Future<Output = Result<Vec<Decision>, StoreError>> + Send + 'a>>;
 
+/// What a lease call returns ([`RateStore::take`], [`RateStore::give_back`]).
+pub type LeaseFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
 /// What a reset did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ResetOutcome {
@@ -166,6 +169,34 @@ pub trait RateStore: Send + Sync + 'static {
     /// saying how long the next check waits. `deadline` as for [`RateStore::check`].
     fn spend<'a>(&'a self, checks: &'a [StoreCheck], deadline: Option<Duration>)
         -> StoreFuture<'a>;
+
+    /// Takes a lease on `check`'s counter: at most `check.cost` units and at most `1 / fraction`
+    /// of what it has left, spent there in one atomic step before the caller admits any (see
+    /// [`Algorithm::take`]). `None` when the store or the algorithm does not lease (a sliding
+    /// log). `deadline` as for [`RateStore::check`].
+    fn take<'a>(
+        &'a self,
+        check: &'a StoreCheck,
+        fraction: u64,
+        deadline: Option<Duration>,
+    ) -> LeaseFuture<'a, Option<Grant>> {
+        let _ = (check, fraction, deadline);
+        Box::pin(std::future::ready(Ok(None)))
+    }
+
+    /// Gives back `units` of a lease taken on `check`'s counter (in fixed window `window`) that
+    /// were not used and are still the lease's under its terms (see [`Algorithm::give_back`]);
+    /// whether the counter took them back.
+    fn give_back<'a>(
+        &'a self,
+        check: &'a StoreCheck,
+        units: u64,
+        window: u64,
+        deadline: Option<Duration>,
+    ) -> LeaseFuture<'a, bool> {
+        let _ = (check, units, window, deadline);
+        Box::pin(std::future::ready(Ok(false)))
+    }
 
     /// Forgets `key`'s state, so that the next request sees a full quota, and tells the other
     /// pods sharing the store (an operator's reset, never part of a check).

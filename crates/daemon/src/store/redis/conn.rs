@@ -131,6 +131,11 @@ impl Conn {
         Ok(deleted > 0)
     }
 
+    /// A script call (`EVALSHA` or `EVAL`) outside the batcher; its error reply as an error.
+    pub async fn eval(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        self.expect_ok(cmd).await
+    }
+
     /// `PUBLISH channel message`; how many subscribers the node delivered it to (a Cluster
     /// forwards it to the other nodes' subscribers over its bus).
     pub async fn publish(&mut self, channel: &str, message: &str) -> RedisResult<u64> {

@@ -46,10 +46,11 @@ use self::prober::{Backoff, Prober};
 use self::resets::{Follower, ResetEvent};
 use self::scripts::{Commit, Item, Scripts};
 use super::{
-    Fleet, RateStore, ResetFuture, ResetOutcome, Spend, StoreCheck, StoreError, StoreFuture,
+    Fleet, LeaseFuture, RateStore, ResetFuture, ResetOutcome, Spend, StoreCheck, StoreError,
+    StoreFuture,
 };
 use crate::config::RedisTarget;
-use crate::limit::{Decision, Key};
+use crate::limit::{Algorithm, Decision, Grant, Key, NEVER};
 
 /// Everything the Redis store is configured with.
 #[derive(Debug, Clone)]
@@ -84,6 +85,8 @@ pub struct RedisStore {
     prefix: String,
     timeout: Duration,
     health: Arc<Health>,
+    /// The lease script (takes and give-backs go out on their own, not through the batcher).
+    lease: scripts::Script,
     /// How to follow the reset channel (started by [`RedisStore::follow_resets`]).
     resets: Follower,
     /// The lifetime of every background task of the store (the prober, the dispatcher, the
@@ -178,6 +181,7 @@ impl RedisStore {
             connection,
             prefix: options.key_prefix,
             timeout: options.timeout,
+            lease: scripts.lease().clone(),
             health,
             resets,
             _stop_tasks: alive.clone().drop_guard(),
@@ -227,6 +231,58 @@ impl RedisStore {
             }
         };
         Ok(ResetOutcome { existed, fleet })
+    }
+
+    /// One call of the lease script on `check`'s counter (`EVALSHA`, `NOSCRIPT` -> `EVAL`
+    /// once), within `deadline`: `mode` and the two arguments as `lua/lease.lua` takes them.
+    async fn lease_call(
+        &self,
+        check: &StoreCheck,
+        mode: &str,
+        units: u64,
+        extra: u64,
+        deadline: Duration,
+    ) -> Result<Vec<i64>, StoreError> {
+        let (algorithm, limit, period, capacity) = match check.algorithm {
+            Algorithm::TokenBucket(b) => ("tb", b.limit(), b.period_us(), b.capacity()),
+            Algorithm::FixedWindow(w) => ("fw", w.limit(), w.period_us(), 0),
+            Algorithm::SlidingLog(_) => {
+                return Err(StoreError::failed(
+                    ErrorKind::Other,
+                    "a sliding log is never leased",
+                ))
+            }
+        };
+        let mut conn = self.current()?;
+        let key = keys::redis_key(&self.prefix, &check.key);
+        let command = |verb: &str, script: &str| {
+            let mut cmd = redis::cmd(verb);
+            cmd.arg(script)
+                .arg(1)
+                .arg(&key)
+                .arg(mode)
+                .arg(algorithm)
+                .arg(limit)
+                .arg(period)
+                .arg(capacity)
+                .arg(units)
+                .arg(extra);
+            cmd
+        };
+        let call = async {
+            match conn.eval(&command("EVALSHA", &self.lease.sha)).await {
+                Err(error) if ErrorKind::of(&error) == ErrorKind::Noscript => {
+                    conn.eval(&command("EVAL", &self.lease.source)).await
+                }
+                other => other,
+            }
+        };
+        let reply = tokio::time::timeout(deadline, call)
+            .await
+            .map_err(|_| StoreError::Timeout)?
+            .map_err(|e| failed(&e))?;
+        redis::from_redis_value::<Vec<i64>>(reply)
+            .map_err(|e| StoreError::failed(ErrorKind::Other, format!("lease reply: {e}")))
     }
 
     /// Where `checks` were planned (see [`batcher::Origin`]).
@@ -398,6 +454,67 @@ impl RateStore for RedisStore {
             }
             self.spend_group(checks, deadline.unwrap_or(self.timeout))
                 .await
+        })
+    }
+
+    fn take<'a>(
+        &'a self,
+        check: &'a StoreCheck,
+        fraction: u64,
+        deadline: Option<Duration>,
+    ) -> LeaseFuture<'a, Option<Grant>> {
+        Box::pin(async move {
+            if !check.algorithm.leasable() {
+                return Ok(None);
+            }
+            let deadline = deadline.unwrap_or(self.timeout);
+            let figures = self
+                .lease_call(check, "take", check.cost, fraction.max(1), deadline)
+                .await?;
+            let &[units, limit, remaining, reset, retry, window, hold] = figures.as_slice() else {
+                return Err(StoreError::failed(
+                    ErrorKind::Other,
+                    format!("lease reply of {} figures, not 7", figures.len()),
+                ));
+            };
+            let whole = |n: i64| u64::try_from(n).unwrap_or(0);
+            let units = whole(units);
+            Ok(Some(Grant {
+                units,
+                decision: Decision {
+                    allowed: units > 0 || retry == 0,
+                    limit: whole(limit),
+                    remaining: whole(remaining),
+                    reset_after_us: whole(reset),
+                    retry_after_us: u64::try_from(retry).unwrap_or(NEVER),
+                },
+                window: whole(window),
+                hold_us: whole(hold),
+            }))
+        })
+    }
+
+    fn give_back<'a>(
+        &'a self,
+        check: &'a StoreCheck,
+        units: u64,
+        window: u64,
+        deadline: Option<Duration>,
+    ) -> LeaseFuture<'a, bool> {
+        Box::pin(async move {
+            if !check.algorithm.leasable() || units == 0 {
+                return Ok(false);
+            }
+            let figures = self
+                .lease_call(
+                    check,
+                    "back",
+                    units,
+                    window,
+                    deadline.unwrap_or(self.timeout),
+                )
+                .await?;
+            Ok(figures.first() == Some(&1))
         })
     }
 

@@ -24,6 +24,10 @@ const TOKEN_BUCKET: &str = include_str!("../../../lua/token_bucket.lua");
 const SLIDING_LOG: &str = include_str!("../../../lua/sliding_log.lua");
 const FIXED_WINDOW: &str = include_str!("../../../lua/fixed_window.lua");
 const BATCH: &str = include_str!("../../../lua/batch.lua");
+const LEASE: &str = include_str!("../../../lua/lease.lua");
+
+/// Where the lease script's test-only `now_us` is (see `lua/lease.lua`).
+pub(crate) const LEASE_NOW_ARGV: usize = 8;
 
 /// The line that separates an algorithm script's reusable functions from its own entry point.
 const ENTRY_MARKER: &str = "-- sluice:entry";
@@ -57,6 +61,7 @@ pub struct Scripts {
     fixed_window: Script,
     batch: Script,
     node_batch: Script,
+    lease: Script,
 }
 
 /// The first line of the Cluster node script: script flags (Redis >= 7.0) that let one call touch
@@ -117,6 +122,14 @@ impl Default for Scripts {
                 entry(SLIDING_LOG),
             ]),
             fixed_window: compose(&[STATE, functions(FIXED_WINDOW), &now, entry(FIXED_WINDOW)]),
+            lease: compose(&[
+                STATE,
+                functions(TOKEN_BUCKET),
+                functions(FIXED_WINDOW),
+                &now_prelude(LEASE_NOW_ARGV),
+                functions(LEASE),
+                entry(LEASE),
+            ]),
             node_batch: Script::new(format!("{NODE_FLAGS}{batch}")),
             batch: Script::new(batch),
         }
@@ -132,6 +145,7 @@ impl Scripts {
             &self.sliding_log,
             &self.fixed_window,
             &self.batch,
+            &self.lease,
         ]
         .map(|s| Arc::clone(&s.source))
         .to_vec()
@@ -147,6 +161,11 @@ impl Scripts {
     /// >= 7.0 loads it, and only a Cluster uses it.
     pub fn node_batch(&self) -> &Script {
         &self.node_batch
+    }
+
+    /// The lease script (`lua/lease.lua`): takes and give-backs.
+    pub fn lease(&self) -> &Script {
+        &self.lease
     }
 
     /// The script for `algorithm`.

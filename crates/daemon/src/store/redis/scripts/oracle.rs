@@ -48,6 +48,37 @@ pub trait ScriptCalls {
         }
     }
 
+    /// The lease script's call (`lua/lease.lua`): `mode` `take` (at most `units`, at most
+    /// `1/extra` of what is left) or `back` (`units` into fixed window number `extra`) on `key`
+    /// of a token bucket or fixed window. `now` as in [`ScriptCalls::call`].
+    fn lease_call(
+        &self,
+        algorithm: &Algorithm,
+        key: String,
+        mode: &str,
+        units: u64,
+        extra: u64,
+        now: Option<Micros>,
+    ) -> ScriptCall {
+        let (kind, limit, period, capacity) = match *algorithm {
+            Algorithm::TokenBucket(b) => ("tb", b.limit(), b.period_us(), b.capacity()),
+            Algorithm::FixedWindow(w) => ("fw", w.limit(), w.period_us(), 0),
+            Algorithm::SlidingLog(l) => ("sl", l.limit(), l.period_us(), 0),
+        };
+        let mut args = vec![mode.as_bytes().to_vec(), kind.as_bytes().to_vec()];
+        args.extend(
+            [limit, period, capacity, units, extra]
+                .into_iter()
+                .chain(now)
+                .map(|n| n.to_string().into_bytes()),
+        );
+        ScriptCall {
+            script: self.scripts().lease().clone(),
+            keys: vec![key],
+            args,
+        }
+    }
+
     /// A batch call holding one check over `checks` (with their Redis keys): all allowed ones
     /// are recorded (with `commit`) if every enforced one allows, else none. `now` as in
     /// [`ScriptCalls::call`]; `None` is sent as 0, the batch script's "read TIME".

@@ -1,0 +1,139 @@
+-- lease.lua: quota leases, the twin of src/limit/lease.rs: take a block of units from a token
+-- bucket or a fixed window (spent here before the pod admits a single one), or give back what a
+-- lease did not use.
+--
+-- KEYS[1]  the counter key (its hash tag decides the Cluster slot; no other key is touched)
+-- ARGV[1]  mode       'take' or 'back'
+-- ARGV[2]  algorithm  'tb' (token bucket) or 'fw' (fixed window)
+-- ARGV[3]  limit      as the algorithm's script takes it
+-- ARGV[4]  period_us  as the algorithm's script takes it
+-- ARGV[5]  capacity   a token bucket's burst (ignored for a fixed window)
+-- ARGV[6]  units      take: the most units wanted; back: the units given back
+-- ARGV[7]  take: fraction, at most 1/fraction of what the counter has left is granted (>= 1)
+--          back: a fixed window's window number the units were taken in (ignored for a bucket)
+-- ARGV[8]  now_us     TESTS ONLY: the current time (the daemon never sends it: Redis `TIME`)
+-- returns  take: {units, limit, remaining, reset_after_us, retry_after_us, window, hold_us}
+--            (see Grant in src/limit/lease.rs: with 0 units the figures are a 1-unit check's)
+--          back: {1} when the counter took the units back, {0} when it had nothing to take
+--            them into (another window, another algorithm's value, absent)
+--
+-- Why a script: the grant is decided on what the counter has left, in the same atomic step
+-- that spends it, so that pods racing for the last units get none. Runs after state.lua and the
+-- token bucket's and fixed window's functions, its entry after now.lua (`now`, from ARGV[8]).
+
+local function lease_take_bucket(key, limit, period, capacity, want, fraction)
+  local value = read_counter(key)
+  if type(value) == 'table' then
+    return value
+  end
+  local tat_us, tat_rem = token_bucket_parse(value)
+  if not tat_us or not tat_rem then
+    return {err = 'BADSTATE the value is not a sluice token bucket'}
+  end
+  local ahead = math.max(0, (tat_us - now) * limit + tat_rem)
+  local hold = math.floor(ahead / limit)
+  local ok, _, left = token_bucket_decide(tat_us, tat_rem, now, limit, period, capacity, 0)
+  local available = 0
+  if ok == 1 then
+    available = left
+  end
+  local units = math.min(want, math.floor(available / fraction))
+  if units == 0 then
+    local allowed, cap, remaining, reset, retry = token_bucket_decide(tat_us, tat_rem, now, limit,
+      period, capacity, 1)
+    return {0, cap, remaining, reset, retry, 0, hold}
+  end
+  local _, cap, remaining, reset, retry, ahead_after = token_bucket_decide(tat_us, tat_rem, now,
+    limit, period, capacity, units)
+  local new_us, new_rem, ttl_ms = token_bucket_after(now, min_ttl_ms, limit, ahead_after)
+  redis.call('SET', key, token_bucket_format(new_us, new_rem), 'PX', ttl_ms)
+  return {units, cap, remaining, reset, retry, 0, hold}
+end
+
+local function lease_take_window(key, limit, period, want, fraction)
+  local value = read_counter(key)
+  if type(value) == 'table' then
+    return value
+  end
+  local packed = fixed_window_parse(value)
+  if packed == nil then
+    return {err = 'BADSTATE the value is not a sluice fixed window'}
+  end
+  local window = math.floor(now / period)
+  local hold = (window + 1) * period - now
+  local ok, _, left = fixed_window_decide(packed or nil, now, min_ttl_ms, limit, period, 0)
+  local available = 0
+  if ok == 1 then
+    available = left
+  end
+  local units = math.min(want, math.floor(available / fraction))
+  if units == 0 then
+    local allowed, shown, remaining, reset, retry = fixed_window_decide(packed or nil, now,
+      min_ttl_ms, limit, period, 1)
+    return {0, shown, remaining, reset, retry, window, hold}
+  end
+  local _, shown, remaining, reset, retry, new_packed, ttl_ms = fixed_window_decide(packed or nil,
+    now, min_ttl_ms, limit, period, units)
+  redis.call('SET', key, fixed_window_format(new_packed), 'PX', ttl_ms)
+  return {units, shown, remaining, reset, retry, window, hold}
+end
+
+-- A token bucket's TAT moves back by the units' refill time, never before now (a bucket is
+-- never more than full). Anything but a token bucket's value is left alone.
+local function lease_back_bucket(key, limit, period, units)
+  local value = read_counter(key)
+  if type(value) == 'table' then
+    return value
+  end
+  if not value or not string.find(value, '^%d+:?%d*$') then
+    return {0}
+  end
+  local tat_us, tat_rem = token_bucket_parse(value)
+  if not tat_us or not tat_rem then
+    return {0}
+  end
+  local ahead = math.max(0, (tat_us - now) * limit + tat_rem)
+  local after = math.max(0, ahead - units * period)
+  local new_us, new_rem, ttl_ms = token_bucket_after(now, min_ttl_ms, limit, after)
+  redis.call('SET', key, token_bucket_format(new_us, new_rem), 'PX', ttl_ms)
+  return {1}
+end
+
+-- A fixed window's count drops by the units if it still counts the lease's window.
+local function lease_back_window(key, limit, period, units, window)
+  local value = read_counter(key)
+  if type(value) == 'table' then
+    return value
+  end
+  local packed = fixed_window_parse(value)
+  local tag_space = 1048576
+  if not packed or packed % tag_space ~= window % tag_space or math.floor(now / period) ~= window then
+    return {0}
+  end
+  local count = math.max(0, math.floor(packed / tag_space) - units)
+  local to_next = (window + 1) * period - now
+  redis.call('SET', key, fixed_window_format(count * tag_space + window % tag_space), 'PX',
+    math.max(min_ttl_ms, ceil_div(to_next, 1000)))
+  return {1}
+end
+
+-- sluice:entry
+local key, mode, algorithm = KEYS[1], ARGV[1], ARGV[2]
+local limit, period, capacity = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local units, extra = tonumber(ARGV[6]), tonumber(ARGV[7])
+local reply
+if mode == 'take' and algorithm == 'tb' then
+  reply = lease_take_bucket(key, limit, period, capacity, units, math.max(1, extra))
+elseif mode == 'take' and algorithm == 'fw' then
+  reply = lease_take_window(key, limit, period, units, math.max(1, extra))
+elseif mode == 'back' and algorithm == 'tb' then
+  reply = lease_back_bucket(key, limit, period, units)
+elseif mode == 'back' and algorithm == 'fw' then
+  reply = lease_back_window(key, limit, period, units, extra)
+else
+  return redis.error_reply('BADARGS lease mode ' .. tostring(mode) .. ' for ' .. tostring(algorithm))
+end
+if reply.err then
+  return redis.error_reply(reply.err .. ' [item 1]')
+end
+return reply

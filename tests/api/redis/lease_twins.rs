@@ -1,0 +1,151 @@
+//! Quota leases exist twice, like the algorithms (`limit/lease.rs` and `lua/lease.lua`): random
+//! histories of checks, takes and give-backs on both twins, with the scripts' test-only `now`,
+//! must give identical decisions and grants, and leave identical state (the next check agrees).
+
+use proptest::prelude::*;
+use sluice::limit::{Algorithm, FixedWindow, Grant, Micros, TokenBucket};
+use sluice::store::redis::scripts::oracle::{parse_reply, ScriptCalls};
+use sluice::store::redis::scripts::Scripts;
+use sluice::store::Spend;
+
+use super::differential::{eval, with_redis, START};
+
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Check(u64),
+    Take {
+        want: u64,
+        fraction: u64,
+    },
+    /// Gives back this many of the last take's units (never more than it got).
+    Back(u64),
+}
+
+fn op(limit: u64) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (1..=limit.div_ceil(3)).prop_map(Op::Check),
+        3 => (1..=limit * 2, 1u64..=8).prop_map(|(want, fraction)| Op::Take { want, fraction }),
+        2 => (0..=limit).prop_map(Op::Back),
+    ]
+}
+
+fn lua_take(
+    conn: &mut redis::Connection,
+    alg: &Algorithm,
+    key: &str,
+    now: Micros,
+    want: u64,
+    fraction: u64,
+) -> Grant {
+    let call =
+        Scripts::default().lease_call(alg, key.to_owned(), "take", want, fraction, Some(now));
+    let figures: Vec<i64> = redis::from_redis_value(eval(conn, &call)).expect("seven integers");
+    let n = |i: usize| u64::try_from(figures[i]).unwrap_or(u64::MAX);
+    Grant {
+        units: n(0),
+        decision: sluice::limit::Decision {
+            allowed: figures[0] > 0 || figures[4] == 0,
+            limit: n(1),
+            remaining: n(2),
+            reset_after_us: n(3),
+            retry_after_us: n(4),
+        },
+        window: n(5),
+        hold_us: n(6),
+    }
+}
+
+fn replay(alg: Algorithm, key: &str, steps: &[(u64, Op)]) -> Result<(), TestCaseError> {
+    with_redis(|conn| {
+        let mut state = alg.new_state();
+        let mut now = START;
+        let mut last: Option<Grant> = None;
+        for (i, &(step, op)) in steps.iter().enumerate() {
+            now += step;
+            match op {
+                Op::Check(cost) => {
+                    let rust = alg.decide(&state, now, cost);
+                    if rust.allowed {
+                        alg.admit(&mut state, now, cost);
+                    }
+                    let call = Scripts::default().call(
+                        &alg,
+                        key.to_owned(),
+                        cost,
+                        Spend::Record,
+                        Some(now),
+                    );
+                    let lua = parse_reply(&eval(conn, &call)).expect("reply");
+                    prop_assert_eq!(rust, lua, "step {} check {} at {}", i, cost, now);
+                }
+                Op::Take { want, fraction } => {
+                    let rust = alg.take(&mut state, now, want, fraction).expect("leasable");
+                    let lua = lua_take(conn, &alg, key, now, want, fraction);
+                    prop_assert_eq!(
+                        rust,
+                        lua,
+                        "step {} take {}/{} at {}",
+                        i,
+                        want,
+                        fraction,
+                        now
+                    );
+                    last = Some(rust);
+                }
+                Op::Back(units) => {
+                    let Some(grant) = last.take() else { continue };
+                    let units = units.min(grant.units);
+                    alg.give_back(&mut state, now, units, grant.window);
+                    let call = Scripts::default().lease_call(
+                        &alg,
+                        key.to_owned(),
+                        "back",
+                        units,
+                        grant.window,
+                        Some(now),
+                    );
+                    eval(conn, &call);
+                }
+            }
+            // The state both left behind reads alike.
+            let rust = alg.decide(&state, now, 1);
+            let call = Scripts::default().call(&alg, key.to_owned(), 1, Spend::DryRun, Some(now));
+            let lua = parse_reply(&eval(conn, &call)).expect("reply");
+            prop_assert_eq!(rust, lua, "after step {} ({:?}) at {}", i, op, now);
+        }
+        Ok(())
+    })
+}
+
+fn steps(limit: u64, period: u64) -> impl Strategy<Value = Vec<(u64, Op)>> {
+    let step = prop_oneof![3 => Just(0u64), 5 => 0..=period / 4 + 1, 2 => 0..=period * 2];
+    proptest::collection::vec((step, op(limit)), 1..40)
+}
+
+fn fresh_key() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!("lease:{{k{}}}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn token_bucket_lease_twins_agree(
+        (limit, period, capacity, history) in (1u64..50, 1_000u64..5_000_000, 1u64..60)
+            .prop_flat_map(|(l, p, c)| (Just(l), Just(p), Just(c), steps(c.max(l), p)))
+    ) {
+        let alg: Algorithm = TokenBucket::new(limit, period, capacity).unwrap().into();
+        replay(alg, &fresh_key(), &history)?;
+    }
+
+    #[test]
+    fn fixed_window_lease_twins_agree(
+        (limit, period, history) in (1u64..60, 1_000u64..5_000_000)
+            .prop_flat_map(|(l, p)| (Just(l), Just(p), steps(l, p)))
+    ) {
+        let alg: Algorithm = FixedWindow::new(limit, period).unwrap().into();
+        replay(alg, &fresh_key(), &history)?;
+    }
+}
