@@ -10,12 +10,15 @@
 -- ARGV[5]  capacity   a token bucket's burst (ignored for a fixed window)
 -- ARGV[6]  units      take: the most units wanted; back: the units given back
 -- ARGV[7]  take: fraction, at most 1/fraction of what the counter has left is granted (>= 1)
---          back: a fixed window's window number the units were taken in (ignored for a bucket)
+--          back: a fixed window's window number the units were taken in; a token bucket's
+--          instant the lease started to shrink (the take's now + hold_us)
 -- ARGV[8]  now_us     TESTS ONLY: the current time (the daemon never sends it: Redis `TIME`)
--- returns  take: {units, limit, remaining, reset_after_us, retry_after_us, window, hold_us}
+-- returns  take: {units, limit, remaining, reset_after_us, retry_after_us, window, hold_us, now}
 --            (see Grant in src/limit/lease.rs: with 0 units the figures are a 1-unit check's)
---          back: {1} when the counter took the units back, {0} when it had nothing to take
---            them into (another window, another algorithm's value, absent)
+--          back: {units given back}: a token bucket's unused units less what the refill took
+--            since the lease started to shrink, measured here on Redis' clock (a late give-back
+--            returns less, never too much); 0 when there is nothing to take them into (another
+--            window, another algorithm's value)
 --
 -- Why a script: the grant is decided on what the counter has left, in the same atomic step
 -- that spends it, so that pods racing for the last units get none. Runs after state.lua and the
@@ -41,13 +44,13 @@ local function lease_take_bucket(key, limit, period, capacity, want, fraction)
   if units == 0 then
     local allowed, cap, remaining, reset, retry = token_bucket_decide(tat_us, tat_rem, now, limit,
       period, capacity, 1)
-    return {0, cap, remaining, reset, retry, 0, hold}
+    return {0, cap, remaining, reset, retry, 0, hold, now}
   end
   local _, cap, remaining, reset, retry, ahead_after = token_bucket_decide(tat_us, tat_rem, now,
     limit, period, capacity, units)
   local new_us, new_rem, ttl_ms = token_bucket_after(now, min_ttl_ms, limit, ahead_after)
   redis.call('SET', key, token_bucket_format(new_us, new_rem), 'PX', ttl_ms)
-  return {units, cap, remaining, reset, retry, 0, hold}
+  return {units, cap, remaining, reset, retry, 0, hold, now}
 end
 
 local function lease_take_window(key, limit, period, want, fraction)
@@ -70,17 +73,18 @@ local function lease_take_window(key, limit, period, want, fraction)
   if units == 0 then
     local allowed, shown, remaining, reset, retry = fixed_window_decide(packed or nil, now,
       min_ttl_ms, limit, period, 1)
-    return {0, shown, remaining, reset, retry, window, hold}
+    return {0, shown, remaining, reset, retry, window, hold, now}
   end
   local _, shown, remaining, reset, retry, new_packed, ttl_ms = fixed_window_decide(packed or nil,
     now, min_ttl_ms, limit, period, units)
   redis.call('SET', key, fixed_window_format(new_packed), 'PX', ttl_ms)
-  return {units, shown, remaining, reset, retry, window, hold}
+  return {units, shown, remaining, reset, retry, window, hold, now}
 end
 
--- A token bucket's TAT moves back by the units' refill time, never before now (a bucket is
--- never more than full). Anything but a token bucket's value is left alone.
-local function lease_back_bucket(key, limit, period, units)
+-- A token bucket's TAT moves back by the refill time of the unused units the lease still
+-- held (those the refill has not taken since `from`), never before now (a bucket is never more
+-- than full). Anything but a token bucket's value is left alone.
+local function lease_back_bucket(key, limit, period, units, from)
   local value = read_counter(key)
   if type(value) == 'table' then
     return value
@@ -92,15 +96,28 @@ local function lease_back_bucket(key, limit, period, units)
   if not tat_us or not tat_rem then
     return {0}
   end
+  local past = math.max(0, now - from)
+  -- Both products stay below 2^53 where it matters: units * period <= capacity * period.
+  if past * limit >= units * period then
+    return {0}
+  end
+  local back = units - ceil_div(past * limit, period)
+  if back <= 0 then
+    return {0}
+  end
   local ahead = math.max(0, (tat_us - now) * limit + tat_rem)
-  local after = math.max(0, ahead - units * period)
+  if ahead == 0 then
+    return {0}
+  end
+  local after = math.max(0, ahead - back * period)
   local new_us, new_rem, ttl_ms = token_bucket_after(now, min_ttl_ms, limit, after)
   redis.call('SET', key, token_bucket_format(new_us, new_rem), 'PX', ttl_ms)
-  return {1}
+  return {back}
 end
 
--- A fixed window's count drops by the units if it still counts the lease's window.
-local function lease_back_window(key, limit, period, units, window)
+-- A fixed window's count drops by the units if it still counts the lease's window (and the
+-- window has not ended).
+local function lease_back_window(key, period, units, window)
   local value = read_counter(key)
   if type(value) == 'table' then
     return value
@@ -110,11 +127,12 @@ local function lease_back_window(key, limit, period, units, window)
   if not packed or packed % tag_space ~= window % tag_space or math.floor(now / period) ~= window then
     return {0}
   end
-  local count = math.max(0, math.floor(packed / tag_space) - units)
+  local count = math.floor(packed / tag_space)
+  local back = math.min(units, count)
   local to_next = (window + 1) * period - now
-  redis.call('SET', key, fixed_window_format(count * tag_space + window % tag_space), 'PX',
+  redis.call('SET', key, fixed_window_format((count - back) * tag_space + window % tag_space), 'PX',
     math.max(min_ttl_ms, ceil_div(to_next, 1000)))
-  return {1}
+  return {back}
 end
 
 -- sluice:entry
@@ -127,9 +145,9 @@ if mode == 'take' and algorithm == 'tb' then
 elseif mode == 'take' and algorithm == 'fw' then
   reply = lease_take_window(key, limit, period, units, math.max(1, extra))
 elseif mode == 'back' and algorithm == 'tb' then
-  reply = lease_back_bucket(key, limit, period, units)
+  reply = lease_back_bucket(key, limit, period, units, extra)
 elseif mode == 'back' and algorithm == 'fw' then
-  reply = lease_back_window(key, limit, period, units, extra)
+  reply = lease_back_window(key, period, units, extra)
 else
   return redis.error_reply('BADARGS lease mode ' .. tostring(mode) .. ' for ' .. tostring(algorithm))
 end

@@ -52,6 +52,7 @@ fn lua_take(
         },
         window: n(5),
         hold_us: n(6),
+        at_us: n(7),
     }
 }
 
@@ -95,16 +96,22 @@ fn replay(alg: Algorithm, key: &str, steps: &[(u64, Op)]) -> Result<(), TestCase
                 Op::Back(units) => {
                     let Some(grant) = last.take() else { continue };
                     let units = units.min(grant.units);
-                    alg.give_back(&mut state, now, units, grant.window);
+                    let rust = alg.give_back(&mut state, now, units, &grant);
+                    let extra = match alg {
+                        Algorithm::TokenBucket(_) => grant.at_us + grant.hold_us,
+                        _ => grant.window,
+                    };
                     let call = Scripts::default().lease_call(
                         &alg,
                         key.to_owned(),
                         "back",
                         units,
-                        grant.window,
+                        extra,
                         Some(now),
                     );
-                    eval(conn, &call);
+                    let lua: Vec<u64> =
+                        redis::from_redis_value(eval(conn, &call)).expect("one integer");
+                    prop_assert_eq!(vec![rust], lua, "step {} back {} at {}", i, units, now);
                 }
             }
             // The state both left behind reads alike.

@@ -36,6 +36,8 @@ pub struct Grant {
     /// then). A token bucket: µs from the counter's `now` until the leased units start to
     /// refill, i.e. until the lease starts to shrink (rounded down).
     pub hold_us: Micros,
+    /// The counter's `now` at the take (its clock: a give-back measures the shrink on it).
+    pub at_us: Micros,
 }
 
 /// The units a token bucket lease of `units`, taken at the counter `hold_us` µs before it
@@ -95,35 +97,49 @@ impl Algorithm {
             decision,
             window,
             hold_us,
+            at_us: now,
         })
     }
 
-    /// Gives back `units` a lease did not use, at `now`: a token bucket's TAT moves back by
-    /// their refill time (never before `now`: a bucket is never more than full); a fixed
-    /// window's count drops by them if it still counts `window`. A state of another algorithm
-    /// (the policy changed) is left alone. Give back only units the lease still held under its
-    /// terms (not expired, not shrunk): the counter then reads as if they had never been taken.
-    pub fn give_back(&self, state: &mut State, now: Micros, units: u64, window: u64) {
+    /// Gives back what is left of `grant` at `now`, of which `unused` units were not admitted:
+    /// for a fixed window all of them if the counter still counts the grant's window; for a
+    /// token bucket those the lease has not lost to the refill by `now` (measured on the
+    /// counter's clock from the grant's `at_us`, so a late give-back returns less, never too
+    /// much), the TAT moving back by their refill time (never before `now`: a bucket is never
+    /// more than full). A state of another algorithm (the policy changed) is left alone. Returns
+    /// the units given back; the counter then reads as if they had never been taken.
+    pub fn give_back(&self, state: &mut State, now: Micros, unused: u64, grant: &Grant) -> u64 {
         match (self, state) {
             (Algorithm::TokenBucket(a), State::Bucket(s)) => {
+                let elapsed = now.saturating_sub(grant.at_us);
+                let units = unused.min(grant.units);
+                let back = units - bucket_lease_shrunk(a, grant.hold_us, elapsed, units);
+                if back == 0 {
+                    return 0;
+                }
                 let l = u128::from(a.limit());
                 let tat = u128::from(s.tat_us) * l + u128::from(s.tat_rem);
                 let now_s = u128::from(now) * l;
                 let ahead = tat.saturating_sub(now_s);
-                let back = u128::from(units) * u128::from(a.period_us());
-                let new = now_s + ahead.saturating_sub(back);
+                if ahead == 0 {
+                    return 0;
+                }
+                let new =
+                    now_s + ahead.saturating_sub(u128::from(back) * u128::from(a.period_us()));
                 *s = BucketState {
                     tat_us: super::saturate(new / l),
                     tat_rem: super::saturate(new % l),
                 };
+                back
             }
-            (Algorithm::FixedWindow(_), State::Window(s)) if s.window == window => {
-                *s = WindowState {
-                    window,
-                    count: s.count.saturating_sub(units),
-                };
+            (Algorithm::FixedWindow(a), State::Window(s))
+                if s.window == grant.window && now / a.period_us() == grant.window =>
+            {
+                let back = unused.min(grant.units).min(s.count);
+                s.count -= back;
+                back
             }
-            _ => {}
+            _ => 0,
         }
     }
 }
@@ -147,10 +163,13 @@ mod tests {
         let grant = alg.take(&mut state, 2_500_000, 30, 4).unwrap();
         assert_eq!(grant.units, 25, "100 left / 4");
         assert_eq!(grant.decision.remaining, 75);
-        assert_eq!((grant.window, grant.hold_us), (2, 500_000));
+        assert_eq!(
+            (grant.window, grant.hold_us, grant.at_us),
+            (2, 500_000, 2_500_000)
+        );
         let grant = alg.take(&mut state, 2_500_000, 10, 4).unwrap();
         assert_eq!(grant.units, 10, "want");
-        // 65 left: 16 each until fewer than 4 are left, then none.
+        // 65 left: a quarter each time until fewer than 4 are left, then none.
         let mut left = 65;
         for _ in 0..40 {
             let g = alg.take(&mut state, 2_600_000, 1_000, 4).unwrap();
@@ -169,13 +188,17 @@ mod tests {
         let mut state = alg.new_state();
         let grant = alg.take(&mut state, 5_100, 40, 1).unwrap();
         assert_eq!(grant.units, 40);
-        alg.give_back(&mut state, 5_900, 15, grant.window);
+        assert_eq!(alg.give_back(&mut state, 5_900, 15, &grant), 15);
         assert_eq!(alg.decide(&state, 5_900, 0).remaining, 75);
-        alg.give_back(&mut state, 6_100, 15, grant.window);
+        assert_eq!(
+            alg.give_back(&mut state, 6_100, 15, &grant),
+            0,
+            "its window ended"
+        );
         assert_eq!(alg.decide(&state, 6_100, 0).remaining, 100, "a new window");
         let mut other = alg.new_state();
         alg.admit(&mut other, 6_100, 3);
-        alg.give_back(&mut other, 6_100, 15, grant.window);
+        assert_eq!(alg.give_back(&mut other, 6_100, 15, &grant), 0);
         assert_eq!(
             alg.decide(&other, 6_100, 0).remaining,
             97,
@@ -194,7 +217,7 @@ mod tests {
         assert_eq!(grant.units, 8);
         assert_eq!(grant.hold_us, 500_000, "5 tokens ahead at 10 per second");
         assert_eq!(grant.decision.remaining, 7);
-        alg.give_back(&mut state, 1_000_000, 8, 0);
+        assert_eq!(alg.give_back(&mut state, 1_000_000, 8, &grant), 8);
         assert_eq!(state, before);
         // Returned later, what shrank is not given back: the bucket refilled it itself.
         let mut state = before.clone();
@@ -202,7 +225,12 @@ mod tests {
         let elapsed = 800_000;
         let shrunk = bucket_lease_shrunk(&bucket, grant.hold_us, elapsed, grant.units);
         assert_eq!(shrunk, 3, "0.3 s past the hold at 10 per second");
-        alg.give_back(&mut state, 1_000_000 + elapsed, grant.units - shrunk, 0);
+        let back = alg.give_back(&mut state, 1_000_000 + elapsed, grant.units, &grant);
+        assert_eq!(
+            back,
+            grant.units - shrunk,
+            "the give-back measures the shrink itself"
+        );
         assert_eq!(
             alg.decide(&state, 1_800_000, 0),
             alg.decide(&before, 1_800_000, 0),
@@ -211,11 +239,26 @@ mod tests {
     }
 
     #[test]
-    fn a_bucket_never_gets_back_more_than_full() {
+    fn a_bucket_never_gets_back_more_than_full_nor_what_shrank() {
         let alg: Algorithm = TokenBucket::new(10, 1_000_000, 20).unwrap().into();
         let mut state = alg.new_state();
-        alg.give_back(&mut state, 1_000_000, 50, 0);
-        assert_eq!(alg.decide(&state, 1_000_000, 0).remaining, 20);
+        let grant = alg.take(&mut state, 1_000_000, 5, 1).unwrap();
+        alg.admit(&mut state, 2_000_000, 20);
+        // 1.5 s later all 5 shrank (no hold, 10 per second): nothing goes back.
+        assert_eq!(alg.give_back(&mut state, 2_500_000, 5, &grant), 0);
+        let mut state = alg.new_state();
+        assert_eq!(
+            alg.give_back(&mut state, 1_000_000, 5, &grant),
+            0,
+            "already full"
+        );
+        alg.admit(&mut state, 1_000_000, 2);
+        assert_eq!(alg.give_back(&mut state, 1_000_000, 5, &grant), 5);
+        assert_eq!(
+            alg.decide(&state, 1_000_000, 0).remaining,
+            20,
+            "never more than full"
+        );
         assert!(!alg.decide(&state, 1_000_000, 21).allowed);
     }
 
@@ -229,7 +272,8 @@ mod tests {
         let mut state = window.new_state();
         window.admit(&mut state, 10, 4);
         let kept = state.clone();
-        bucket.give_back(&mut state, 10, 4, 0);
+        let grant = bucket.take(&mut bucket.new_state(), 10, 4, 1).unwrap();
+        assert_eq!(bucket.give_back(&mut state, 10, 4, &grant), 0);
         assert_eq!(state, kept);
     }
 }

@@ -317,6 +317,7 @@ impl MemoryStore {
                 decision: check.algorithm.superseded(),
                 window: 0,
                 hold_us: 0,
+                at_us: now,
             });
         }
         self.update(&mut shard, check, now, |alg, state| {
@@ -324,20 +325,19 @@ impl MemoryStore {
         })
     }
 
-    /// The synchronous core of [`RateStore::give_back`]; whether the counter held state to take
-    /// the units back into.
-    pub fn give_back_now(&self, check: &StoreCheck, units: u64, window: u64) -> bool {
+    /// The synchronous core of [`RateStore::give_back`]: the units taken back.
+    pub fn give_back_now(&self, check: &StoreCheck, unused: u64, grant: &Grant) -> u64 {
         let now = self.clock.now_us();
         let mut shard = self.lock(self.shard_of(&check.key));
         match shard.slots.get_mut(&check.key) {
             Some(slot) if slot.idle_at > now => {
-                check
+                let back = check
                     .algorithm
-                    .give_back(&mut slot.state, now, units, window);
+                    .give_back(&mut slot.state, now, unused, grant);
                 slot.idle_at = check.algorithm.idle_at(&slot.state);
-                true
+                back
             }
-            _ => false,
+            _ => 0,
         }
     }
 
@@ -443,12 +443,12 @@ impl RateStore for MemoryStore {
     fn give_back<'a>(
         &'a self,
         check: &'a StoreCheck,
-        units: u64,
-        window: u64,
+        unused: u64,
+        grant: Grant,
         _deadline: Option<Duration>,
-    ) -> LeaseFuture<'a, bool> {
+    ) -> LeaseFuture<'a, u64> {
         Box::pin(std::future::ready(Ok(
-            self.give_back_now(check, units, window)
+            self.give_back_now(check, unused, &grant)
         )))
     }
 

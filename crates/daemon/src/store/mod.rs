@@ -184,18 +184,18 @@ pub trait RateStore: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(None)))
     }
 
-    /// Gives back `units` of a lease taken on `check`'s counter (in fixed window `window`) that
-    /// were not used and are still the lease's under its terms (see [`Algorithm::give_back`]);
-    /// whether the counter took them back.
+    /// Gives back what is left of `grant` (taken on `check`'s counter), of which `unused`
+    /// units were not admitted: the store measures what the lease still held on its own clock
+    /// (see [`Algorithm::give_back`]); the units it took back.
     fn give_back<'a>(
         &'a self,
         check: &'a StoreCheck,
-        units: u64,
-        window: u64,
+        unused: u64,
+        grant: Grant,
         deadline: Option<Duration>,
-    ) -> LeaseFuture<'a, bool> {
-        let _ = (check, units, window, deadline);
-        Box::pin(std::future::ready(Ok(false)))
+    ) -> LeaseFuture<'a, u64> {
+        let _ = (check, unused, grant, deadline);
+        Box::pin(std::future::ready(Ok(0)))
     }
 
     /// Forgets `key`'s state, so that the next request sees a full quota, and tells the other

@@ -471,10 +471,11 @@ impl RateStore for RedisStore {
             let figures = self
                 .lease_call(check, "take", check.cost, fraction.max(1), deadline)
                 .await?;
-            let &[units, limit, remaining, reset, retry, window, hold] = figures.as_slice() else {
+            let &[units, limit, remaining, reset, retry, window, hold, at] = figures.as_slice()
+            else {
                 return Err(StoreError::failed(
                     ErrorKind::Other,
-                    format!("lease reply of {} figures, not 7", figures.len()),
+                    format!("lease reply of {} figures, not 8", figures.len()),
                 ));
             };
             let whole = |n: i64| u64::try_from(n).unwrap_or(0);
@@ -490,6 +491,7 @@ impl RateStore for RedisStore {
                 },
                 window: whole(window),
                 hold_us: whole(hold),
+                at_us: whole(at),
             }))
         })
     }
@@ -497,24 +499,26 @@ impl RateStore for RedisStore {
     fn give_back<'a>(
         &'a self,
         check: &'a StoreCheck,
-        units: u64,
-        window: u64,
+        unused: u64,
+        grant: Grant,
         deadline: Option<Duration>,
-    ) -> LeaseFuture<'a, bool> {
+    ) -> LeaseFuture<'a, u64> {
         Box::pin(async move {
-            if !check.algorithm.leasable() || units == 0 {
-                return Ok(false);
+            let unused = unused.min(grant.units);
+            if !check.algorithm.leasable() || unused == 0 {
+                return Ok(0);
             }
+            let extra = match check.algorithm {
+                Algorithm::TokenBucket(_) => grant.at_us.saturating_add(grant.hold_us),
+                _ => grant.window,
+            };
+            let deadline = deadline.unwrap_or(self.timeout);
             let figures = self
-                .lease_call(
-                    check,
-                    "back",
-                    units,
-                    window,
-                    deadline.unwrap_or(self.timeout),
-                )
+                .lease_call(check, "back", unused, extra, deadline)
                 .await?;
-            Ok(figures.first() == Some(&1))
+            Ok(figures
+                .first()
+                .map_or(0, |&n| u64::try_from(n).unwrap_or(0)))
         })
     }
 
