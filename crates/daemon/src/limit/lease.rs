@@ -19,7 +19,7 @@
 //! none: at most `want`, and at most `1/fraction` of what the counter has left. Near the limit
 //! that is 0 and every check is decided at the counter, exactly as without leases.
 
-use super::{Algorithm, BucketState, Decision, Micros, State, WindowState};
+use super::{Algorithm, BucketState, Decision, Micros, State};
 
 /// What a take got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
