@@ -8,6 +8,7 @@ mod exactness;
 mod failures;
 mod generation;
 mod lease_twins;
+mod leases;
 mod log_runs;
 mod lowered_limit;
 mod policies;

@@ -271,6 +271,11 @@ impl App {
             Peers::Record,
         ));
         let sweeper = tokio::spawn(sweep(self.memory.clone(), until(stop.clone())));
+        // Quota leases: idle ones given back while running, every one at shutdown.
+        let leases = self
+            .service
+            .leases()
+            .map(|leases| tokio::spawn(leases.clone().run_sweeper(stop.clone())));
         let reloader = self
             .reloader
             .map(|(reloader, poll)| tokio::spawn(reloader.run(poll, until(stop.clone()))));
@@ -300,6 +305,10 @@ impl App {
         stop.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(1), admin_task).await;
         let _ = sweeper.await;
+        if let Some(leases) = leases {
+            // The give-backs have the store's deadline; this bounds a stalled one.
+            let _ = tokio::time::timeout(Duration::from_secs(2), leases).await;
+        }
         if let Some(reloader) = reloader {
             let _ = reloader.await;
         }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::StartError;
-use crate::check::{CheckService, HotKeys, LocalShare};
+use crate::check::{CheckService, HotKeys, Leases, LocalShare};
 use crate::clock::Clock;
 use crate::config::{RedisSettings, RedisTarget, Settings};
 use crate::limit::PolicySet;
@@ -85,18 +85,24 @@ pub(super) fn service(
         // Resets on any pod drop the partition from this pod's remembered denials and refill its
         // local-limit bucket. A missed reset (resubscribed: `All`) clears the remembered denials
         // only: a bucket refills within its own period anyway.
-        let (forget, buckets) = (hot.clone(), local_limits.clone());
+        let leases = Leases::new(redis.clone(), settings.leases, metrics.registry())
+            .map_err(|e| StartError::Config(format!("registering the lease metrics: {e}")))?;
+        // A reset also drops this pod's lease of the partition (not given back: the counter
+        // starts afresh); a missed reset drops every lease (under-admission, never over).
+        let (forget, buckets, dropped) = (hot.clone(), local_limits.clone(), leases.clone());
         redis.follow_resets(move |event| match event {
             ResetEvent::Key(key) => {
                 if let Some(hot) = &forget {
                     hot.forget(&key);
                 }
+                dropped.forget(&key);
                 buckets.reset_now(&key.without_window());
             }
             ResetEvent::All => {
                 if let Some(hot) = &forget {
                     hot.clear();
                 }
+                dropped.clear();
             }
         });
         let mut service = CheckService::new(
@@ -106,7 +112,8 @@ pub(super) fn service(
             settings.limits.clone(),
             metrics.clone(),
         )
-        .with_tenant_tiers(table);
+        .with_tenant_tiers(table)
+        .with_leases(leases);
         if let Some(hot) = hot {
             service = service.with_local_layer(hot);
         }

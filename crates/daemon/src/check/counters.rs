@@ -252,6 +252,9 @@ impl CheckService {
             if let Some(hot) = &self.hot {
                 hot.forget(key);
             }
+            if let Some(leases) = &self.leases {
+                leases.forget(key);
+            }
             existed |= outcome.existed;
             fleets.push(outcome.fleet);
         }

@@ -11,6 +11,7 @@ mod explain;
 mod group;
 mod hot_keys;
 mod labels;
+mod lease;
 mod local_limit;
 mod plan;
 mod report;
@@ -30,6 +31,7 @@ pub use explain::{Explanation, PolicyExplanation};
 pub use group::{GroupItem, GroupVerdict};
 pub use hot_keys::HotKeys;
 pub use labels::{DecisionOutcome, ReportOutcome};
+pub use lease::Leases;
 pub use plan::{Part, Plan, TENANT_DESCRIPTOR};
 pub use request::{CheckError, CheckRequest, Spend, MAX_DESCRIPTOR_NAME};
 pub use top::{Tally, TopDenied, TopEntry, TopList, MAX_POLICIES, TOP_CAPACITY};
@@ -50,6 +52,7 @@ pub struct CheckService {
     tiers: Option<TenantTiers>,
     hot: Option<HotKeys>,
     local_limits: Option<Arc<MemoryStore>>,
+    leases: Option<Leases>,
     shadow_log: shadow_log::ShadowLog,
     unmatched: unmatched::Unmatched,
     limits: RequestLimits,
@@ -78,6 +81,7 @@ impl CheckService {
             tiers: None,
             hot: None,
             local_limits: None,
+            leases: None,
             shadow_log: shadow_log::ShadowLog::new(None),
             unmatched: unmatched::Unmatched::new(false),
             limits,
@@ -122,6 +126,18 @@ impl CheckService {
         self
     }
 
+    /// Admits the checks of policies with `lease: true` from `leases` when they hold the units
+    /// (a shared store only: the embedded store has no round trip to save).
+    pub fn with_leases(mut self, leases: Leases) -> Self {
+        self.leases = Some(leases);
+        self
+    }
+
+    /// The quota leases, if any (their sweeper runs beside the service).
+    pub fn leases(&self) -> Option<&Leases> {
+        self.leases.as_ref()
+    }
+
     /// The policy set in force.
     pub fn policies(&self) -> Arc<PolicySet> {
         let guard = self.policies.read().unwrap_or_else(|p| p.into_inner());
@@ -161,6 +177,9 @@ impl CheckService {
         let mut in_force = self.policies.write().unwrap_or_else(|p| p.into_inner());
         let generation = in_force.generation() + 1;
         *in_force = Arc::new(policies.with_generation(generation, &in_force));
+        if let Some(leases) = &self.leases {
+            leases.retire_changed(&in_force);
+        }
         drop(in_force);
         if let Some(hot) = &self.hot {
             hot.clear();
@@ -237,6 +256,7 @@ impl CheckService {
         }
         let local = self.answer_locally(plan);
         let local = local.or_else(|| self.local_limit(plan, spend));
+        let local = local.or_else(|| self.from_lease(plan, spend));
         let verdict = match local {
             Some(verdict) => verdict,
             None => self.ask_store(spend, plan).await,
@@ -307,6 +327,42 @@ impl CheckService {
             }
         };
         verdict::decide(evaluated)
+    }
+
+    /// An admission from this pod's quota leases, when every part of `plan` is an enforced,
+    /// leased policy's and every counter's lease holds the cost (see [`lease`]). The checks
+    /// move into the verdict.
+    fn from_lease(&self, plan: &mut Plan, spend: Spend) -> Option<Verdict> {
+        let leases = self.leases.as_ref()?;
+        let leased = spend == Spend::Record
+            && plan
+                .parts
+                .iter()
+                .all(|part| part.policy.lease() && !part.policy.is_deny())
+            && plan
+                .checks
+                .iter()
+                .all(|check| check.enforce && check.algorithm.leasable());
+        if !leased {
+            return None;
+        }
+        let decisions = leases.admit(&plan.checks)?;
+        let evaluated = std::mem::take(&mut plan.checks)
+            .into_iter()
+            .zip(decisions)
+            .zip(&plan.parts)
+            .enumerate()
+            .map(|(at, ((check, decision), part))| PolicyDecision {
+                mode: Mode::Enforced,
+                advertised_us: check.algorithm.advertised_us(),
+                policy: Arc::clone(&part.policy),
+                key: check.key,
+                decision,
+                window_index: part.window_index,
+                part: at,
+            })
+            .collect();
+        Some(verdict::decide(evaluated))
     }
 
     /// A denial from the local layer, when an enforced policy's partition is known to be over

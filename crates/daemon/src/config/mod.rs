@@ -29,6 +29,6 @@ pub use settings::redis_settings::{
 pub use settings::socket_group::SocketGroup;
 pub use settings::tracing_settings::{OtlpEndpoint, OtlpProtocol, TracingSettings};
 pub use settings::{
-    LocalLayerSettings, LocalSettings, LogFormat, LogSettings, MemorySettings, RequestLimits,
-    Resolved, Settings, SettingsError, TenantSettings,
+    LeaseSettings, LocalLayerSettings, LocalSettings, LogFormat, LogSettings, MemorySettings,
+    RequestLimits, Resolved, Settings, SettingsError, TenantSettings,
 };

@@ -100,6 +100,9 @@ pub struct PolicyParts {
     /// A block list: every request the policy applies to is denied, without a counter (its
     /// quota is a placeholder whose period is the wait a denied client is told).
     pub deny: bool,
+    /// Quota leases: with a shared store, each pod takes blocks of units and admits from them
+    /// without a round trip (token bucket and fixed window only; see `check::lease`).
+    pub lease: bool,
 }
 
 /// Why a [`PolicyParts`] is not a valid policy; names the offending field.
@@ -348,6 +351,11 @@ impl Policy {
     /// Whether the policy only reports and never blocks.
     pub fn shadow(&self) -> bool {
         self.parts.shadow
+    }
+
+    /// Whether the policy's checks may be answered from quota leases (`lease: true`).
+    pub fn lease(&self) -> bool {
+        self.parts.lease
     }
 
     /// Whether the policy is a block list (`deny: true`): it denies whatever it applies to.

@@ -283,6 +283,23 @@ fn deny_problems(raw: &RawPolicy) -> Vec<FieldProblem> {
     problems
 }
 
+/// What a leased policy (`lease: true`) may not be: a block list (no counter to lease) or a
+/// sliding log (it records each admission's instant, which a lease would move to the take).
+fn lease_problems(raw: &RawPolicy) -> Vec<FieldProblem> {
+    let mut problems: Vec<FieldProblem> = Vec::new();
+    if raw.deny {
+        let reason = "a deny policy has no counter to lease";
+        problems.push(("lease", reason.to_owned()).into());
+    }
+    if matches!(raw.algorithm, Some(AlgorithmName::SlidingLog)) {
+        let reason = "a sliding log is never leased: it records each admission's instant, and a \
+                      leased unit would count from its take (use a token bucket or a fixed \
+                      window, see docs/policies.md)";
+        problems.push(("lease", reason.to_owned()).into());
+    }
+    problems
+}
+
 fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
     let mut problems: Vec<FieldProblem> = Vec::new();
     if let Some(timeout) = raw.timeout {
@@ -295,6 +312,9 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
                     .into(),
             );
         }
+    }
+    if raw.lease {
+        problems.extend(lease_problems(&raw));
     }
     let written = if raw.deny {
         problems.extend(deny_problems(&raw));
@@ -401,6 +421,7 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
         reports: raw.reports,
         replaces: raw.replaces,
         deny: raw.deny,
+        lease: raw.lease,
     })
     .map_err(|e| vec![(e.field, e.reason).into()])
 }

@@ -61,6 +61,9 @@ pub(super) struct RawPolicy {
     /// A block list: deny every request the policy applies to (`period`: the wait told).
     #[serde(default)]
     pub deny: bool,
+    /// Quota leases: admit from blocks of units taken from the store (token bucket, fixed window).
+    #[serde(default)]
+    pub lease: bool,
 }
 
 fn yes() -> bool {
@@ -146,7 +149,7 @@ fn read_field(name: &str, value: Value) -> Result<(), String> {
         "limits" => read::<Vec<RawWindow>>(value),
         "local_limit" => read::<RawWindow>(value),
         "failure_mode" => read::<FailureMode>(value),
-        "shadow" | "limit_override" | "reports" | "deny" => read::<bool>(value),
+        "shadow" | "limit_override" | "reports" | "deny" | "lease" => read::<bool>(value),
         "enforce_percent" => read::<u8>(value),
         "tiers" => read::<RawTiers>(value),
         "cost" => read::<RawCost>(value),

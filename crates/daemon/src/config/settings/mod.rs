@@ -53,6 +53,8 @@ pub struct Settings {
     pub tenants: TenantSettings,
     /// The local layer (hot partitions) in front of Redis.
     pub local_layer: LocalLayerSettings,
+    /// Quota leases of the policies that ask for them (`lease: true`), with Redis.
+    pub leases: LeaseSettings,
     /// How often the policy file is checked for changes (SIGHUP reloads at once).
     pub policies_poll: HumanDuration,
     /// Caps on what a request may carry.
@@ -106,6 +108,7 @@ impl Default for Settings {
             local: LocalSettings::default(),
             tenants: TenantSettings::default(),
             local_layer: LocalLayerSettings::default(),
+            leases: LeaseSettings::default(),
             policies_poll: HumanDuration(1_000_000),
             limits: RequestLimits::default(),
             log: LogSettings::default(),
@@ -161,6 +164,74 @@ impl Default for LocalLayerSettings {
             enabled: true,
             max_keys: 100_000,
         }
+    }
+}
+
+/// Quota leases (policies with `lease: true`, Redis only): how much a pod takes and for how
+/// long it holds it.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LeaseSettings {
+    /// A take gets at most 1/fraction of what the counter has left, so pods racing for the last
+    /// units get none and those are decided per check (at least 2).
+    pub fraction: u64,
+    /// How long a lease should last at this pod's recent demand: a take asks for the units this
+    /// pod admitted in the last second times this.
+    pub span: HumanDuration,
+    /// Fewest units worth a take: a partition this pod checks less often than this per second
+    /// stays per check.
+    pub min_units: u64,
+    /// Most units one take asks for.
+    pub max_units: u64,
+    /// A lease unused this long is given back.
+    pub idle: HumanDuration,
+    /// Most partitions with lease bookkeeping at once (more are decided per check).
+    pub max_keys: usize,
+}
+
+impl Default for LeaseSettings {
+    fn default() -> Self {
+        Self {
+            fraction: 4,
+            span: HumanDuration(1_000_000),
+            min_units: 8,
+            max_units: 10_000,
+            idle: HumanDuration(2_000_000),
+            max_keys: 10_000,
+        }
+    }
+}
+
+impl LeaseSettings {
+    fn validate(&self) -> Result<(), SettingsError> {
+        let problem = if self.fraction < 2 || self.fraction > 1_000 {
+            Some(format!(
+                "leases.fraction must be 2..=1000, got {}",
+                self.fraction
+            ))
+        } else if self.span.0 < 1_000 || self.span.0 > 60_000_000 {
+            Some(format!("leases.span must be 1ms..=60s, got {}", self.span))
+        } else if self.min_units == 0 || self.min_units > self.max_units {
+            Some(format!(
+                "leases.min_units must be 1..=leases.max_units ({}), got {}",
+                self.max_units, self.min_units
+            ))
+        } else if self.max_units > 1_000_000_000 {
+            Some(format!(
+                "leases.max_units must be at most 1e9, got {}",
+                self.max_units
+            ))
+        } else if self.idle.0 < 10_000 || self.idle.0 > 600_000_000 {
+            Some(format!("leases.idle must be 10ms..=10m, got {}", self.idle))
+        } else if self.max_keys == 0 || self.max_keys > 10_000_000 {
+            Some(format!(
+                "leases.max_keys must be 1..=10000000, got {}",
+                self.max_keys
+            ))
+        } else {
+            None
+        };
+        problem.map_or(Ok(()), |p| Err(SettingsError(p)))
     }
 }
 
@@ -391,6 +462,7 @@ impl Settings {
             ));
         }
         self.authz.validate()?;
+        self.leases.validate()?;
         self.envoy.validate()?;
         self.tracing.validate()?;
         self.shadow.validate()?;

@@ -29,6 +29,7 @@ pub(crate) fn parts(name: &str) -> PolicyParts {
         reports: true,
         replaces: Vec::new(),
         deny: false,
+        lease: false,
     }
 }
 
