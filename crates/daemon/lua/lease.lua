@@ -15,10 +15,11 @@
 -- ARGV[8]  now_us     TESTS ONLY: the current time (the daemon never sends it: Redis `TIME`)
 -- returns  take: {units, limit, remaining, reset_after_us, retry_after_us, window, hold_us, now}
 --            (see Grant in src/limit/lease.rs: with 0 units the figures are a 1-unit check's)
---          back: {units given back}: a token bucket's unused units less what the refill took
---            since the lease started to shrink, measured here on Redis' clock (a late give-back
---            returns less, never too much); 0 when there is nothing to take them into (another
---            window, another algorithm's value)
+--          back: {whole units given back}: a token bucket's unused units less what the refill
+--            took since the lease started to shrink, exactly (the TAT moves back by a fraction
+--            of a token too), measured here on Redis' clock (a late give-back returns less,
+--            never too much); 0 when there is nothing to take them into (another window,
+--            another algorithm's value)
 --
 -- Why a script: the grant is decided on what the counter has left, in the same atomic step
 -- that spends it, so that pods racing for the last units get none. Runs after state.lua and the
@@ -96,23 +97,22 @@ local function lease_back_bucket(key, limit, period, units, from)
   if not tat_us or not tat_rem then
     return {0}
   end
+  -- What the lease still holds, exactly (in 1/limit us, a fraction of a token included): its
+  -- unused tokens less the refill since it started to shrink. Both products stay below 2^53
+  -- where it matters: units * period <= capacity * period.
   local past = math.max(0, now - from)
-  -- Both products stay below 2^53 where it matters: units * period <= capacity * period.
   if past * limit >= units * period then
     return {0}
   end
-  local back = units - ceil_div(past * limit, period)
-  if back <= 0 then
-    return {0}
-  end
+  local back = units * period - past * limit
   local ahead = math.max(0, (tat_us - now) * limit + tat_rem)
   if ahead == 0 then
     return {0}
   end
-  local after = math.max(0, ahead - back * period)
+  local after = math.max(0, ahead - back)
   local new_us, new_rem, ttl_ms = token_bucket_after(now, min_ttl_ms, limit, after)
   redis.call('SET', key, token_bucket_format(new_us, new_rem), 'PX', ttl_ms)
-  return {back}
+  return {math.floor(back / period)}
 end
 
 -- A fixed window's count drops by the units if it still counts the lease's window (and the

@@ -182,6 +182,8 @@ async fn leases_across_daemons(redis_toml: String, run: &str) {
             "{run} {policy}: {hammered} admitted of {attempts}, over the limit of {limit}"
         );
         until_given_back(&daemons, policy).await;
+        // A leased policy's denial is remembered at most `leases.idle`: then it is asked again.
+        tokio::time::sleep(Duration::from_millis(400)).await;
         let last = drain(&daemons[0], &body, limit + 10).await;
         let admitted = hammered + last;
         // A token bucket refills 10 an hour: at most one more over the test.
@@ -196,17 +198,31 @@ async fn leases_across_daemons(redis_toml: String, run: &str) {
             &[("policy", policy), ("fate", "returned")],
         )
         .await;
-        for fate in [
-            "taken", "admitted", "returned", "expired", "refilled", "dropped",
-        ] {
-            let labels = [("policy", policy), ("fate", fate)];
-            let n = fleet_metric(&daemons, "sluice_lease_units_total", &labels).await;
-            println!("{run} {policy}: lease units {fate}: {n}");
-        }
-        for outcome in ["granted", "empty", "failed", "stale"] {
-            let labels = [("policy", policy), ("outcome", outcome)];
-            let n = fleet_metric(&daemons, "sluice_lease_takes_total", &labels).await;
-            println!("{run} {policy}: takes {outcome}: {n}");
+        let named: &[&str] = if policy == "per-ip" {
+            &["per-ip", "per-user"]
+        } else {
+            &[policy]
+        };
+        for name in named {
+            let mut fates = Vec::new();
+            for fate in [
+                "taken", "admitted", "returned", "expired", "refilled", "dropped",
+            ] {
+                let labels = [("policy", *name), ("fate", fate)];
+                let n = fleet_metric(&daemons, "sluice_lease_units_total", &labels).await;
+                fates.push(format!("{fate} {n}"));
+            }
+            let mut takes = Vec::new();
+            for outcome in ["granted", "empty", "failed", "stale"] {
+                let labels = [("policy", *name), ("outcome", outcome)];
+                let n = fleet_metric(&daemons, "sluice_lease_takes_total", &labels).await;
+                takes.push(format!("{outcome} {n}"));
+            }
+            println!(
+                "{run} {name}: lease units {}; takes {}",
+                fates.join(", "),
+                takes.join(", ")
+            );
         }
         println!(
             "{run} {policy}: {hammered} of {attempts} admitted by 6 pods ({leased} from leases), \

@@ -55,6 +55,19 @@ impl HotKeys {
     /// A denial is remembered; an allowance forgets what was remembered of the key, whose figures
     /// are then stale (this pod may just have spent there): the next check asks the store.
     pub fn remember(&self, key: &Key, cost: u64, decision: &Decision, asked: Instant) {
+        self.remember_for(key, cost, decision, asked, None);
+    }
+
+    /// As [`HotKeys::remember`], for at most `at_most` (a leased policy: units other pods hold
+    /// come back when their leases go idle, so its denial is asked again by then).
+    pub fn remember_for(
+        &self,
+        key: &Key,
+        cost: u64,
+        decision: &Decision,
+        asked: Instant,
+        at_most: Option<Duration>,
+    ) {
         if decision.allowed {
             if self.cache.contains_key(key) {
                 self.cache.invalidate(key);
@@ -64,7 +77,8 @@ impl HotKeys {
         if decision.retry_after_us == 0 || decision.retry_after_us == NEVER {
             return;
         }
-        let until = asked + Duration::from_micros(decision.retry_after_us);
+        let wait = Duration::from_micros(decision.retry_after_us);
+        let until = asked + at_most.map_or(wait, |most| wait.min(most));
         self.cache.insert(
             key.clone(),
             Denial {

@@ -218,19 +218,32 @@ impl Entry {
             .sum()
     }
 
-    /// Drops the grants with nothing left to admit, counting what their terms took.
-    fn drop_spent(&mut self, key: &Key, now: Instant, metrics: &LeaseMetrics) {
+    /// Takes out the grants with nothing left to admit: a fixed window's that ended (what was
+    /// not used is counted `expired`), a token bucket's that shrank to nothing here, whose
+    /// unused part goes back (the counter measures what it still holds exactly: a fraction of
+    /// a token the rounding here took away).
+    fn drop_spent(&mut self, key: &Key, now: Instant, metrics: &LeaseMetrics, jobs: &mut Vec<Job>) {
         while let Some(front) = self.held.front() {
             if front.available(&self.algorithm, now) > 0 {
                 break;
             }
-            let lost = front.grant.units.saturating_sub(front.used);
-            let fate = match self.algorithm {
-                Algorithm::TokenBucket(_) => "refilled",
-                _ => "expired",
+            let Some(held) = self.held.pop_front() else {
+                break;
             };
-            metrics.units(key, fate, lost);
-            self.held.pop_front();
+            let unused = held.grant.units.saturating_sub(held.used);
+            match self.algorithm {
+                Algorithm::TokenBucket(_) if unused > 0 => {
+                    let check = StoreCheck {
+                        key: key.clone(),
+                        algorithm: self.algorithm,
+                        cost: 0,
+                        enforce: true,
+                        generation: self.revision,
+                    };
+                    jobs.push(Job::GiveBack(check, held));
+                }
+                _ => metrics.units(key, "expired", unused),
+            }
         }
     }
 }
@@ -276,6 +289,11 @@ impl Leases {
                 returning: Mutex::default(),
             }),
         })
+    }
+
+    /// How long a lease may sit unused before it is given back (`leases.idle`).
+    pub fn idle(&self) -> Duration {
+        self.inner.settings.idle.as_std()
     }
 
     fn shard_of(&self, key: &Key) -> usize {
@@ -327,7 +345,7 @@ impl Leases {
             }
             entry.demand.note(now, check.cost);
             entry.last_use = now;
-            entry.drop_spent(&check.key, now, &self.inner.metrics);
+            entry.drop_spent(&check.key, now, &self.inner.metrics, &mut jobs);
             if entry.available(now) < check.cost {
                 covered = false;
             }
@@ -463,7 +481,7 @@ impl Leases {
                         sent,
                         used: 0,
                     });
-                    entry.drop_spent(&check.key, now, metrics);
+                    entry.drop_spent(&check.key, now, metrics, &mut jobs);
                 }
                 (entry, Ok(Some(grant))) if grant.units > 0 => {
                     if let Some(entry) = entry {
@@ -606,7 +624,7 @@ impl Leases {
         for shard in 0..SHARDS {
             let mut table = self.lock(shard);
             table.retain(|key, entry| {
-                entry.drop_spent(key, now, &self.inner.metrics);
+                entry.drop_spent(key, now, &self.inner.metrics, &mut jobs);
                 let unused = now.saturating_duration_since(entry.last_use);
                 if all || unused >= idle {
                     self.retire(key, entry, &mut jobs);

@@ -290,7 +290,9 @@ impl CheckService {
                 .map(|(at, ((check, decision), part))| {
                     if check.enforce {
                         if let Some(hot) = &self.hot {
-                            hot.remember(&check.key, check.cost, &decision, asked);
+                            let leased = self.leases.as_ref().filter(|_| part.policy.lease());
+                            let at_most = leased.map(Leases::idle);
+                            hot.remember_for(&check.key, check.cost, &decision, asked, at_most);
                         }
                     }
                     PolicyDecision {

@@ -103,34 +103,35 @@ impl Algorithm {
 
     /// Gives back what is left of `grant` at `now`, of which `unused` units were not admitted:
     /// for a fixed window all of them if the counter still counts the grant's window; for a
-    /// token bucket those the lease has not lost to the refill by `now` (measured on the
-    /// counter's clock from the grant's `at_us`, so a late give-back returns less, never too
-    /// much), the TAT moving back by their refill time (never before `now`: a bucket is never
-    /// more than full). A state of another algorithm (the policy changed) is left alone. Returns
-    /// the units given back; the counter then reads as if they had never been taken.
+    /// token bucket what the lease has not lost to the refill by `now`, exactly (a fraction of
+    /// a token included; measured on the counter's clock from the grant's `at_us`, so a late
+    /// give-back returns less, never too much), the TAT moving back by its refill time (never
+    /// before `now`: a bucket is never more than full). A state of another algorithm (the
+    /// policy changed) is left alone. Returns the whole units given back; the counter then
+    /// reads as if they had never been taken.
     pub fn give_back(&self, state: &mut State, now: Micros, unused: u64, grant: &Grant) -> u64 {
         match (self, state) {
             (Algorithm::TokenBucket(a), State::Bucket(s)) => {
-                let elapsed = now.saturating_sub(grant.at_us);
-                let units = unused.min(grant.units);
-                let back = units - bucket_lease_shrunk(a, grant.hold_us, elapsed, units);
-                if back == 0 {
-                    return 0;
-                }
+                // What the lease still holds, exactly (in 1/limit µs, a fraction of a token
+                // included): its unused tokens less the refill since it started to shrink.
                 let l = u128::from(a.limit());
+                let p = u128::from(a.period_us());
+                let past =
+                    u128::from(now.saturating_sub(grant.at_us.saturating_add(grant.hold_us)));
+                let held = u128::from(unused.min(grant.units)) * p;
+                let back = held.saturating_sub(past * l);
                 let tat = u128::from(s.tat_us) * l + u128::from(s.tat_rem);
                 let now_s = u128::from(now) * l;
                 let ahead = tat.saturating_sub(now_s);
-                if ahead == 0 {
+                if back == 0 || ahead == 0 {
                     return 0;
                 }
-                let new =
-                    now_s + ahead.saturating_sub(u128::from(back) * u128::from(a.period_us()));
+                let new = now_s + ahead.saturating_sub(back);
                 *s = BucketState {
                     tat_us: super::saturate(new / l),
                     tat_rem: super::saturate(new % l),
                 };
-                back
+                super::saturate(back / p)
             }
             (Algorithm::FixedWindow(a), State::Window(s))
                 if s.window == grant.window && now / a.period_us() == grant.window =>
