@@ -256,7 +256,7 @@ impl CheckService {
         }
         let local = self.answer_locally(plan);
         let local = local.or_else(|| self.local_limit(plan, spend));
-        let local = local.or_else(|| self.from_lease(plan, spend));
+        let local = local.or_else(|| self.admit_leased(plan, spend));
         let verdict = match local {
             Some(verdict) => verdict,
             None => self.ask_store(spend, plan).await,
@@ -334,7 +334,7 @@ impl CheckService {
     /// An admission from this pod's quota leases, when every part of `plan` is an enforced,
     /// leased policy's and every counter's lease holds the cost (see [`lease`]). The checks
     /// move into the verdict.
-    fn from_lease(&self, plan: &mut Plan, spend: Spend) -> Option<Verdict> {
+    fn admit_leased(&self, plan: &mut Plan, spend: Spend) -> Option<Verdict> {
         let leases = self.leases.as_ref()?;
         let leased = spend == Spend::Record
             && plan
