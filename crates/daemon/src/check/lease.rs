@@ -312,16 +312,22 @@ impl Leases {
     /// store decides). Either way, starts takes where a lease runs low.
     pub fn admit(&self, checks: &[StoreCheck]) -> Option<Vec<Decision>> {
         let now = Instant::now();
-        let mut order: Vec<usize> = checks.iter().map(|c| self.shard_of(&c.key)).collect();
+        // Each check's shard, locked in index order (no deadlock with a concurrent group).
+        let shards: Vec<usize> = checks.iter().map(|c| self.shard_of(&c.key)).collect();
+        let mut order = shards.clone();
         order.sort_unstable();
         order.dedup();
         let mut guards: Vec<_> = order.iter().map(|&shard| self.lock(shard)).collect();
-        let guard_of = |key: &Key| order.binary_search(&self.shard_of(key)).unwrap_or(0);
+        let guard: Vec<usize> = shards
+            .iter()
+            .map(|shard| order.binary_search(shard).unwrap_or(0))
+            .collect();
+        let per_shard = self.inner.settings.max_keys.div_ceil(SHARDS);
         let mut jobs = Vec::new();
         let mut covered = true;
-        for check in checks {
-            let table = &mut guards[guard_of(&check.key)];
-            let full = table.len() >= self.inner.settings.max_keys;
+        for (at, check) in checks.iter().enumerate() {
+            let table = &mut guards[guard[at]];
+            let full = table.len() >= per_shard;
             let entry = match table.get_mut(&check.key) {
                 Some(entry) => entry,
                 None if full => {
@@ -353,8 +359,9 @@ impl Leases {
         let decisions = covered.then(|| {
             checks
                 .iter()
-                .map(|check| {
-                    let table = &mut guards[guard_of(&check.key)];
+                .enumerate()
+                .map(|(at, check)| {
+                    let table = &mut guards[guard[at]];
                     let entry = table.get_mut(&check.key).expect("covered above");
                     let mut need = check.cost;
                     for held in entry.held.iter_mut() {
@@ -375,8 +382,8 @@ impl Leases {
                 })
                 .collect::<Vec<_>>()
         });
-        for check in checks {
-            if let Some(entry) = guards[guard_of(&check.key)].get_mut(&check.key) {
+        for (at, check) in checks.iter().enumerate() {
+            if let Some(entry) = guards[guard[at]].get_mut(&check.key) {
                 if check.generation == entry.revision {
                     self.maybe_take(check, entry, now, &mut jobs);
                 }
