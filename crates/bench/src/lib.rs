@@ -414,7 +414,8 @@ async fn through_envoy(
     for clients in clients {
         for (system, addr) in envoy::SYSTEMS.iter().zip(&proxy.listeners) {
             let factory = envoy::clients(*addr);
-            let row = measure(
+            let sluice_before = cpu_seconds(daemon.pid());
+            let mut row = measure(
                 redis,
                 Some(proxy.pid()),
                 system,
@@ -426,6 +427,10 @@ async fn through_envoy(
                 plan,
             )
             .await?;
+            // Over warm-up and measurement, as `measure` counts the answering process.
+            let requests = row.rate * (plan.warmup + plan.duration).as_secs_f64();
+            row.sluice_cpu_us =
+                Some((cpu_seconds(daemon.pid()) - sluice_before) / requests.max(1.0) * 1e6);
             report.push(row);
         }
     }

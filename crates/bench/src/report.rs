@@ -94,6 +94,8 @@ pub struct Row {
     /// a CPU (`/proc/<pid>/task/*/schedstat`), percent: the machine's own contention, which a
     /// tail includes.
     pub cpu_wait_percent: f64,
+    /// The through-Envoy rows: sluice's own CPU per request (Envoy's is `daemon_cpu_us`).
+    pub sluice_cpu_us: Option<f64>,
 }
 
 impl Row {
@@ -129,6 +131,7 @@ impl Row {
             redis_usec_per_call,
             checks_per_call,
             cpu_wait_percent,
+            sluice_cpu_us: None,
         }
     }
 }
@@ -282,8 +285,8 @@ impl Report {
             return;
         }
         println!("\nThrough Envoy (one worker), against Envoy with no filter in the same run:\n");
-        println!("| system | connections | requests/s | vs no filter | p50 us | p99 us | added p50 us | added p99 us | Envoy CPU us/request |");
-        println!("|---|---|---|---|---|---|---|---|---|");
+        println!("| system | connections | requests/s | vs no filter | p50 us | p99 us | added p50 us | added p99 us | Envoy CPU us/request | sluice CPU us/request |");
+        println!("|---|---|---|---|---|---|---|---|---|---|");
         for row in rows {
             let base = self.baseline(row, "envoy");
             let added = |figure: fn(&Row) -> u64| {
@@ -292,7 +295,7 @@ impl Report {
                 })
             };
             println!(
-                "| {} | {} | {:.0} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} |",
                 row.system,
                 row.clients,
                 row.rate,
@@ -305,6 +308,7 @@ impl Report {
                 added(|r| r.p50_us),
                 added(|r| r.p99_us),
                 row.daemon_cpu_us.map_or("-".into(), |c| format!("{c:.1}")),
+                row.sluice_cpu_us.map_or("-".into(), |c| format!("{c:.1}")),
             );
         }
     }
