@@ -1,0 +1,579 @@
+//! Quota leases through every change (issue 38): generated, seeded operation sequences against
+//! real `sluice serve` processes (`[leases] min_units = 2`, `idle = 300ms`) sharing one Redis
+//! (single node, and a Cluster), on leased policies (`solo`, and the group `g1` + `g2` that one
+//! request checks all or nothing), each a token bucket or a fixed window, `failure_mode:
+//! closed`. Operations: bursts of checks from concurrent clients on one daemon or several;
+//! reloads (SIGHUP) that lower or raise a limit or a burst, change a period, switch the
+//! algorithm, turn `lease` off and on; a daemon killed (SIGKILL: its leases are lost) or stopped
+//! (SIGTERM: it gives them back) and started again; a counter reset (admin `DELETE
+//! /v1/counters`); on the single node, Redis paused (SIGSTOP, CONT) within and beyond the
+//! deadline with a burst in flight, and Redis restarted without its data (with a burst while
+//! it is down). Every sequence ends with the leases given back and the last units drained.
+//!
+//! The invariant: the fleet never admits more than the policy in force allows, account by
+//! account ([`super::lease_ledger`] states the bounds and why they hold). After a reset or a
+//! data loss the counter starts afresh; the runner waits until no pod holds a lease of the old
+//! counter before the next account opens (a reset drops them on every pod, a data loss on each
+//! pod's resubscription), so a lease that outlived its counter is a failure too. The units
+//! held at the loss were spent in the old account, which they are held to: across a data loss
+//! the fleet admits at most the old account's bound plus a fresh quota. Under-admission (how
+//! much of the last account's bound the drained fleet reached) is reported, not asserted.
+//!
+//! Bounded: [`cases`] sequences per store (3 by default), each of at most 12 operations, no new
+//! sequence after 80 s (an hour in a soak run). Reproducible: sequence `i` uses seed `base + i`.
+//! A soak run: `SLUICE_LEASE_SIM_CASES=100 cargo test --release --test api lease_changes --
+//! --nocapture`; one seed again: `SLUICE_LEASE_SIM_SEED=<seed> SLUICE_LEASE_SIM_CASES=1`.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::lease_fleet::{Answers, Fleet, Store, DEADLINE_MS};
+use super::lease_ledger::{Alg, Closed, Ledger, Spec};
+use crate::redis_server::{RedisCluster, RedisServer};
+
+/// The policies: `solo` (route `solo`) and the group `g1`, `g2` (route `grp`).
+const NAMES: [&str; 3] = ["solo", "g1", "g2"];
+/// Daemons in a sequence.
+const DAEMONS: usize = 3;
+
+/// Sequences per store: `SLUICE_LEASE_SIM_CASES`, else 3.
+fn cases() -> u64 {
+    std::env::var("SLUICE_LEASE_SIM_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(3)
+}
+
+/// The first sequence's seed: `SLUICE_LEASE_SIM_SEED`, else a fixed one.
+fn base_seed() -> u64 {
+    std::env::var("SLUICE_LEASE_SIM_SEED")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0x1ea5e)
+}
+
+/// SplitMix64: small, seeded, the same sequence on every machine.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// `lo..=hi`.
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+
+    fn index(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    fn percent(&mut self, p: u64) -> bool {
+        self.next() % 100 < p
+    }
+}
+
+/// Which requests a burst sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Route {
+    /// `solo` alone.
+    Solo,
+    /// `g1` and `g2`, all or nothing.
+    Group,
+}
+
+impl Route {
+    fn policies(self) -> &'static [usize] {
+        match self {
+            Route::Solo => &[0],
+            Route::Group => &[1, 2],
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Route::Solo => "solo",
+            Route::Group => "grp",
+        }
+    }
+}
+
+/// What a reload changes in one policy.
+#[derive(Clone, Copy, Debug)]
+enum Change {
+    Limit(u64),
+    Burst(u64),
+    Period(u64),
+    SwitchAlgorithm,
+    ToggleLease,
+}
+
+/// One step of a sequence.
+#[derive(Clone, Debug)]
+enum Op {
+    /// `clients` clients on each daemon of `via`, `checks` checks of `cost` each.
+    Burst {
+        route: Route,
+        via: Vec<usize>,
+        clients: usize,
+        checks: usize,
+        cost: u64,
+    },
+    Reload {
+        policy: usize,
+        change: Change,
+    },
+    /// A daemon stopped (SIGKILL, or SIGTERM when `graceful`) and started again.
+    Stop {
+        daemon: usize,
+        graceful: bool,
+    },
+    Reset {
+        policy: usize,
+        via: usize,
+    },
+    /// Redis stopped for `ms` while a burst of `route` runs on every daemon.
+    Pause {
+        ms: u64,
+        route: Route,
+    },
+    /// Redis killed and started without its data; a burst of `route` while it is down.
+    DataLoss {
+        route: Route,
+    },
+}
+
+fn spec(rng: &mut Rng) -> Spec {
+    Spec {
+        alg: if rng.percent(50) {
+            Alg::TokenBucket
+        } else {
+            Alg::FixedWindow
+        },
+        limit: rng.range(20, 240),
+        burst: rng.range(40, 240),
+        period_s: [3600, 7200][rng.index(2)],
+        lease: !rng.percent(15),
+    }
+}
+
+fn route(rng: &mut Rng) -> Route {
+    if rng.percent(50) {
+        Route::Solo
+    } else {
+        Route::Group
+    }
+}
+
+fn burst(rng: &mut Rng, checks: (u64, u64)) -> Op {
+    let mut via: Vec<usize> = (0..DAEMONS).filter(|_| rng.percent(60)).collect();
+    if via.is_empty() {
+        via.push(rng.index(DAEMONS));
+    }
+    Op::Burst {
+        route: route(rng),
+        via,
+        clients: rng.range(1, 3) as usize,
+        checks: rng.range(checks.0, checks.1) as usize,
+        cost: if rng.percent(80) { 1 } else { 2 },
+    }
+}
+
+/// A sequence: the policies it starts with and its operations (a burst first).
+fn sequence(seed: u64, single: bool) -> (Vec<Spec>, Vec<Op>) {
+    let mut rng = Rng(seed);
+    let specs = (0..NAMES.len()).map(|_| spec(&mut rng)).collect();
+    let mut ops = vec![burst(&mut rng, (20, 60))];
+    for _ in 0..rng.range(5, 11) {
+        let faults = if single { 2 } else { 0 };
+        let op = match rng.range(0, 9 + faults) {
+            0..=3 => burst(&mut rng, (10, 60)),
+            4..=6 => {
+                let change = match rng.range(0, 4) {
+                    0 => Change::Limit(rng.range(20, 240)),
+                    1 => Change::Burst(rng.range(40, 240)),
+                    2 => Change::Period([3600, 7200][rng.index(2)]),
+                    3 => Change::SwitchAlgorithm,
+                    _ => Change::ToggleLease,
+                };
+                Op::Reload {
+                    policy: rng.index(NAMES.len()),
+                    change,
+                }
+            }
+            7 => Op::Stop {
+                daemon: rng.index(DAEMONS),
+                graceful: rng.percent(50),
+            },
+            8 | 9 => Op::Reset {
+                policy: rng.index(NAMES.len()),
+                via: rng.index(DAEMONS),
+            },
+            10 => Op::Pause {
+                ms: if rng.percent(50) {
+                    rng.range(50, DEADLINE_MS - 100)
+                } else {
+                    rng.range(DEADLINE_MS * 2, DEADLINE_MS * 4)
+                },
+                route: route(&mut rng),
+            },
+            _ => Op::DataLoss {
+                route: route(&mut rng),
+            },
+        };
+        ops.push(op);
+    }
+    (specs, ops)
+}
+
+impl Change {
+    fn apply(self, spec: &Spec) -> Spec {
+        let mut next = *spec;
+        match self {
+            Change::Limit(limit) => next.limit = limit,
+            Change::Burst(burst) => next.burst = burst,
+            Change::Period(period_s) => next.period_s = period_s,
+            Change::SwitchAlgorithm => {
+                next.alg = match spec.alg {
+                    Alg::TokenBucket => Alg::FixedWindow,
+                    Alg::FixedWindow => Alg::TokenBucket,
+                }
+            }
+            Change::ToggleLease => next.lease = !spec.lease,
+        }
+        next
+    }
+}
+
+impl Op {
+    fn name(&self) -> &'static str {
+        match self {
+            Op::Burst { .. } => "burst",
+            Op::Reload { .. } => "reload",
+            Op::Stop {
+                graceful: false, ..
+            } => "sigkill",
+            Op::Stop { graceful: true, .. } => "sigterm",
+            Op::Reset { .. } => "reset",
+            Op::Pause { ms, .. } if *ms < DEADLINE_MS => "pause_within",
+            Op::Pause { .. } => "pause_beyond",
+            Op::DataLoss { .. } => "data_loss",
+        }
+    }
+
+    /// The route to make busy just before this operation, if it is a change or a fault.
+    fn primes(&self) -> Option<Route> {
+        match self {
+            Op::Burst { .. } => None,
+            Op::Reload { policy, .. } | Op::Reset { policy, .. } => Some(if *policy == 0 {
+                Route::Solo
+            } else {
+                Route::Group
+            }),
+            Op::Stop { daemon, .. } => Some(if daemon % 2 == 0 {
+                Route::Solo
+            } else {
+                Route::Group
+            }),
+            Op::Pause { route, .. } | Op::DataLoss { route } => Some(*route),
+        }
+    }
+}
+
+/// Per kind of change or fault: how many met leases in hand, of how many.
+#[derive(Default, Debug)]
+struct Primed(BTreeMap<&'static str, (u32, u32)>);
+
+impl Primed {
+    fn note(&mut self, op: &'static str, held: bool) {
+        let entry = self.0.entry(op).or_default();
+        entry.0 += u32::from(held);
+        entry.1 += 1;
+    }
+
+    fn add(&mut self, other: &Primed) {
+        for (op, (held, of)) in &other.0 {
+            let entry = self.0.entry(op).or_default();
+            entry.0 += held;
+            entry.1 += of;
+        }
+    }
+}
+
+fn policy_file(ledgers: &[Ledger]) -> String {
+    let mut text = String::from("policies:\n");
+    for (at, ledger) in ledgers.iter().enumerate() {
+        let route = if at == 0 { "solo" } else { "grp" };
+        text.push_str(&ledger.spec.yaml(NAMES[at], route));
+    }
+    text
+}
+
+/// What one sequence did.
+struct Outcome {
+    accounts: Vec<(usize, Closed)>,
+    primed: Primed,
+    answers: BTreeMap<&'static str, Answers>,
+    leased_checks: f64,
+    admitted_checks: u64,
+}
+
+/// Runs the sequence of `seed` against a fresh fleet on `store`, partition `user`.
+async fn run(store: &mut Store, seed: u64, user: &str) -> Result<Outcome, String> {
+    let (specs, ops) = sequence(seed, store.is_single());
+    let start = store.now_us();
+    let mut ledgers: Vec<Ledger> = specs.iter().map(|s| Ledger::new(*s, start)).collect();
+    let mut fleet = Fleet::start(store, DAEMONS, &policy_file(&ledgers)).await;
+    let mut answers: BTreeMap<&'static str, Answers> = BTreeMap::new();
+    let body = |route: Route| json!({"descriptors": {"route": route.name(), "user": user}});
+    let mut admitted_checks = 0;
+    let mut tally = |op: &'static str, got: Answers, route: Route, ledgers: &mut [Ledger]| {
+        for &p in route.policies() {
+            ledgers[p].admit(got.admitted);
+        }
+        let entry = answers.entry(op).or_default();
+        entry.admitted += got.admitted;
+        entry.denied += got.denied;
+        entry.unavailable += got.unavailable;
+        got.admitted
+    };
+    let mut primed = Primed::default();
+    for op in &ops {
+        // A change or a fault meets leases in hand: a short burst through every daemon just
+        // before it (the partition busy enough for takes), then a look at what is held.
+        if let Some(route) = op.primes() {
+            let (via, checked): (Vec<usize>, _) = ((0..DAEMONS).collect(), body(route));
+            let got = fleet.burst(&via, 1, 15, &checked, 1).await;
+            admitted_checks += tally("prime", got, route, &mut ledgers);
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            let mut held = 0.0;
+            for &p in route.policies() {
+                held += fleet.held(NAMES[p]).await;
+            }
+            primed.note(op.name(), held > 0.0);
+        }
+        match op {
+            Op::Burst {
+                route,
+                via,
+                clients,
+                checks,
+                cost,
+            } => {
+                let got = fleet
+                    .burst(via, *clients, *checks, &body(*route), *cost)
+                    .await;
+                admitted_checks += tally("burst", got, *route, &mut ledgers) / cost;
+            }
+            Op::Reload { policy, change } => {
+                let next = change.apply(&ledgers[*policy].spec);
+                let before = store.now_us();
+                let mut file_ledgers = ledgers.clone();
+                file_ledgers[*policy].spec = next;
+                fleet.reload(&policy_file(&file_ledgers)).await;
+                ledgers[*policy].reload(next, before, store.now_us());
+            }
+            Op::Stop { daemon, graceful } => fleet.restart(*daemon, *graceful).await,
+            Op::Reset { policy, via } => {
+                let before = store.now_us();
+                let route = if *policy == 0 { "solo" } else { "grp" };
+                fleet.reset(*via, NAMES[*policy], route, user).await;
+                fleet
+                    .settle(&NAMES[*policy..=*policy], "a reset")
+                    .await
+                    .map_err(|why| failure(seed, &ops, &why, &fleet))?;
+                ledgers[*policy].fresh(before, store.now_us(), "reset");
+            }
+            Op::Pause { ms, route } => {
+                store.single().signal("STOP");
+                let (via, checked): (Vec<usize>, _) = ((0..DAEMONS).collect(), body(*route));
+                let (got, ()) = tokio::join!(fleet.burst(&via, 1, 10, &checked, 1), async {
+                    tokio::time::sleep(Duration::from_millis(*ms)).await;
+                    store.single().signal("CONT");
+                });
+                admitted_checks += tally("pause", got, *route, &mut ledgers);
+                fleet.reach_store().await;
+            }
+            Op::DataLoss { route } => {
+                let before = store.now_us();
+                let server = store.single();
+                server.kill();
+                let _ = std::fs::remove_file(server.dir().join("dump.rdb"));
+                let via: Vec<usize> = (0..DAEMONS).collect();
+                let got = fleet.burst(&via, 1, 10, &body(*route), 1).await;
+                admitted_checks += tally("down", got, *route, &mut ledgers);
+                tokio::task::block_in_place(|| store.single().restart());
+                fleet.reach_store().await;
+                fleet
+                    .settle(&NAMES, "a data loss")
+                    .await
+                    .map_err(|why| failure(seed, &ops, &why, &fleet))?;
+                let after = store.now_us();
+                for ledger in &mut ledgers {
+                    ledger.fresh(before, after, "data loss");
+                }
+            }
+        }
+    }
+    // The end: leases given back (idle), then the last units drained through every daemon.
+    fleet
+        .settle(&NAMES, "idle leases given back")
+        .await
+        .map_err(|why| failure(seed, &ops, &why, &fleet))?;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    for route in [Route::Solo, Route::Group] {
+        let most = 2 * ledgers[route.policies()[0]].spec.limit.max(240) as usize;
+        let got = fleet.drain(&body(route), most / fleet.len() + 10).await;
+        admitted_checks += tally("drain", got, route, &mut ledgers);
+    }
+    let leased_checks = fleet.metric("sluice_lease_checks_total", &[]).await;
+    let end = store.now_us();
+    let mut accounts = Vec::new();
+    let mut over = Vec::new();
+    for (at, ledger) in ledgers.into_iter().enumerate() {
+        for closed in ledger.finish(end) {
+            if closed.used > 1.0 {
+                over.push(format!(
+                    "{} (account opened by {}): {}",
+                    NAMES[at], closed.opened_by, closed.text
+                ));
+            }
+            accounts.push((at, closed));
+        }
+    }
+    if !over.is_empty() {
+        let why = format!("over-admission: {}", over.join("; "));
+        return Err(failure(seed, &ops, &why, &fleet));
+    }
+    Ok(Outcome {
+        accounts,
+        answers,
+        primed,
+        leased_checks,
+        admitted_checks,
+    })
+}
+
+fn failure(seed: u64, ops: &[Op], why: &str, fleet: &Fleet) -> String {
+    let (specs, _) = sequence(seed, true);
+    format!(
+        "lease simulator, seed {seed} (replay: SLUICE_LEASE_SIM_SEED={seed} \
+         SLUICE_LEASE_SIM_CASES=1): {why}\npolicies at the start: {specs:?}\noperations:\n  {}\n\
+         daemon logs:{}",
+        ops.iter()
+            .map(|op| format!("{op:?}"))
+            .collect::<Vec<_>>()
+            .join("\n  "),
+        fleet.logs()
+    )
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// Runs [`cases`] sequences on `store`, printing each one's figures and a summary.
+fn simulate(label: &str, mut store: Store) {
+    let rt = runtime();
+    let started = Instant::now();
+    let budget = if cases() <= 8 {
+        Duration::from_secs(80)
+    } else {
+        Duration::from_secs(3600)
+    };
+    let (mut ran, mut skipped) = (0, 0);
+    let mut last_use: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
+    let mut opened: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let (mut leased, mut admitted) = (0.0, 0);
+    let mut primed = Primed::default();
+    for i in 0..cases() {
+        if started.elapsed() > budget {
+            skipped += 1;
+            continue;
+        }
+        let seed = base_seed().wrapping_add(i);
+        let user = format!("{label}-{seed}");
+        let outcome = rt
+            .block_on(run(&mut store, seed, &user))
+            .unwrap_or_else(|why| panic!("{label}: {why}"));
+        ran += 1;
+        leased += outcome.leased_checks;
+        primed.add(&outcome.primed);
+        admitted += outcome.admitted_checks;
+        let mut line = Vec::new();
+        for (at, closed) in &outcome.accounts {
+            *opened.entry(closed.opened_by).or_default() += 1;
+            line.push(format!(
+                "{} [{}] {:.0}%",
+                NAMES[*at],
+                closed.opened_by,
+                closed.used * 100.0
+            ));
+        }
+        // Each route's last accounts ended drained: how much of its bound the binding policy
+        // (the one most used: a group is held by its tighter member) reached.
+        for route in [Route::Solo, Route::Group] {
+            let last = route
+                .policies()
+                .iter()
+                .filter_map(|&at| outcome.accounts.iter().rev().find(|(p, _)| *p == at));
+            let Some((_, binding)) = last.max_by(|a, b| a.1.used.total_cmp(&b.1.used)) else {
+                continue;
+            };
+            let kind = if binding.text.starts_with("fixed") {
+                "fixed_window"
+            } else {
+                "token_bucket"
+            };
+            last_use.entry(kind).or_default().push(binding.used);
+        }
+        eprintln!(
+            "lease sim {label} seed {seed}: answers {:?}; accounts (use of the bound): {}",
+            outcome.answers,
+            line.join(", ")
+        );
+    }
+    let summary: Vec<String> = last_use
+        .iter()
+        .map(|(kind, uses)| {
+            let min = uses.iter().copied().fold(f64::MAX, f64::min);
+            let mean = uses.iter().sum::<f64>() / uses.len() as f64;
+            format!(
+                "{kind}: {} drained accounts, use of the bound min {:.1}% mean {:.1}%",
+                uses.len(),
+                min * 100.0,
+                mean * 100.0
+            )
+        })
+        .collect();
+    eprintln!(
+        "lease sim {label}: {ran} sequences ({skipped} not started: time budget), {:.1?}; \
+         accounts opened by {opened:?}; changes and faults that met leases in hand (of all) \
+         {:?}; {admitted} checks admitted, {leased} from leases (daemons' counts since their \
+         last start); drained: {}",
+        started.elapsed(),
+        primed.0,
+        summary.join("; ")
+    );
+}
+
+#[test]
+fn leases_never_over_admit_through_changes_on_single_redis() {
+    simulate("single", Store::Single(RedisServer::start()));
+}
+
+#[test]
+fn leases_never_over_admit_through_changes_on_a_redis_cluster() {
+    simulate("cluster", Store::Cluster(RedisCluster::start()));
+}
