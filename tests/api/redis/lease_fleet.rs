@@ -20,6 +20,8 @@ use crate::wait::{until, wait_for_store};
 /// The store's deadline (`redis.timeout`): a pause shorter than this is a slow call, a longer
 /// one an outage.
 pub const DEADLINE_MS: u64 = 400;
+/// `leases.idle`: short, so leases are given back within a sequence.
+pub const IDLE: Duration = Duration::from_millis(500);
 /// Longest a request may go unanswered (well past the deadline).
 const ANSWER_WITHIN: Duration = Duration::from_secs(10);
 /// Longest the runner waits for the fleet to settle (a reload, leases dropped or given back).
@@ -136,9 +138,10 @@ impl Fleet {
         let dir = self.dir.path();
         let settings = dir.join(format!("sluice-{index}.toml"));
         let text = format!(
-            "policies = {policies:?}\npolicies_poll = \"60s\"\n[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\nsocket = \"\"\n[redis]\n{store}timeout = \"{DEADLINE_MS}ms\"\n[leases]\nmin_units = 2\nidle = \"300ms\"\n[log]\nlevel = \"warn\"\n",
+            "policies = {policies:?}\npolicies_poll = \"60s\"\n[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\nsocket = \"\"\n[redis]\n{store}timeout = \"{DEADLINE_MS}ms\"\n[leases]\nmin_units = 2\nidle = \"{idle}ms\"\n[log]\nlevel = \"warn\"\n",
             policies = dir.join("policies.yaml").display().to_string(),
             store = self.store_settings,
+            idle = IDLE.as_millis(),
         );
         std::fs::write(&settings, text).expect("write settings");
         let log = std::fs::OpenOptions::new()
