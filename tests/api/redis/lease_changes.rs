@@ -131,28 +131,25 @@ enum Op {
         checks: usize,
         cost: u64,
     },
+    /// A reload, then checks of the policy's route at once: a drain (through every daemon
+    /// until refused) when `drain`, else a short burst.
     Reload {
         policy: usize,
         change: Change,
+        drain: bool,
     },
     /// A daemon stopped (SIGKILL, or SIGTERM when `graceful`) and started again.
-    Stop {
-        daemon: usize,
-        graceful: bool,
-    },
+    Stop { daemon: usize, graceful: bool },
+    /// A reset through daemon `via`, then checks at once as after a reload.
     Reset {
         policy: usize,
         via: usize,
+        drain: bool,
     },
     /// Redis stopped for `ms` while a burst of `route` runs on every daemon.
-    Pause {
-        ms: u64,
-        route: Route,
-    },
+    Pause { ms: u64, route: Route },
     /// Redis killed and started without its data; a burst of `route` while it is down.
-    DataLoss {
-        route: Route,
-    },
+    DataLoss { route: Route },
 }
 
 fn spec(rng: &mut Rng) -> Spec {
@@ -195,22 +192,23 @@ fn burst(rng: &mut Rng, checks: (u64, u64)) -> Op {
 fn sequence(seed: u64, single: bool) -> (Vec<Spec>, Vec<Op>) {
     let mut rng = Rng(seed);
     let specs = (0..NAMES.len()).map(|_| spec(&mut rng)).collect();
-    let mut ops = vec![burst(&mut rng, (20, 60))];
+    let mut ops = vec![burst(&mut rng, (20, 40))];
     for _ in 0..rng.range(5, 11) {
         let faults = if single { 2 } else { 0 };
         let op = match rng.range(0, 9 + faults) {
-            0..=3 => burst(&mut rng, (10, 60)),
+            0..=3 => burst(&mut rng, (10, 40)),
             4..=6 => {
-                let change = match rng.range(0, 4) {
-                    0 => Change::Limit(rng.range(60, 480)),
-                    1 => Change::Burst(rng.range(100, 480)),
-                    2 => Change::Period([3600, 7200][rng.index(2)]),
-                    3 => Change::SwitchAlgorithm,
+                let change = match rng.range(0, 5) {
+                    0 | 1 => Change::Limit(rng.range(20, 180)),
+                    2 => Change::Burst(rng.range(20, 180)),
+                    3 => Change::Period([3600, 7200][rng.index(2)]),
+                    4 => Change::SwitchAlgorithm,
                     _ => Change::ToggleLease,
                 };
                 Op::Reload {
                     policy: rng.index(NAMES.len()),
                     change,
+                    drain: rng.percent(50),
                 }
             }
             7 => Op::Stop {
@@ -220,6 +218,7 @@ fn sequence(seed: u64, single: bool) -> (Vec<Spec>, Vec<Op>) {
             8 | 9 => Op::Reset {
                 policy: rng.index(NAMES.len()),
                 via: rng.index(DAEMONS),
+                drain: rng.percent(50),
             },
             10 => Op::Pause {
                 ms: if rng.percent(50) {
@@ -242,8 +241,8 @@ impl Change {
     fn apply(self, spec: &Spec) -> Spec {
         let mut next = *spec;
         match self {
-            Change::Limit(limit) => next.limit = limit,
-            Change::Burst(burst) => next.burst = burst,
+            Change::Limit(percent) => next.limit = scaled(spec.limit, percent),
+            Change::Burst(percent) => next.burst = scaled(spec.burst, percent),
             Change::Period(period_s) => next.period_s = period_s,
             Change::SwitchAlgorithm => {
                 next.alg = match spec.alg {
@@ -277,11 +276,7 @@ impl Op {
     fn primes(&self) -> Option<Route> {
         match self {
             Op::Burst { .. } => None,
-            Op::Reload { policy, .. } | Op::Reset { policy, .. } => Some(if *policy == 0 {
-                Route::Solo
-            } else {
-                Route::Group
-            }),
+            Op::Reload { policy, .. } | Op::Reset { policy, .. } => Some(route_of(*policy)),
             Op::Stop { daemon, .. } => Some(if daemon % 2 == 0 {
                 Route::Solo
             } else {
@@ -309,6 +304,29 @@ impl Primed {
             entry.0 += held;
             entry.1 += of;
         }
+    }
+}
+
+fn route_of(policy: usize) -> Route {
+    if policy == 0 {
+        Route::Solo
+    } else {
+        Route::Group
+    }
+}
+
+/// `value` scaled by `percent`, within what the policies use.
+fn scaled(value: u64, percent: u64) -> u64 {
+    (value * percent / 100).clamp(10, 1000)
+}
+
+/// The checks right after a change: a drain through every daemon, or a short burst.
+async fn at_once(fleet: &Fleet, body: &serde_json::Value, drain: bool) -> Answers {
+    if drain {
+        fleet.drain(body, 1000 / fleet.len() + 10).await
+    } else {
+        let via: Vec<usize> = (0..fleet.len()).collect();
+        fleet.burst(&via, 1, 15, body, 1).await
     }
 }
 
@@ -343,6 +361,9 @@ async fn run(store: &mut Store, seed: u64, user: &str) -> Result<Outcome, String
         for &p in route.policies() {
             ledgers[p].admit(got.admitted);
         }
+        if std::env::var_os("SLUICE_LEASE_SIM_VERBOSE").is_some() {
+            eprintln!("  {op} {route:?}: {got:?}");
+        }
         let entry = answers.entry(op).or_default();
         entry.admitted += got.admitted;
         entry.denied += got.denied;
@@ -353,6 +374,9 @@ async fn run(store: &mut Store, seed: u64, user: &str) -> Result<Outcome, String
     for op in &ops {
         // A change or a fault meets leases in hand: a short burst through every daemon just
         // before it (the partition busy enough for takes), then a look at what is held.
+        if std::env::var_os("SLUICE_LEASE_SIM_VERBOSE").is_some() {
+            eprintln!("{op:?}");
+        }
         if let Some(route) = op.primes() {
             let (via, checked): (Vec<usize>, _) = ((0..DAEMONS).collect(), body(route));
             let got = fleet.burst(&via, 1, 15, &checked, 1).await;
@@ -377,24 +401,33 @@ async fn run(store: &mut Store, seed: u64, user: &str) -> Result<Outcome, String
                     .await;
                 admitted_checks += tally("burst", got, *route, &mut ledgers) / cost;
             }
-            Op::Reload { policy, change } => {
+            Op::Reload {
+                policy,
+                change,
+                drain,
+            } => {
                 let next = change.apply(&ledgers[*policy].spec);
                 let before = store.now_us();
                 let mut file_ledgers = ledgers.clone();
                 file_ledgers[*policy].spec = next;
                 fleet.reload(&policy_file(&file_ledgers)).await;
                 ledgers[*policy].reload(next, before, store.now_us());
+                let route = route_of(*policy);
+                let got = at_once(&fleet, &body(route), *drain).await;
+                admitted_checks += tally("after", got, route, &mut ledgers);
             }
             Op::Stop { daemon, graceful } => fleet.restart(*daemon, *graceful).await,
-            Op::Reset { policy, via } => {
+            Op::Reset { policy, via, drain } => {
                 let before = store.now_us();
-                let route = if *policy == 0 { "solo" } else { "grp" };
-                fleet.reset(*via, NAMES[*policy], route, user).await;
+                let route = route_of(*policy);
+                fleet.reset(*via, NAMES[*policy], route.name(), user).await;
                 // The announcement reaches the other pods (loopback pub/sub) well within this;
-                // the next burst starts while a lease that outlived the reset would still be
-                // in use (`idle`), so such a lease shows as over-admission.
+                // the checks start while a lease that outlived the reset would still be in use
+                // (`idle`), so such a lease shows as over-admission.
                 tokio::time::sleep(ANNOUNCED).await;
                 ledgers[*policy].fresh(before, store.now_us(), "reset");
+                let got = at_once(&fleet, &body(route), *drain).await;
+                admitted_checks += tally("after", got, route, &mut ledgers);
             }
             Op::Pause { ms, route } => {
                 store.single().signal("STOP");
@@ -434,8 +467,7 @@ async fn run(store: &mut Store, seed: u64, user: &str) -> Result<Outcome, String
         .map_err(|why| failure(seed, &ops, &why, &fleet))?;
     tokio::time::sleep(IDLE + Duration::from_millis(100)).await;
     for route in [Route::Solo, Route::Group] {
-        let most = 2 * ledgers[route.policies()[0]].spec.limit.max(480) as usize;
-        let got = fleet.drain(&body(route), most / fleet.len() + 10).await;
+        let got = at_once(&fleet, &body(route), true).await;
         admitted_checks += tally("drain", got, route, &mut ledgers);
     }
     let leased_checks = fleet.metric("sluice_lease_checks_total", &[]).await;

@@ -15,7 +15,7 @@ use sluice::client::{Connection, Target};
 
 use crate::helpers::{metric_value, sluice_command, ChildGuard};
 use crate::redis_server::{RedisCluster, RedisServer};
-use crate::wait::{until, wait_for_store};
+use crate::wait::{until, wait_enforced, wait_for_store};
 
 /// The store's deadline (`redis.timeout`): a pause shorter than this is a slow call, a longer
 /// one an outage.
@@ -230,10 +230,13 @@ impl Fleet {
         }
     }
 
-    /// Waits until every daemon reaches the store again (a circuit that opened has closed).
+    /// Waits until every daemon's checks are decided by the store again (a dry run: nothing
+    /// spent): a circuit that opened has closed, and a connection Redis dropped (a restart)
+    /// was found broken and made again.
     pub async fn reach_store(&self) {
+        let probe = json!({"descriptors": {"route": "solo", "user": "probe"}});
         for daemon in &self.daemons {
-            wait_for_store(&daemon.admin).await;
+            wait_enforced(&daemon.http, &probe).await;
         }
     }
 
