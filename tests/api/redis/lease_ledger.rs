@@ -3,9 +3,12 @@
 //!
 //! An account is a stretch of a partition's counter with nothing forgotten: it opens with the
 //! sequence, and again when the counter legitimately starts afresh (another algorithm, a fixed
-//! window's new period, a counter reset, Redis restarted without its data). The runner waits,
-//! before opening the next account, until no pod holds a lease of the old one (a reset and a
-//! data loss drop them; a reload gives them back), so every admission belongs to one account.
+//! window's new period, a counter reset, Redis restarted without its data). A lease of the old
+//! counter must not be admitted from in the next account: a reload retires it at once, a reset
+//! drops it on the announcement (the runner gives that [`super::lease_changes`]' `ANNOUNCED`),
+//! a data loss on each pod's resubscription (the runner waits until no lease is held). So every
+//! admission belongs to one account, and one from a lease that outlived its counter counts in
+//! the new account, where it shows as over-admission.
 //!
 //! - **Fixed window**: within one window, at most the limit in force; a limit changed in the
 //!   window applies to the count as it is, so the account's cap becomes `max(admitted so far,
