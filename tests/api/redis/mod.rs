@@ -10,6 +10,7 @@ mod generation;
 mod lease_changes;
 mod lease_fleet;
 mod lease_ledger;
+mod lease_ops;
 mod lease_twins;
 mod leases;
 mod log_runs;
