@@ -66,7 +66,7 @@ impl LeaseMetrics {
         let takes = IntCounterVec::new(
             Opts::new(
                 "sluice_lease_takes_total",
-                "Lease takes by outcome: granted, empty (the counter was near its limit), failed, stale (the policy changed meanwhile; given back)",
+                "Lease takes by outcome: granted, empty (the counter was near its limit), failed, stale (the policy changed meanwhile: given back; the counter was reset meanwhile: dropped)",
             ),
             &["policy", "outcome"],
         )?;
