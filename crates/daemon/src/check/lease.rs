@@ -17,7 +17,8 @@
 //!   shrinks at the refill rate past its hold ([`bucket_lease_shrunk`]), measured the same way.
 //! - **Given back** ([`RateStore::give_back`], which measures what is left on the counter's
 //!   clock): when unused for `leases.idle`, when the policy changes (a reload), at shutdown.
-//!   A reset of the partition (here or on another pod) drops the lease without giving it back.
+//!   A reset of the partition (here or on another pod) drops the lease without giving it back,
+//!   and the grant of a take that was out meanwhile (it may come from the forgotten counter).
 //! - **Answers**: an admission from a lease is `enforced` (the store counted the units at the
 //!   take); its `remaining` is what this pod's lease still holds, a floor of what is left.
 
@@ -65,7 +66,7 @@ impl LeaseMetrics {
         let takes = IntCounterVec::new(
             Opts::new(
                 "sluice_lease_takes_total",
-                "Lease takes by outcome: granted, empty (the counter was near its limit), failed, stale (the policy changed meanwhile; given back)",
+                "Lease takes by outcome: granted, empty (the counter was near its limit), failed, stale (the policy changed meanwhile: given back; the counter was reset meanwhile: dropped)",
             ),
             &["policy", "outcome"],
         )?;
@@ -192,6 +193,9 @@ struct Entry {
     quiet_until: Option<Instant>,
     demand: Demand,
     last_use: Instant,
+    /// Resets of the counter this pod heard of: a take sent before one may have run on the
+    /// counter the reset forgot, so its grant is dropped.
+    resets: u64,
 }
 
 impl Entry {
@@ -208,6 +212,7 @@ impl Entry {
                 last: 0,
             },
             last_use: now,
+            resets: 0,
         }
     }
 
@@ -250,7 +255,8 @@ impl Entry {
 
 /// A give-back or take to run once the table's locks are released.
 enum Job {
-    Take(StoreCheck),
+    /// A take, and the resets its entry had heard of when it was sent.
+    Take(StoreCheck, u64),
     GiveBack(StoreCheck, Held),
 }
 
@@ -422,10 +428,13 @@ impl Leases {
             return;
         }
         entry.taking = true;
-        jobs.push(Job::Take(StoreCheck {
-            cost: want,
-            ..check.clone()
-        }));
+        jobs.push(Job::Take(
+            StoreCheck {
+                cost: want,
+                ..check.clone()
+            },
+            entry.resets,
+        ));
     }
 
     /// Moves `entry`'s grants into give-backs.
@@ -446,10 +455,10 @@ impl Leases {
         for job in jobs {
             let leases = self.clone();
             match job {
-                Job::Take(check) => {
+                Job::Take(check, resets) => {
                     self.inner
                         .tasks
-                        .spawn(async move { leases.take(check).await });
+                        .spawn(async move { leases.take(check, resets).await });
                 }
                 Job::GiveBack(check, held) => {
                     self.returning(&check.key, held.grant.units.saturating_sub(held.used), true);
@@ -461,7 +470,7 @@ impl Leases {
         }
     }
 
-    async fn take(&self, check: StoreCheck) {
+    async fn take(&self, check: StoreCheck, resets: u64) {
         let sent = Instant::now();
         let taken = self
             .inner
@@ -477,8 +486,18 @@ impl Leases {
             let current = entry
                 .as_ref()
                 .is_some_and(|e| e.revision == check.generation && e.algorithm == check.algorithm);
+            let reset = entry.as_ref().is_some_and(|e| e.resets != resets);
             let now = Instant::now();
             match (entry, taken) {
+                // The counter was reset while the take was out: its units may belong to the
+                // counter the reset forgot (admitting them would add to a fresh quota) and
+                // giving them back could take from the new one: dropped (under-admission).
+                (Some(entry), Ok(Some(grant))) if reset && grant.units > 0 => {
+                    entry.taking = false;
+                    metrics.takes.with_label_values(&[policy, "stale"]).inc();
+                    metrics.units(&check.key, "taken", grant.units);
+                    metrics.units(&check.key, "dropped", grant.units);
+                }
                 (Some(entry), Ok(Some(grant))) if current && grant.units > 0 => {
                     entry.taking = false;
                     metrics.takes.with_label_values(&[policy, "granted"]).inc();
@@ -591,6 +610,7 @@ impl Leases {
     /// Drops the lease of `key` without giving it back: its counter was reset.
     pub fn forget(&self, key: &Key) {
         if let Some(entry) = self.lock(self.shard_of(key)).get_mut(key) {
+            entry.resets = entry.resets.wrapping_add(1);
             let dropped: u64 = entry.held.drain(..).map(|h| h.grant.units - h.used).sum();
             self.inner.metrics.units(key, "dropped", dropped);
         }
@@ -600,6 +620,7 @@ impl Leases {
     pub fn clear(&self) {
         for shard in 0..SHARDS {
             for (key, entry) in self.lock(shard).iter_mut() {
+                entry.resets = entry.resets.wrapping_add(1);
                 let dropped: u64 = entry.held.drain(..).map(|h| h.grant.units - h.used).sum();
                 self.inner.metrics.units(key, "dropped", dropped);
             }
@@ -660,3 +681,6 @@ impl Leases {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
