@@ -34,6 +34,12 @@ local function lease_take_bucket(key, limit, period, capacity, want, fraction)
   if not tat_us or not tat_rem then
     return {err = 'BADSTATE the value is not a sluice token bucket'}
   end
+  if value and string.sub(value, 1, 1) == '-' then
+    -- A fixed window's live count (a reload switched algorithm; this take may have been sent
+    -- before it): never overwritten by a take, which grants nothing.
+    local _, cap, remaining, reset, retry = token_bucket_decide(0, 0, now, limit, period, capacity, 1)
+    return {0, cap, remaining, reset, retry, 0, 0, now}
+  end
   local ahead = math.max(0, (tat_us - now) * limit + tat_rem)
   local hold = math.floor(ahead / limit)
   local ok, _, left = token_bucket_decide(tat_us, tat_rem, now, limit, period, capacity, 0)
@@ -65,6 +71,12 @@ local function lease_take_window(key, limit, period, want, fraction)
   end
   local window = math.floor(now / period)
   local hold = (window + 1) * period - now
+  if value and not packed then
+    -- A token bucket's live TAT (a reload switched algorithm): never overwritten by a take.
+    local _, shown, remaining, reset, retry = fixed_window_decide(nil, now, min_ttl_ms, limit,
+      period, 1)
+    return {0, shown, remaining, reset, retry, window, hold, now}
+  end
   local ok, _, left = fixed_window_decide(packed or nil, now, min_ttl_ms, limit, period, 0)
   local available = 0
   if ok == 1 then

@@ -156,3 +156,31 @@ proptest! {
         replay(alg, &fresh_key(), &history)?;
     }
 }
+
+/// A take sent before a reload switched algorithm must not overwrite the new algorithm's live
+/// count: both twins grant nothing and leave the value as it is.
+#[test]
+fn a_take_never_overwrites_the_other_algorithms_count() {
+    let window: Algorithm = FixedWindow::new(10, 1_000_000).unwrap().into();
+    let bucket: Algorithm = TokenBucket::new(10, 1_000_000, 10).unwrap().into();
+    for (writer, taker) in [(window, bucket), (bucket, window)] {
+        with_redis(|conn| {
+            let key = fresh_key();
+            let now = START + 10;
+            let call = Scripts::default().call(&writer, key.clone(), 7, Spend::Record, Some(now));
+            eval(conn, &call);
+            let before: String = redis::cmd("GET").arg(&key).query(conn).expect("get");
+            let lua = lua_take(conn, &taker, &key, now + 5, 5, 1);
+            let after: String = redis::cmd("GET").arg(&key).query(conn).expect("get");
+            assert_eq!(
+                (lua.units, &after),
+                (0, &before),
+                "{taker:?} on {writer:?}'s value"
+            );
+            let mut state = writer.new_state();
+            writer.admit(&mut state, now, 7);
+            let rust = taker.take(&mut state, now + 5, 5, 1).expect("leasable");
+            assert_eq!(rust, lua);
+        });
+    }
+}

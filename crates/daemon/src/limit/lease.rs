@@ -62,17 +62,38 @@ impl Algorithm {
     }
 
     /// Takes up to `want` units at `now`, at most `1 / fraction` of what the counter has left
-    /// (`fraction` at least 1), spending them in `state`. `None` for a sliding log.
+    /// (`fraction` at least 1), spending them in `state`. `None` for a sliding log; nothing
+    /// granted (and nothing written) on another algorithm's state.
     pub fn take(&self, state: &mut State, now: Micros, want: u64, fraction: u64) -> Option<Grant> {
+        if !self.leasable() {
+            return None;
+        }
+        if matches!(state, State::Log(_)) {
+            // A sliding log's set reads as absent, as in the scripts.
+            *state = self.new_state();
+        }
         if !matches!(
             (self, &*state),
             (Algorithm::TokenBucket(_), State::Bucket(_))
                 | (Algorithm::FixedWindow(_), State::Window(_))
         ) {
-            if !self.leasable() {
-                return None;
-            }
-            *state = self.new_state();
+            // The other leasable algorithm's live state (a reload switched algorithm; this take may have
+            // been sent before it): never overwritten by a take, which grants nothing. The
+            // checks of the new algorithm own the counter.
+            let (window, hold_us) = match self {
+                Algorithm::FixedWindow(a) => {
+                    let period = a.period_us();
+                    (now / period, period - now % period)
+                }
+                _ => (0, 0),
+            };
+            return Some(Grant {
+                units: 0,
+                decision: self.decide(&self.new_state(), now, 1),
+                window,
+                hold_us,
+                at_us: now,
+            });
         }
         let left = self.decide(state, now, 0);
         let available = if left.allowed { left.remaining } else { 0 };
@@ -261,6 +282,22 @@ mod tests {
             "never more than full"
         );
         assert!(!alg.decide(&state, 1_000_000, 21).allowed);
+    }
+
+    #[test]
+    fn a_take_never_overwrites_another_algorithms_state() {
+        let window: Algorithm = FixedWindow::new(10, 1_000_000).unwrap().into();
+        let bucket: Algorithm = TokenBucket::new(10, 1_000_000, 10).unwrap().into();
+        let mut state = window.new_state();
+        window.admit(&mut state, 10, 7);
+        let kept = state.clone();
+        let grant = bucket.take(&mut state, 20, 5, 1).unwrap();
+        assert_eq!((grant.units, &state), (0, &kept));
+        let mut state = bucket.new_state();
+        bucket.admit(&mut state, 10, 7);
+        let kept = state.clone();
+        let grant = window.take(&mut state, 20, 5, 1).unwrap();
+        assert_eq!((grant.units, &state), (0, &kept));
     }
 
     #[test]
