@@ -251,3 +251,72 @@ async fn six_envoys_on_six_daemons_on_one_redis_share_the_limit_without_passing_
     let codes = drive(&envoys, 3, 40).await;
     assert_within(&codes, 40, || envoys[0].log());
 }
+
+/// Latency and throughput through Envoy with no limit filter, with RLQS and with
+/// `ShouldRateLimit` (same daemon, same machine), printed for docs/envoy.md; measures, asserts
+/// nothing about time. `cargo nextest run --test envoy --run-ignored only rlqs::measure`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "a measurement, run by hand"]
+async fn measure_rlqs_against_should_rate_limit() {
+    const MEASURE: &str = "
+policies:
+  - {name: wide, match: {bucket: wide}, key: [bucket], algorithm: fixed_window, limit: 1000000000, period: 1h}
+  - {name: shared, match: {generic_key: shared}, key: [generic_key], algorithm: fixed_window, limit: 1000000000, period: 1h}
+";
+    const SEQUENTIAL: usize = 2_000;
+    const CONCURRENT: usize = 16;
+    const PER_WORKER: usize = 500;
+    let daemon = spawn_grpc(MEASURE).await;
+    let mut bare = rlqs_envoy_config(&daemon, Via::Tcp, "wide");
+    proxy::http_filters(&mut bare).remove(0);
+    let rlqs = rlqs_envoy_config(&daemon, Via::Socket, "wide");
+    let mut rls = crate::rls::rls_example(&daemon, Via::Socket);
+    let host = &mut proxy::manager(&mut rls)["route_config"]["virtual_hosts"][0];
+    host["rate_limits"] =
+        json!([{ "actions": [{ "generic_key": { "descriptor_value": "shared" } }] }]);
+    host["routes"] = json!([{ "match": { "prefix": "/" }, "route": { "cluster": "app" } }]);
+    let mut figures = Vec::new();
+    for (name, config) in [("none", bare), ("rlqs", rlqs), ("should_rate_limit", rls)] {
+        let Some(envoy) = Envoy::start(config).await else {
+            return;
+        };
+        // Warm up until 200 requests in a row pass: RLQS assignments follow the demand Envoy
+        // reports, a reporting interval behind.
+        for _ in 0..40 {
+            let codes = proxy::statuses(&envoy, 200, "/", &[]).await;
+            if count(&codes, 200) == codes.len() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let mut took = Vec::with_capacity(SEQUENTIAL);
+        let mut ok = 0;
+        for _ in 0..SEQUENTIAL {
+            let started = std::time::Instant::now();
+            let status = proxy::request(envoy.port, "GET", "/", &[])
+                .await
+                .map(|a| a.status);
+            took.push(started.elapsed());
+            ok += usize::from(status == Some(200));
+        }
+        took.sort();
+        let p50 = took[SEQUENTIAL / 2];
+        let started = std::time::Instant::now();
+        let port = envoy.port;
+        let workers = (0..CONCURRENT).map(|_| {
+            tokio::spawn(async move {
+                for _ in 0..PER_WORKER {
+                    let _ = proxy::request(port, "GET", "/", &[]).await;
+                }
+            })
+        });
+        futures_util::future::join_all(workers).await;
+        let rps = (CONCURRENT * PER_WORKER) as f64 / started.elapsed().as_secs_f64();
+        figures.push(format!(
+            "{name}: p50 {p50:?} ({ok}/{SEQUENTIAL} ok), {rps:.0} req/s at {CONCURRENT}"
+        ));
+    }
+    for line in figures {
+        eprintln!("{line}");
+    }
+}
