@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::grpc_client::{grpc_settings, spawn_grpc, spawn_grpc_in, GrpcApp};
+use crate::grpc_client::{grpc_settings, spawn_grpc, spawn_grpc_in, spawn_grpc_on, GrpcApp};
 use crate::proxy::{self, count, Envoy};
 use crate::redis_server::RedisServer;
 use crate::rls::Via;
+use crate::stores::Backend;
 
 const POLICIES: &str = "
 policies:
@@ -319,4 +320,21 @@ policies:
     for line in figures {
         eprintln!("{line}");
     }
+}
+
+#[tokio::test]
+async fn six_envoys_on_three_daemons_on_a_redis_cluster_share_the_limit_without_passing_it() {
+    if proxy::binary().is_none() {
+        return;
+    }
+    let mut daemons = Vec::new();
+    for _ in 0..3 {
+        daemons.push(spawn_grpc_on(Backend::Cluster, POLICIES, "rlqs_cluster").await);
+    }
+    let refs: Vec<&GrpcApp> = daemons.iter().map(|on| &on.daemon).collect();
+    let Some(envoys) = envoys(&refs, 6, "window").await else {
+        return;
+    };
+    let codes = drive(&envoys, 3, 40).await;
+    assert_within(&codes, 40, || envoys[0].log());
 }
