@@ -6,7 +6,8 @@
 //! A bucket maps to policies exactly as a check's descriptors do ([`session`]); an enforced
 //! token bucket or fixed window policy gives each Envoy a token bucket backed by units taken
 //! from the store first (a quota lease, `RateStore::take`), sized so that no Envoy can admit
-//! more than its lease holds under the lease's terms ([`sizing`]). The fleet therefore never
+//! more than its lease holds under the lease's terms ([`sizing`]), renewed, settled and
+//! replaced per bucket ([`bucket`]). The fleet therefore never
 //! admits more than the limit, whatever the number of Envoys, streams and daemons.
 //!
 //! The stream is read as its messages arrive ([`frames`]), each at most `limits.max_body_bytes`,
@@ -14,6 +15,7 @@
 //! [`STREAM_IDLE`] ends (`OK`; Envoy reopens it on its next report). Buckets per stream are
 //! bounded ([`session::MAX_BUCKETS`]), streams per connection by HTTP/2's concurrent streams.
 
+mod bucket;
 mod frames;
 mod metrics;
 mod session;
@@ -216,3 +218,6 @@ async fn run(
         }
     }
 }
+
+#[cfg(test)]
+mod session_tests;
