@@ -37,7 +37,7 @@ use tonic::Status;
 
 use super::connection::OpenStream;
 use super::proto::envoy::service::rate_limit_quota::v3::{
-    RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+    rate_limit_quota_response::BucketAction, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
 use super::stream::StreamLimits;
 use super::Rls;
@@ -196,27 +196,34 @@ async fn run(
                 .domain(&reports.domain)
                 .map_err(Status::invalid_argument)?;
             let now = Instant::now();
-            let mut actions = Vec::new();
+            // Each bucket's answer goes out as soon as it is decided: an assignment's time to
+            // live is counted from just before its take, so it must not wait for the takes of
+            // the message's other buckets.
             for usage in &reports.bucket_quota_usages {
-                actions.extend(session.report(usage, now).await);
+                let actions = session.report(usage, now).await;
+                if !send(answers, actions).await {
+                    return Ok(());
+                }
             }
-            actions.extend(session.abandon_idle(now).await);
-            if actions.is_empty() {
-                continue;
-            }
-            let response = RateLimitQuotaResponse {
-                bucket_action: actions,
-            };
-            if answers
-                .send(Frame::data(frames::frame(&response)))
-                .await
-                .is_err()
-            {
-                // The peer reset the stream.
+            if !send(answers, session.abandon_idle(now).await).await {
                 return Ok(());
             }
         }
     }
+}
+
+/// Sends `actions` (if any) as one response; false when the peer has reset the stream.
+async fn send(answers: &mpsc::Sender<Frame<Bytes>>, actions: Vec<BucketAction>) -> bool {
+    if actions.is_empty() {
+        return true;
+    }
+    let response = RateLimitQuotaResponse {
+        bucket_action: actions,
+    };
+    answers
+        .send(Frame::data(frames::frame(&response)))
+        .await
+        .is_ok()
 }
 
 #[cfg(test)]
