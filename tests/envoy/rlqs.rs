@@ -338,3 +338,51 @@ async fn six_envoys_on_three_daemons_on_a_redis_cluster_share_the_limit_without_
     let codes = drive(&envoys, 3, 40).await;
     assert_within(&codes, 40, || envoys[0].log());
 }
+
+#[tokio::test]
+async fn a_refilling_token_bucket_on_redis_admits_no_more_than_burst_and_refill() {
+    if proxy::binary().is_none() {
+        return;
+    }
+    // Real time (Redis's clock): 2 a second, a burst of 10.
+    const REFILLING: &str = "
+policies:
+  - {name: refill, match: {bucket: refill}, key: [bucket], algorithm: token_bucket, limit: 120, period: 1m, burst: 10}
+";
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut settings = grpc_settings(&dir);
+    settings.redis.url = Some(redis.url());
+    settings.redis.key_prefix = "rlqs_refill".into();
+    let daemon = spawn_grpc_in(dir, settings, REFILLING).await;
+    daemon.app.wait_for_store().await;
+    let Some(envoys) = envoys(&[&daemon, &daemon], 2, "refill").await else {
+        return;
+    };
+    // The bucket may admit its burst plus what refills while the clients run: the wall time
+    // of the whole run (from before the first request to after the last) bounds it from above.
+    let started = std::time::Instant::now();
+    let mut codes = Vec::new();
+    for _ in 0..24 {
+        let sends = envoys
+            .iter()
+            .flat_map(|envoy| (0..3).map(move |_| proxy::request(envoy.port, "GET", "/", &[])));
+        for answer in futures_util::future::join_all(sends).await {
+            codes.push(answer.map_or(0, |a| a.status));
+        }
+        tokio::time::sleep(PAUSE).await;
+    }
+    let elapsed = started.elapsed();
+    let bound = 10 + (elapsed.as_secs_f64() * 2.0).ceil() as usize;
+    let admitted = count(&codes, 200);
+    eprintln!(
+        "admitted {admitted} of {} in {elapsed:?} (at most {bound})",
+        codes.len()
+    );
+    assert!(
+        admitted <= bound,
+        "admitted {admitted} > {bound}: {codes:?}"
+    );
+    assert!(admitted >= 10, "not even the burst: {codes:?}");
+    assert_eq!(admitted + count(&codes, 429), codes.len(), "{codes:?}");
+}

@@ -225,7 +225,7 @@ impl Bucket {
         let fraction = share.holders().saturating_sub(u64::from(replaced)).max(1);
         let want = sizing::wanted(self.rate_per_s, u64::from(u32::MAX) / cost);
         let ask = StoreCheck {
-            cost: want * cost,
+            cost: sizing::ask_units(&check.algorithm, want, cost),
             ..check.clone()
         };
         let asked = Instant::now();

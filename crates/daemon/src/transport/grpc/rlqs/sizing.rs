@@ -55,15 +55,16 @@ pub fn assignment(
             (grant.units, (left / SECOND_US).min(MAX_TTL_S))
         }
         Algorithm::TokenBucket(bucket) => {
-            // The longest time to live that still backs a token (a shorter one keeps more).
+            // The time to live that backs the most tokens (the longer one on a tie): a longer
+            // one loses more of the lease to the refill.
             (1..=MAX_TTL_S)
-                .rev()
                 .map(|ttl_s| {
                     let until = spent_us + DELIVERY_MARGIN_US + ttl_s * SECOND_US;
                     let shrunk = bucket_lease_shrunk(bucket, grant.hold_us, until, grant.units);
-                    (grant.units - shrunk, ttl_s)
+                    ((grant.units - shrunk) / cost, ttl_s)
                 })
-                .find(|(usable, _)| *usable >= cost)?
+                .max()
+                .map(|(tokens, ttl_s)| (tokens * cost, ttl_s))?
         }
         Algorithm::SlidingLog(_) => return None,
     };
@@ -98,6 +99,22 @@ pub fn wanted(rate_per_s: u64, max_tokens: u64) -> u64 {
     rate_per_s
         .saturating_mul(MAX_TTL_S + 1)
         .clamp(1, max_tokens.max(1))
+}
+
+/// Units to take for `tokens` requests of `cost`: a token bucket's lease also loses what the
+/// bucket refills while the assignment can last (from a full bucket, at once), so that much more
+/// is asked; the store caps the take at what is left.
+pub fn ask_units(algorithm: &Algorithm, tokens: u64, cost: u64) -> u64 {
+    let units = tokens.saturating_mul(cost.max(1));
+    match algorithm {
+        Algorithm::TokenBucket(bucket) => {
+            let life = u128::from(MAX_TTL_S * SECOND_US + 2 * DELIVERY_MARGIN_US);
+            let refill =
+                (life * u128::from(bucket.limit())).div_ceil(u128::from(bucket.period_us()).max(1));
+            units.saturating_add(u64::try_from(refill).unwrap_or(u64::MAX))
+        }
+        _ => units,
+    }
 }
 
 #[cfg(test)]
@@ -204,6 +221,25 @@ mod tests {
         // 0.5 s past the hold: 5 refilled by the bucket itself.
         assert_eq!(unused(&bucket, &grant(20, SECOND_US), 1, 4, 1_500_000), 11);
         assert_eq!(unused(&bucket, &grant(20, 0), 1, 0, 9 * SECOND_US), 0);
+    }
+
+    #[test]
+    fn a_token_bucket_asks_for_what_refills_during_the_assignment_too() {
+        let bucket: Algorithm = TokenBucket::new(2, SECOND_US, 10).unwrap().into();
+        // 2.5 s at 2 a second: 5 more.
+        assert_eq!(ask_units(&bucket, 3, 1), 8);
+        assert_eq!(ask_units(&bucket, 3, 2), 11);
+        let window: Algorithm = FixedWindow::new(100, SECOND_US).unwrap().into();
+        assert_eq!(ask_units(&window, 3, 2), 6);
+        // From a full bucket, the 8 units back 3 requests for 2 s (5 refill by 2.25 s), or 5
+        // for 1 s (3 refill by 1.25 s): the most tokens win.
+        assert_eq!(
+            assignment(&bucket, &grant(8, 0), 1, 0),
+            Some(Assignment {
+                tokens: 5,
+                ttl_s: 1
+            })
+        );
     }
 
     #[test]
