@@ -178,7 +178,7 @@ impl Bucket {
                 self.settle(quota, service, deadline).await;
             } else {
                 let running_out = end.saturating_duration_since(now) <= self.interval + MARGIN
-                    || lease.admitted >= lease.tokens.div_ceil(4) * 3
+                    || lease.admitted.saturating_mul(4) >= lease.tokens.saturating_mul(3)
                     || (denied > 0 && now >= lease.sent + self.interval);
                 if !(running_out && requests > 0) {
                     return None;
