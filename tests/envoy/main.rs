@@ -24,4 +24,5 @@ mod local_in_front;
 mod lua;
 mod proxy;
 mod redis_down;
+mod rlqs;
 mod rls;

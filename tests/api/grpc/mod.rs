@@ -7,5 +7,6 @@ mod envoy_example;
 mod fd_limit;
 mod hardening;
 mod redis;
+mod rlqs;
 pub mod stock_client;
 mod uds_authority;

@@ -16,6 +16,7 @@ mod local_limit;
 mod plan;
 mod report;
 mod request;
+mod rlqs;
 mod shadow_log;
 mod top;
 mod top_sketch;

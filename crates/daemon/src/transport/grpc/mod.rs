@@ -14,6 +14,7 @@ mod code;
 pub mod connection;
 pub mod proto;
 mod question;
+mod rlqs;
 mod stream;
 
 use std::sync::Arc;
@@ -44,6 +45,8 @@ pub struct Rls {
     metrics: Metrics,
     duration: Histogram,
     with_headers: bool,
+    /// The rate limit quota service's shared state ([`rlqs`]).
+    quota: Arc<rlqs::Quota>,
 }
 
 impl Rls {
@@ -53,6 +56,7 @@ impl Rls {
             .check_duration
             .with_label_values(&[Transport::Grpc.as_str()]);
         Self {
+            quota: Arc::new(rlqs::Quota::new(&metrics)),
             service,
             metrics,
             duration,

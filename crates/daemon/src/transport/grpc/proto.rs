@@ -1,5 +1,5 @@
-//! The types generated from `proto/` (Envoy's rate limit service, v3) by `build.rs`; module
-//! paths follow the protobuf packages, as the generated code expects.
+//! The types generated from `proto/` (Envoy's rate limit service and rate limit quota service,
+//! v3) by `build.rs`; module paths follow the protobuf packages, as the generated code expects.
 
 #![allow(missing_docs, clippy::all, clippy::pedantic)]
 
@@ -17,7 +17,7 @@ pub mod envoy {
     }
     /// `envoy.type.*`.
     pub mod r#type {
-        /// `envoy.type.v3`: `RateLimitUnit`.
+        /// `envoy.type.v3`: `RateLimitUnit`, `RateLimitStrategy`, `TokenBucket`.
         pub mod v3 {
             tonic::include_proto!("envoy.r#type.v3");
         }
@@ -42,6 +42,13 @@ pub mod envoy {
             /// `envoy.service.ratelimit.v3`: the service and its messages.
             pub mod v3 {
                 tonic::include_proto!("envoy.service.ratelimit.v3");
+            }
+        }
+        /// `envoy.service.rate_limit_quota.*`.
+        pub mod rate_limit_quota {
+            /// `envoy.service.rate_limit_quota.v3`: the quota service (RLQS) and its messages.
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.rate_limit_quota.v3");
             }
         }
     }

@@ -1,0 +1,309 @@
+//! One bucket of a stream and the assignment Envoy holds for it: a blanket rule, or a token
+//! bucket backed by a lease ([`super::sizing`]) that is renewed while requests come, settled
+//! (its unused part given back) once it is over and reported, and replaced when the bucket's
+//! policy changes.
+
+use std::time::{Duration, Instant};
+
+use super::metrics::{Kind, Refusal};
+use super::sizing::{self, DELIVERY_MARGIN_US, REFILL_INTERVAL_S};
+use super::{Quota, ShareGuard};
+use crate::check::CheckService;
+use crate::limit::{FailureMode, Grant};
+use crate::store::StoreCheck;
+use crate::transport::grpc::proto::envoy::r#type::v3::{
+    rate_limit_strategy::{BlanketRule, Strategy},
+    RateLimitStrategy, TokenBucket,
+};
+use crate::transport::grpc::proto::envoy::service::rate_limit_quota::v3::{
+    rate_limit_quota_response::{
+        bucket_action::{BucketAction as Action, QuotaAssignmentAction},
+        BucketAction,
+    },
+    BucketId,
+};
+
+/// Time to live of `ALLOW_ALL` and `DENY_ALL` answers; renewed by reports before it ends.
+pub(super) const BLANKET_TTL_S: u64 = 60;
+/// Time to live of the answer to a store that could not lease (the policy's failure mode).
+const FAILURE_TTL_S: u64 = 1;
+/// Assumed time between an Envoy's reports until two have arrived.
+const REPORT_INTERVAL: Duration = Duration::from_secs(1);
+
+const MARGIN: Duration = Duration::from_micros(DELIVERY_MARGIN_US);
+
+/// A bucket's state on one stream.
+pub(super) struct Bucket {
+    id: BucketId,
+    last_report: Option<Instant>,
+    interval: Duration,
+    last_active: Instant,
+    /// Requests per second in the last report.
+    rate_per_s: u64,
+    blanket: Option<(bool, Instant)>,
+    lease: Option<Lease>,
+    /// Alternates between assignments, so that Envoy builds a fresh bucket for each (it keeps
+    /// its bucket when a token bucket's settings repeat).
+    flip: bool,
+}
+
+/// A lease backing the assignment Envoy holds.
+struct Lease {
+    check: StoreCheck,
+    grant: Grant,
+    /// Just before the take was asked.
+    asked: Instant,
+    sent: Instant,
+    ttl: Duration,
+    tokens: u64,
+    /// Requests reported allowed since the assignment was sent.
+    admitted: u64,
+    _share: ShareGuard,
+}
+
+impl Bucket {
+    /// A bucket first reported at `now`.
+    pub(super) fn new(id: BucketId, now: Instant) -> Self {
+        Self {
+            id,
+            last_report: None,
+            interval: REPORT_INTERVAL,
+            last_active: now,
+            rate_per_s: 0,
+            blanket: None,
+            lease: None,
+            flip: false,
+        }
+    }
+
+    /// Takes in a report of `allowed` and `denied` requests made at `now`; the requests.
+    pub(super) fn note(&mut self, allowed: u64, denied: u64, now: Instant) -> u64 {
+        let requests = allowed.saturating_add(denied);
+        if let Some(last) = self.last_report.replace(now) {
+            self.interval = now.duration_since(last).max(Duration::from_millis(100));
+        }
+        let seconds = self.interval.as_micros().max(1_000_000);
+        self.rate_per_s =
+            u64::try_from(u128::from(requests) * 1_000_000 / seconds).unwrap_or(u64::MAX);
+        if requests > 0 {
+            self.last_active = now;
+        }
+        if let Some(lease) = &mut self.lease {
+            lease.admitted = lease.admitted.saturating_add(allowed);
+        }
+        requests
+    }
+
+    /// How long no request has been reported, if no lease is held.
+    pub(super) fn idle_for(&self, now: Instant) -> Option<Duration> {
+        self.lease
+            .is_none()
+            .then(|| now.saturating_duration_since(self.last_active))
+    }
+
+    /// The bucket's id (it is forgotten).
+    pub(super) fn into_id(self) -> BucketId {
+        self.id
+    }
+
+    /// `ALLOW_ALL` or `DENY_ALL` for `ttl_s`, unless already said and far from its end. A lease
+    /// it replaces is over (its rest is lost: its use is not known exactly).
+    pub(super) fn blanket(
+        &mut self,
+        quota: &Quota,
+        allow: bool,
+        ttl_s: u64,
+        now: Instant,
+    ) -> Option<BucketAction> {
+        let renew_by = self.interval + MARGIN + MARGIN;
+        if self.lease.is_none() {
+            if let Some((said, until)) = self.blanket {
+                if said == allow && until.saturating_duration_since(now) > renew_by {
+                    return None;
+                }
+            }
+        }
+        self.lease = None;
+        self.blanket = Some((allow, now + Duration::from_secs(ttl_s)));
+        let (rule, kind) = if allow {
+            (BlanketRule::AllowAll, Kind::AllowAll)
+        } else {
+            (BlanketRule::DenyAll, Kind::DenyAll)
+        };
+        quota.metrics.assigned(kind);
+        Some(self.assign(Strategy::BlanketRule(rule as i32), ttl_s))
+    }
+
+    fn assign(&self, strategy: Strategy, ttl_s: u64) -> BucketAction {
+        BucketAction {
+            bucket_id: Some(self.id.clone()),
+            bucket_action: Some(Action::QuotaAssignmentAction(QuotaAssignmentAction {
+                assignment_time_to_live: Some(prost_types::Duration {
+                    seconds: i64::try_from(ttl_s).unwrap_or(i64::MAX),
+                    nanos: 0,
+                }),
+                rate_limit_strategy: Some(RateLimitStrategy {
+                    strategy: Some(strategy),
+                }),
+            })),
+        }
+    }
+
+    /// Keeps a lease-backed assignment going: settles the one that is over, renews one that is
+    /// running out while requests come, takes the first when they start.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn lease(
+        &mut self,
+        quota: &Quota,
+        service: &CheckService,
+        check: StoreCheck,
+        mode: FailureMode,
+        deadline: Option<Duration>,
+        requests: u64,
+        denied: u64,
+        now: Instant,
+    ) -> Option<BucketAction> {
+        self.blanket = None;
+        if let Some(lease) = &self.lease {
+            let same = lease.check.key == check.key
+                && lease.check.algorithm == check.algorithm
+                && lease.check.cost == check.cost;
+            let end = lease.sent + lease.ttl;
+            if !same {
+                // The policy changed: the new one applies from the next assignment, now.
+                self.lease = None;
+            } else if now >= end + MARGIN + MARGIN {
+                // Over at Envoy, and this report was made after that: every request it
+                // admitted is counted.
+                self.settle(quota, service, deadline).await;
+            } else {
+                let running_out = end.saturating_duration_since(now) <= self.interval + MARGIN
+                    || lease.admitted.saturating_mul(4) >= lease.tokens.saturating_mul(3)
+                    || (denied > 0 && now >= lease.sent + self.interval);
+                if !(running_out && requests > 0) {
+                    return None;
+                }
+            }
+        }
+        if requests == 0 {
+            return None;
+        }
+        self.take(quota, service, check, mode, deadline).await
+    }
+
+    /// Gives back what the lease, over and reported, did not use.
+    async fn settle(&mut self, quota: &Quota, service: &CheckService, deadline: Option<Duration>) {
+        let Some(lease) = self.lease.take() else {
+            return;
+        };
+        let elapsed = u64::try_from(lease.asked.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let unused = sizing::unused(
+            &lease.check.algorithm,
+            &lease.grant,
+            lease.check.cost,
+            lease.admitted,
+            elapsed,
+        );
+        give_back(quota, service, &lease.check, &lease.grant, unused, deadline).await;
+    }
+
+    async fn take(
+        &mut self,
+        quota: &Quota,
+        service: &CheckService,
+        check: StoreCheck,
+        mode: FailureMode,
+        deadline: Option<Duration>,
+    ) -> Option<BucketAction> {
+        let cost = check.cost.max(1);
+        let share = quota.shares.join(&check.key);
+        // This bucket's running lease (about to be replaced) is no other holder.
+        let replaced = self
+            .lease
+            .as_ref()
+            .is_some_and(|lease| lease.check.key == check.key);
+        let fraction = share.holders().saturating_sub(u64::from(replaced)).max(1);
+        let want = sizing::wanted(self.rate_per_s, u64::from(u32::MAX) / cost);
+        let ask = StoreCheck {
+            cost: sizing::ask_units(&check.algorithm, want, cost),
+            ..check.clone()
+        };
+        let asked = Instant::now();
+        let mut taken = service.store().take(&ask, fraction, deadline).await;
+        if let Ok(Some(grant)) = &taken {
+            // Fewer left than holders: the last units go to whoever asks first.
+            if grant.units == 0 && grant.decision.allowed && fraction > 1 {
+                taken = service.store().take(&ask, 1, deadline).await;
+            }
+        }
+        let grant = match taken {
+            Ok(Some(grant)) => grant,
+            Ok(None) => {
+                quota.metrics.refused(Refusal::Unsupported);
+                return self.blanket(quota, false, BLANKET_TTL_S, Instant::now());
+            }
+            Err(error) => {
+                tracing::debug!(%error, "an RLQS lease could not be taken; the failure mode applies");
+                quota.metrics.refused(Refusal::Store);
+                let allow = mode == FailureMode::Open;
+                return self.blanket(quota, allow, FAILURE_TTL_S, Instant::now());
+            }
+        };
+        quota.metrics.taken.inc_by(grant.units);
+        let spent = u64::try_from(asked.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let Some(assignment) = sizing::assignment(&check.algorithm, &grant, cost, spent) else {
+            // Nothing sent: every unit is unused. A running assignment ends on its own.
+            let elapsed = u64::try_from(asked.elapsed().as_micros()).unwrap_or(u64::MAX);
+            let unused = sizing::unused(&check.algorithm, &grant, cost, 0, elapsed);
+            give_back(quota, service, &check, &grant, unused, deadline).await;
+            return None;
+        };
+        quota.metrics.assigned.inc_by(assignment.tokens * cost);
+        quota.metrics.assigned(Kind::TokenBucket);
+        self.flip = !self.flip;
+        let sent = Instant::now();
+        let strategy = Strategy::TokenBucket(TokenBucket {
+            max_tokens: u32::try_from(assignment.tokens).unwrap_or(u32::MAX),
+            tokens_per_fill: Some(1),
+            fill_interval: Some(prost_types::Duration {
+                seconds: REFILL_INTERVAL_S,
+                nanos: i32::from(self.flip),
+            }),
+        });
+        let action = self.assign(strategy, assignment.ttl_s);
+        // The lease this replaces is over once Envoy applies this one; its rest is lost.
+        self.lease = Some(Lease {
+            check,
+            grant,
+            asked,
+            sent,
+            ttl: Duration::from_secs(assignment.ttl_s),
+            tokens: assignment.tokens,
+            admitted: 0,
+            _share: share,
+        });
+        Some(action)
+    }
+}
+
+async fn give_back(
+    quota: &Quota,
+    service: &CheckService,
+    check: &StoreCheck,
+    grant: &Grant,
+    units: u64,
+    deadline: Option<Duration>,
+) {
+    if units == 0 {
+        return;
+    }
+    match service
+        .store()
+        .give_back(check, units, grant.window, deadline)
+        .await
+    {
+        Ok(true) => quota.metrics.given_back.inc_by(units),
+        Ok(false) => {}
+        Err(error) => tracing::debug!(%error, "RLQS units could not be given back"),
+    }
+}

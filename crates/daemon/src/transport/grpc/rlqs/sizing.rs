@@ -1,0 +1,252 @@
+//! The assignment math, pure (time passed in as µs): how many requests one Envoy may admit on
+//! a lease, for how long, and what may be given back afterwards.
+//!
+//! An assignment is a fresh Envoy token bucket that starts full with `max_tokens` and refills one
+//! token a day, for `assignment_time_to_live` whole seconds, after which Envoy falls back to the
+//! bucket's `no_assignment_behavior` (deny all). So within its life an Envoy admits at most
+//! `max_tokens` requests on it. Each token is backed by `cost` units taken from the store before
+//! the assignment is sent, and the assignment must end before the lease's terms do:
+//! - a **fixed window**'s units belong to their window: the assignment (counted from before the
+//!   take, plus [`DELIVERY_MARGIN_US`] for the answer to reach Envoy) ends before the window does;
+//! - a **token bucket**'s lease shrinks at the refill rate from `hold_us` after the take on:
+//!   only the units still held when the assignment can last be used are handed out.
+
+use crate::limit::{bucket_lease_shrunk, Algorithm, Grant};
+
+/// Longest an assignment is given for, in whole seconds (Envoy 1.40 reads only the seconds of
+/// `assignment_time_to_live`; 0 would expire at once). Reports renew it before it runs out.
+pub const MAX_TTL_S: u64 = 2;
+
+/// Time allowed between sending an assignment and Envoy applying it (and its workers seeing
+/// it), and for a report to travel back: Envoy counts the time to live from its own receipt.
+pub const DELIVERY_MARGIN_US: u64 = 250_000;
+
+/// The refill interval of an assignment's bucket: one token a day, far beyond any time to
+/// live, so a drained bucket admits nothing more before it expires.
+pub const REFILL_INTERVAL_S: i64 = 86_400;
+
+const SECOND_US: u64 = 1_000_000;
+
+/// What one Envoy is told for one bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Assignment {
+    /// Requests it may admit (`max_tokens`).
+    pub tokens: u64,
+    /// Whole seconds it may admit them for.
+    pub ttl_s: u64,
+}
+
+/// The assignment a lease `grant` of `algorithm` backs for requests of `cost` units, `spent_us`
+/// after the instant just before the take was asked; `None` when it backs none (too few units,
+/// or too little time left in the window).
+pub fn assignment(
+    algorithm: &Algorithm,
+    grant: &Grant,
+    cost: u64,
+    spent_us: u64,
+) -> Option<Assignment> {
+    let cost = cost.max(1);
+    let (usable, ttl_s) = match algorithm {
+        Algorithm::FixedWindow(_) => {
+            let left = grant
+                .hold_us
+                .saturating_sub(spent_us)
+                .saturating_sub(DELIVERY_MARGIN_US);
+            (grant.units, (left / SECOND_US).min(MAX_TTL_S))
+        }
+        Algorithm::TokenBucket(bucket) => {
+            // The time to live that backs the most tokens (the longer one on a tie): a longer
+            // one loses more of the lease to the refill.
+            (1..=MAX_TTL_S)
+                .map(|ttl_s| {
+                    let until = spent_us + DELIVERY_MARGIN_US + ttl_s * SECOND_US;
+                    let shrunk = bucket_lease_shrunk(bucket, grant.hold_us, until, grant.units);
+                    ((grant.units - shrunk) / cost, ttl_s)
+                })
+                .max()
+                .map(|(tokens, ttl_s)| (tokens * cost, ttl_s))?
+        }
+        Algorithm::SlidingLog(_) => return None,
+    };
+    let tokens = (usable / cost).min(u64::from(u32::MAX));
+    (tokens > 0 && ttl_s > 0).then_some(Assignment { tokens, ttl_s })
+}
+
+/// Units of a lease `grant` of `algorithm` to give back once its assignment is over and every
+/// request it admitted has been reported: what was taken, less what `admitted` requests of
+/// `cost` spent and (a token bucket) what the bucket has refilled by itself `elapsed_us` after
+/// the instant just before the take.
+pub fn unused(
+    algorithm: &Algorithm,
+    grant: &Grant,
+    cost: u64,
+    admitted: u64,
+    elapsed_us: u64,
+) -> u64 {
+    let spent = admitted.saturating_mul(cost.max(1));
+    let refilled = match algorithm {
+        Algorithm::TokenBucket(bucket) => {
+            bucket_lease_shrunk(bucket, grant.hold_us, elapsed_us, grant.units)
+        }
+        _ => 0,
+    };
+    grant.units.saturating_sub(refilled).saturating_sub(spent)
+}
+
+/// Requests to ask a lease for: enough for `rate_per_s` (recent demand) over the assignment and
+/// one more report interval, at least 1, at most what the quota allows at once.
+pub fn wanted(rate_per_s: u64, max_tokens: u64) -> u64 {
+    rate_per_s
+        .saturating_mul(MAX_TTL_S + 1)
+        .clamp(1, max_tokens.max(1))
+}
+
+/// Units to take for `tokens` requests of `cost`: a token bucket's lease also loses what the
+/// bucket refills while the assignment can last (from a full bucket, at once), so that much more
+/// is asked; the store caps the take at what is left.
+pub fn ask_units(algorithm: &Algorithm, tokens: u64, cost: u64) -> u64 {
+    let units = tokens.saturating_mul(cost.max(1));
+    match algorithm {
+        Algorithm::TokenBucket(bucket) => {
+            let life = u128::from(MAX_TTL_S * SECOND_US + 2 * DELIVERY_MARGIN_US);
+            let refill =
+                (life * u128::from(bucket.limit())).div_ceil(u128::from(bucket.period_us()).max(1));
+            units.saturating_add(u64::try_from(refill).unwrap_or(u64::MAX))
+        }
+        _ => units,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::{Decision, FixedWindow, TokenBucket};
+
+    fn grant(units: u64, hold_us: u64) -> Grant {
+        Grant {
+            units,
+            decision: Decision {
+                allowed: true,
+                limit: 100,
+                remaining: 0,
+                reset_after_us: 0,
+                retry_after_us: 0,
+            },
+            window: 0,
+            hold_us,
+        }
+    }
+
+    #[test]
+    fn a_fixed_window_assignment_ends_before_the_window_with_the_margin() {
+        let alg: Algorithm = FixedWindow::new(100, 60 * SECOND_US).unwrap().into();
+        // 10 s left: the longest time to live.
+        let a = assignment(&alg, &grant(40, 10 * SECOND_US), 1, 1_000).unwrap();
+        assert_eq!(
+            a,
+            Assignment {
+                tokens: 40,
+                ttl_s: MAX_TTL_S
+            }
+        );
+        // 1.9 s left, 0.1 s spent since the take was asked: 1.55 s after the margin, 1 s.
+        let a = assignment(&alg, &grant(40, 1_900_000), 1, 100_000).unwrap();
+        assert_eq!(a.ttl_s, 1);
+        // 1.2 s left: not a whole second once the margin is off; nothing is assigned.
+        assert_eq!(assignment(&alg, &grant(40, 1_200_000), 1, 0), None);
+        // A cost of 3: 40 units back 13 requests.
+        let a = assignment(&alg, &grant(40, 10 * SECOND_US), 3, 0).unwrap();
+        assert_eq!(a.tokens, 13);
+        assert_eq!(assignment(&alg, &grant(2, 10 * SECOND_US), 3, 0), None);
+    }
+
+    #[test]
+    fn a_token_bucket_assignment_hands_out_only_what_is_still_held_when_it_ends() {
+        // 10 per second, burst 20: a unit refills every 0.1 s.
+        let bucket = TokenBucket::new(10, SECOND_US, 20).unwrap();
+        let alg: Algorithm = bucket.into();
+        // A full bucket (hold 0): over 2 s + 0.25 s margin + 0.05 s spent, 23 units would
+        // refill (all 20); over 1 s, 13: the shorter time to live keeps 7.
+        assert_eq!(
+            assignment(&alg, &grant(20, 0), 1, 50_000),
+            Some(Assignment {
+                tokens: 7,
+                ttl_s: 1
+            })
+        );
+        // A bucket 3 s in debt: nothing shrinks before the assignment ends.
+        assert_eq!(
+            assignment(&alg, &grant(20, 3 * SECOND_US), 1, 50_000),
+            Some(Assignment {
+                tokens: 20,
+                ttl_s: MAX_TTL_S
+            })
+        );
+        // Too few units for even one second.
+        assert_eq!(assignment(&alg, &grant(5, 0), 1, 0), None);
+    }
+
+    #[test]
+    fn admissions_never_exceed_the_units_held_at_any_instant_of_the_assignment() {
+        // Whatever the lease, the assignment's tokens fit in what the lease still holds at the
+        // last instant Envoy may use them (the margin included), for every cost.
+        let bucket = TokenBucket::new(7, 3 * SECOND_US, 40).unwrap();
+        let alg: Algorithm = bucket.into();
+        for units in [1, 5, 17, 40] {
+            for hold_us in [0, 400_000, 1_700_000, 5 * SECOND_US] {
+                for spent_us in [0, 90_000, 900_000] {
+                    for cost in [1, 2, 5] {
+                        let g = grant(units, hold_us);
+                        let Some(a) = assignment(&alg, &g, cost, spent_us) else {
+                            continue;
+                        };
+                        let end = spent_us + DELIVERY_MARGIN_US + a.ttl_s * SECOND_US;
+                        let held = units - bucket_lease_shrunk(&bucket, hold_us, end, units);
+                        assert!(
+                            a.tokens * cost <= held,
+                            "{units} {hold_us} {spent_us} {cost}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn what_is_given_back_is_what_was_neither_admitted_nor_refilled() {
+        let window: Algorithm = FixedWindow::new(100, 60 * SECOND_US).unwrap().into();
+        assert_eq!(unused(&window, &grant(40, 0), 1, 15, 5 * SECOND_US), 25);
+        assert_eq!(unused(&window, &grant(40, 0), 3, 15, 0), 0, "45 > 40");
+        let bucket: Algorithm = TokenBucket::new(10, SECOND_US, 20).unwrap().into();
+        // 0.5 s past the hold: 5 refilled by the bucket itself.
+        assert_eq!(unused(&bucket, &grant(20, SECOND_US), 1, 4, 1_500_000), 11);
+        assert_eq!(unused(&bucket, &grant(20, 0), 1, 0, 9 * SECOND_US), 0);
+    }
+
+    #[test]
+    fn a_token_bucket_asks_for_what_refills_during_the_assignment_too() {
+        let bucket: Algorithm = TokenBucket::new(2, SECOND_US, 10).unwrap().into();
+        // 2.5 s at 2 a second: 5 more.
+        assert_eq!(ask_units(&bucket, 3, 1), 8);
+        assert_eq!(ask_units(&bucket, 3, 2), 11);
+        let window: Algorithm = FixedWindow::new(100, SECOND_US).unwrap().into();
+        assert_eq!(ask_units(&window, 3, 2), 6);
+        // From a full bucket, the 8 units back 3 requests for 2 s (5 refill by 2.25 s), or 5
+        // for 1 s (3 refill by 1.25 s): the most tokens win.
+        assert_eq!(
+            assignment(&bucket, &grant(8, 0), 1, 0),
+            Some(Assignment {
+                tokens: 5,
+                ttl_s: 1
+            })
+        );
+    }
+
+    #[test]
+    fn demand_sizes_the_ask_within_the_quota() {
+        assert_eq!(wanted(0, 50), 1);
+        assert_eq!(wanted(4, 50), 12);
+        assert_eq!(wanted(400, 50), 50);
+        assert_eq!(wanted(u64::MAX, 0), 1);
+    }
+}
