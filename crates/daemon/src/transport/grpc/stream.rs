@@ -96,7 +96,7 @@ impl hyper::service::Service<Request<Incoming>> for Streams {
         if request.uri().path() == super::rlqs::STREAM_RATE_LIMIT_QUOTAS {
             // A long-lived stream: read as its messages arrive, never whole.
             let answer = super::rlqs::serve(self.rls.clone(), request.into_body(), limits, open);
-            return Box::pin(std::future::ready(Ok(answer)));
+            return Box::pin(std::future::ready(Ok(tonic_answer(answer))));
         }
         if request.uri().path() == SHOULD_RATE_LIMIT {
             let rls = Arc::clone(&self.rls);

@@ -51,8 +51,6 @@ pub(super) struct Bucket {
 struct Lease {
     check: StoreCheck,
     grant: Grant,
-    /// Just before the take was asked.
-    asked: Instant,
     sent: Instant,
     ttl: Duration,
     tokens: u64,
@@ -196,14 +194,7 @@ impl Bucket {
         let Some(lease) = self.lease.take() else {
             return;
         };
-        let elapsed = u64::try_from(lease.asked.elapsed().as_micros()).unwrap_or(u64::MAX);
-        let unused = sizing::unused(
-            &lease.check.algorithm,
-            &lease.grant,
-            lease.check.cost,
-            lease.admitted,
-            elapsed,
-        );
+        let unused = sizing::unused(&lease.grant, lease.check.cost, lease.admitted);
         give_back(quota, service, &lease.check, &lease.grant, unused, deadline).await;
     }
 
@@ -253,8 +244,7 @@ impl Bucket {
         let spent = u64::try_from(asked.elapsed().as_micros()).unwrap_or(u64::MAX);
         let Some(assignment) = sizing::assignment(&check.algorithm, &grant, cost, spent) else {
             // Nothing sent: every unit is unused. A running assignment ends on its own.
-            let elapsed = u64::try_from(asked.elapsed().as_micros()).unwrap_or(u64::MAX);
-            let unused = sizing::unused(&check.algorithm, &grant, cost, 0, elapsed);
+            let unused = sizing::unused(&grant, cost, 0);
             give_back(quota, service, &check, &grant, unused, deadline).await;
             return None;
         };
@@ -275,7 +265,6 @@ impl Bucket {
         self.lease = Some(Lease {
             check,
             grant,
-            asked,
             sent,
             ttl: Duration::from_secs(assignment.ttl_s),
             tokens: assignment.tokens,
@@ -297,13 +286,13 @@ async fn give_back(
     if units == 0 {
         return;
     }
+    // The store subtracts what a token bucket refilled by itself since the take.
     match service
         .store()
-        .give_back(check, units, grant.window, deadline)
+        .give_back(check, units, *grant, deadline)
         .await
     {
-        Ok(true) => quota.metrics.given_back.inc_by(units),
-        Ok(false) => {}
+        Ok(back) => quota.metrics.given_back.inc_by(back),
         Err(error) => tracing::debug!(%error, "RLQS units could not be given back"),
     }
 }

@@ -72,25 +72,14 @@ pub fn assignment(
     (tokens > 0 && ttl_s > 0).then_some(Assignment { tokens, ttl_s })
 }
 
-/// Units of a lease `grant` of `algorithm` to give back once its assignment is over and every
-/// request it admitted has been reported: what was taken, less what `admitted` requests of
-/// `cost` spent and (a token bucket) what the bucket has refilled by itself `elapsed_us` after
-/// the instant just before the take.
-pub fn unused(
-    algorithm: &Algorithm,
-    grant: &Grant,
-    cost: u64,
-    admitted: u64,
-    elapsed_us: u64,
-) -> u64 {
-    let spent = admitted.saturating_mul(cost.max(1));
-    let refilled = match algorithm {
-        Algorithm::TokenBucket(bucket) => {
-            bucket_lease_shrunk(bucket, grant.hold_us, elapsed_us, grant.units)
-        }
-        _ => 0,
-    };
-    grant.units.saturating_sub(refilled).saturating_sub(spent)
+/// Units of a lease `grant` not admitted, once its assignment is over and every request it
+/// admitted has been reported: what was taken, less what `admitted` requests of `cost` spent.
+/// What a token bucket refilled by itself meanwhile is the store's to subtract, exactly and on
+/// its own clock ([`crate::store::RateStore::give_back`]).
+pub fn unused(grant: &Grant, cost: u64, admitted: u64) -> u64 {
+    grant
+        .units
+        .saturating_sub(admitted.saturating_mul(cost.max(1)))
 }
 
 /// Requests to ask a lease for: enough for `rate_per_s` (recent demand) over the assignment and
@@ -134,6 +123,7 @@ mod tests {
             },
             window: 0,
             hold_us,
+            at_us: 0,
         }
     }
 
@@ -213,14 +203,9 @@ mod tests {
     }
 
     #[test]
-    fn what_is_given_back_is_what_was_neither_admitted_nor_refilled() {
-        let window: Algorithm = FixedWindow::new(100, 60 * SECOND_US).unwrap().into();
-        assert_eq!(unused(&window, &grant(40, 0), 1, 15, 5 * SECOND_US), 25);
-        assert_eq!(unused(&window, &grant(40, 0), 3, 15, 0), 0, "45 > 40");
-        let bucket: Algorithm = TokenBucket::new(10, SECOND_US, 20).unwrap().into();
-        // 0.5 s past the hold: 5 refilled by the bucket itself.
-        assert_eq!(unused(&bucket, &grant(20, SECOND_US), 1, 4, 1_500_000), 11);
-        assert_eq!(unused(&bucket, &grant(20, 0), 1, 0, 9 * SECOND_US), 0);
+    fn what_is_given_back_is_what_was_not_admitted() {
+        assert_eq!(unused(&grant(40, 0), 1, 15), 25);
+        assert_eq!(unused(&grant(40, 0), 3, 15), 0, "45 > 40");
     }
 
     #[test]
