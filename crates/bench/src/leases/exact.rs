@@ -18,20 +18,27 @@ use super::{checkers, range, section, LeaseArgs, Tally};
 /// Longer than the default `leases.idle` (2 s) plus a sweep: the leases are back by then.
 const GIVE_BACK: Duration = Duration::from_millis(2_600);
 
-/// A fixed window and a token bucket (refill 1 an hour: its burst is its limit over a run).
+/// A fixed window and a token bucket (refill 1 an hour: its burst is its limit over a run), at
+/// `limit` (`fwx`, `tbx`: exceeded within the run) and at a limit no run reaches (`fwu`, `tbu`).
 fn policies(limit: u64) -> String {
     format!(
         "
 policies:
   - {{name: fwx, key: [k], algorithm: fixed_window, limit: {limit}, period: 1h, lease: true, failure_mode: closed}}
   - {{name: tbx, key: [k], algorithm: token_bucket, limit: 1, period: 1h, burst: {limit}, lease: true, failure_mode: closed}}
+  - {{name: fwu, key: [k], algorithm: fixed_window, limit: {UNREACHED}, period: 1h, lease: true, failure_mode: closed}}
+  - {{name: tbu, key: [k], algorithm: token_bucket, limit: 1, period: 1h, burst: {UNREACHED}, lease: true, failure_mode: closed}}
 "
     )
 }
 
+/// The limit of the rows that stop with leases held (a run admits at most ~200,000).
+const UNREACHED: u64 = 1_000_000;
+
 struct Outcome {
     figures: Figures,
-    /// Admitted once the leases were back.
+    /// Admitted once the leases were back (limit reached), or what the counter had left then
+    /// (a dry run's `remaining`, limit not reached).
     drained: u64,
 }
 
@@ -48,7 +55,8 @@ pub async fn all(
     println!(
         "\nQuota leases, exactness (hot key, limit {limit} per hour, exceeded within each run)"
     );
-    println!("| setting | alg | daemons | callers | checks/s | admitted | drained after give-back | under-admission | Redis calls | daemon CPU us | verdict |");
+    println!("(fwu/tbu: limit {UNREACHED}, not reached: the load stops with leases held; `left` is the counter's dry-run remaining after the give-back)");
+    println!("| setting | alg | daemons | callers | checks/s | admitted | drained or left after give-back | under-admission | Redis calls | daemon CPU us | verdict |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for variant in variants {
         let mut fleet_callers: Vec<usize> = plan
@@ -76,7 +84,12 @@ pub async fn all(
                     )
                 })
                 .collect::<Result<Vec<_>>>()?;
-            for algorithm in ["fwx", "tbx"] {
+            for algorithm in ["fwx", "tbx", "fwu", "tbu"] {
+                let limit = if algorithm.ends_with('u') {
+                    UNREACHED
+                } else {
+                    limit
+                };
                 let mut outcomes = Vec::new();
                 for run in 0..runs {
                     let outcome =
@@ -124,7 +137,7 @@ fn print_row(
         } else {
             variant
         },
-        &algorithm[..2],
+        algorithm,
         range(&col(&|o| o.figures.rate), 0),
         range(&col(&|o| o.figures.admitted as f64), 0),
         range(&col(&|o| o.drained as f64), 0),
@@ -157,6 +170,17 @@ async fn one(
     // all be denied too (anything admitted there was still on the counter).
     let body = format!(r#"{{"policy":"{policy}","descriptors":{{"k":"{tag}-0"}}}}"#);
     let mut conn = Connection::open(&targets[0]).await?;
+    if policy.ends_with('u') {
+        let dry = body.replacen('{', r#"{"dry_run":true,"#, 1);
+        let reply = conn
+            .post_bytes("/v1/check", bytes::Bytes::from(dry))
+            .await?;
+        let left = reply.json()["remaining"].as_u64().unwrap_or(0);
+        return Ok(Outcome {
+            figures,
+            drained: left,
+        });
+    }
     let (mut drained, mut denied) = (0u64, 0u32);
     while denied < 20 {
         let reply = conn
