@@ -214,3 +214,27 @@ pub fn range(values: &[f64], digits: usize) -> String {
         format!("{lo:.digits$}-{hi:.digits$}")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{range, section, wanted};
+
+    #[test]
+    fn ranges_span_the_runs_and_collapse_when_equal() {
+        assert_eq!(range(&[3.0, 1.25, 2.0], 1), "1.2-3.0");
+        assert_eq!(range(&[0.00031, 0.00034], 3), "0.000");
+        assert_eq!(range(&[5.0], 0), "5");
+        assert_eq!(range(&[], 2), "-");
+    }
+
+    #[test]
+    fn a_variant_becomes_a_leases_table_and_only_the_name_leases_asks_for_the_rows() {
+        assert_eq!(
+            section("span=\"1s\";min_units=64"),
+            "[leases]\nspan=\"1s\"\nmin_units=64\n"
+        );
+        assert!(wanted(Some(&vec!["tcp".into(), "leases".into()])));
+        assert!(!wanted(Some(&vec!["lease".into()])));
+        assert!(!wanted(None));
+    }
+}

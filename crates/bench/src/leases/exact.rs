@@ -175,7 +175,9 @@ async fn one(
         let reply = conn
             .post_bytes("/v1/check", bytes::Bytes::from(dry))
             .await?;
-        let left = reply.json()["remaining"].as_u64().unwrap_or(0);
+        // `remaining` is what is left after this request: a dry run's own unit is still there.
+        let admissible = u64::from(reply.status.as_u16() == 200);
+        let left = reply.json()["remaining"].as_u64().unwrap_or(0) + admissible;
         return Ok(Outcome {
             figures,
             drained: left,
