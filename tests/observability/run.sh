@@ -5,7 +5,8 @@
 # HTTP API and must parse and return data; `promtool check rules` must pass; the daemons' JSON logs
 # must hold no secret and no raw key, tenant or IP.
 #
-#   daemon A: a real redis-server (with a password): allowed, denied, shadow_denied, Redis pipelines
+#   daemon A: a real redis-server (with a password): allowed, denied, shadow_denied, Redis pipelines,
+#             quota leases
 #   daemon B: redis.url on a port where nothing listens: fail_open, fail_closed, local_*, circuit open
 #   the injector, on a 30-day certificate: its expiry metric and alert
 #
@@ -92,6 +93,15 @@ cat >>"$work/a-policies.yaml" <<'EOF'
     period: 1m
     failure_mode: open
     shadow: true
+
+  - name: feed_leased
+    match: {path: /feed}
+    key: [tenant]
+    algorithm: fixed_window
+    limit: 100000
+    period: 1h
+    failure_mode: open
+    lease: true
 EOF
 # Daemon B's: the shipped two plus a policy that falls back to a per-pod share.
 cp config/policies.yaml "$work/b-policies.yaml"
@@ -193,6 +203,8 @@ for round in $(seq 1 60); do
     check tcp a "{\"descriptors\": {\"tenant\": \"obs-tenant\", \"api_key\": \"$key\"}}"
     check uds a "{\"descriptors\": {\"path\": \"/login\", \"ip\": \"$ip\"}}"
     check tcp a "{\"descriptors\": {\"path\": \"/search\", \"ip\": \"$ip\"}}"
+    # A busy leased partition (the default leases.min_units is 8 a second): admitted from leases.
+    for _ in 1 2 3 4 5 6; do check tcp a "{\"descriptors\": {\"path\": \"/feed\", \"tenant\": \"obs-tenant\"}}"; done
     check tcp b "{\"descriptors\": {\"tenant\": \"obs-tenant\", \"api_key\": \"$key\"}}"
     check uds b "{\"policy\": \"login\", \"descriptors\": {\"ip\": \"$ip\"}}"
     check tcp b "{\"descriptors\": {\"path\": \"/export\", \"tenant\": \"obs-tenant\"}}"

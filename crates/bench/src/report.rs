@@ -94,6 +94,8 @@ pub struct Row {
     /// a CPU (`/proc/<pid>/task/*/schedstat`), percent: the machine's own contention, which a
     /// tail includes.
     pub cpu_wait_percent: f64,
+    /// The through-Envoy rows: sluice's own CPU per request (Envoy's is `daemon_cpu_us`).
+    pub sluice_cpu_us: Option<f64>,
 }
 
 impl Row {
@@ -129,6 +131,7 @@ impl Row {
             redis_usec_per_call,
             checks_per_call,
             cpu_wait_percent,
+            sluice_cpu_us: None,
         }
     }
 }
@@ -146,6 +149,8 @@ pub struct Report {
     pub overload: Vec<Overload>,
     /// The targets, computed from the rows.
     pub targets: Vec<super::targets::Target>,
+    /// What was asked for and not run, and why.
+    pub notes: Vec<String>,
 }
 
 impl Report {
@@ -157,6 +162,7 @@ impl Report {
             memory: Vec::new(),
             overload: Vec::new(),
             targets: Vec::new(),
+            notes: Vec::new(),
         }
     }
 
@@ -258,9 +264,53 @@ impl Report {
                 o.policy, o.clients, if o.policy == "wide" { "a fresh key per check" } else { "one key" }, o.seconds, o.rate, o.enforced, o.fail_open, o.admitted, o.bound, o.errors, o.redis_errors, o.local_layer_hits, o.local_limit_denied, o.reached_redis, o.redis_calls, o.calls_per_check
             );
         }
+        self.print_envoy();
         super::targets::print(&self.targets);
+        for note in &self.notes {
+            println!("\n{note}");
+        }
         let errors: u64 = self.rows.iter().map(|r| r.errors).sum();
         println!("\n{errors} failed or wrong answers in all runs");
+    }
+
+    /// The "through Envoy" rows against the no-filter baseline of the same run and client
+    /// count: what a check adds to each request as Envoy's users see it.
+    fn print_envoy(&self) {
+        let rows: Vec<&Row> = self
+            .rows
+            .iter()
+            .filter(|r| r.system.starts_with("envoy"))
+            .collect();
+        if rows.is_empty() {
+            return;
+        }
+        println!("\nThrough Envoy (one worker), against Envoy with no filter in the same run:\n");
+        println!("| system | connections | requests/s | vs no filter | p50 us | p99 us | added p50 us | added p99 us | Envoy CPU us/request | sluice CPU us/request |");
+        println!("|---|---|---|---|---|---|---|---|---|---|");
+        for row in rows {
+            let base = self.baseline(row, "envoy");
+            let added = |figure: fn(&Row) -> u64| {
+                base.map_or("-".into(), |b| {
+                    format!("{:+}", figure(row) as i64 - figure(b) as i64)
+                })
+            };
+            println!(
+                "| {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} |",
+                row.system,
+                row.clients,
+                row.rate,
+                base.map_or("-".into(), |b| format!(
+                    "{:.2}x",
+                    row.rate / b.rate.max(1e-9)
+                )),
+                row.p50_us,
+                row.p99_us,
+                added(|r| r.p50_us),
+                added(|r| r.p99_us),
+                row.daemon_cpu_us.map_or("-".into(), |c| format!("{c:.1}")),
+                row.sluice_cpu_us.map_or("-".into(), |c| format!("{c:.1}")),
+            );
+        }
     }
 
     /// Writes the JSON report (creating its directory).

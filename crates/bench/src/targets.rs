@@ -236,6 +236,7 @@ mod tests {
             redis_usec_per_call: 1.0,
             checks_per_call: 1.0,
             cpu_wait_percent: 0.0,
+            sluice_cpu_us: None,
         }
     }
 

@@ -17,7 +17,8 @@
 //!   shrinks at the refill rate past its hold ([`bucket_lease_shrunk`]), measured the same way.
 //! - **Given back** ([`RateStore::give_back`], which measures what is left on the counter's
 //!   clock): when unused for `leases.idle`, when the policy changes (a reload), at shutdown.
-//!   A reset of the partition (here or on another pod) drops the lease without giving it back.
+//!   A reset of the partition (here or on another pod) drops the lease without giving it back,
+//!   and the grant of a take that was out meanwhile (it may come from the forgotten counter).
 //! - **Answers**: an admission from a lease is `enforced` (the store counted the units at the
 //!   take); its `remaining` is what this pod's lease still holds, a floor of what is left.
 
@@ -65,7 +66,7 @@ impl LeaseMetrics {
         let takes = IntCounterVec::new(
             Opts::new(
                 "sluice_lease_takes_total",
-                "Lease takes by outcome: granted, empty (the counter was near its limit), failed, stale (the policy changed meanwhile; given back)",
+                "Lease takes by outcome: granted, empty (the counter was near its limit), failed, stale (the policy changed meanwhile: given back; the counter was reset meanwhile: dropped)",
             ),
             &["policy", "outcome"],
         )?;
@@ -192,6 +193,9 @@ struct Entry {
     quiet_until: Option<Instant>,
     demand: Demand,
     last_use: Instant,
+    /// Resets of the counter this pod heard of: a take sent before one may have run on the
+    /// counter the reset forgot, so its grant is dropped.
+    resets: u64,
 }
 
 impl Entry {
@@ -208,6 +212,7 @@ impl Entry {
                 last: 0,
             },
             last_use: now,
+            resets: 0,
         }
     }
 
@@ -250,7 +255,8 @@ impl Entry {
 
 /// A give-back or take to run once the table's locks are released.
 enum Job {
-    Take(StoreCheck),
+    /// A take, and the resets its entry had heard of when it was sent.
+    Take(StoreCheck, u64),
     GiveBack(StoreCheck, Held),
 }
 
@@ -312,16 +318,22 @@ impl Leases {
     /// store decides). Either way, starts takes where a lease runs low.
     pub fn admit(&self, checks: &[StoreCheck]) -> Option<Vec<Decision>> {
         let now = Instant::now();
-        let mut order: Vec<usize> = checks.iter().map(|c| self.shard_of(&c.key)).collect();
+        // Each check's shard, locked in index order (no deadlock with a concurrent group).
+        let shards: Vec<usize> = checks.iter().map(|c| self.shard_of(&c.key)).collect();
+        let mut order = shards.clone();
         order.sort_unstable();
         order.dedup();
         let mut guards: Vec<_> = order.iter().map(|&shard| self.lock(shard)).collect();
-        let guard_of = |key: &Key| order.binary_search(&self.shard_of(key)).unwrap_or(0);
+        let guard: Vec<usize> = shards
+            .iter()
+            .map(|shard| order.binary_search(shard).unwrap_or(0))
+            .collect();
+        let per_shard = self.inner.settings.max_keys.div_ceil(SHARDS);
         let mut jobs = Vec::new();
         let mut covered = true;
-        for check in checks {
-            let table = &mut guards[guard_of(&check.key)];
-            let full = table.len() >= self.inner.settings.max_keys;
+        for (at, check) in checks.iter().enumerate() {
+            let table = &mut guards[guard[at]];
+            let full = table.len() >= per_shard;
             let entry = match table.get_mut(&check.key) {
                 Some(entry) => entry,
                 None if full => {
@@ -353,8 +365,9 @@ impl Leases {
         let decisions = covered.then(|| {
             checks
                 .iter()
-                .map(|check| {
-                    let table = &mut guards[guard_of(&check.key)];
+                .enumerate()
+                .map(|(at, check)| {
+                    let table = &mut guards[guard[at]];
                     let entry = table.get_mut(&check.key).expect("covered above");
                     let mut need = check.cost;
                     for held in entry.held.iter_mut() {
@@ -375,8 +388,8 @@ impl Leases {
                 })
                 .collect::<Vec<_>>()
         });
-        for check in checks {
-            if let Some(entry) = guards[guard_of(&check.key)].get_mut(&check.key) {
+        for (at, check) in checks.iter().enumerate() {
+            if let Some(entry) = guards[guard[at]].get_mut(&check.key) {
                 if check.generation == entry.revision {
                     self.maybe_take(check, entry, now, &mut jobs);
                 }
@@ -415,10 +428,13 @@ impl Leases {
             return;
         }
         entry.taking = true;
-        jobs.push(Job::Take(StoreCheck {
-            cost: want,
-            ..check.clone()
-        }));
+        jobs.push(Job::Take(
+            StoreCheck {
+                cost: want,
+                ..check.clone()
+            },
+            entry.resets,
+        ));
     }
 
     /// Moves `entry`'s grants into give-backs.
@@ -439,10 +455,10 @@ impl Leases {
         for job in jobs {
             let leases = self.clone();
             match job {
-                Job::Take(check) => {
+                Job::Take(check, resets) => {
                     self.inner
                         .tasks
-                        .spawn(async move { leases.take(check).await });
+                        .spawn(async move { leases.take(check, resets).await });
                 }
                 Job::GiveBack(check, held) => {
                     self.returning(&check.key, held.grant.units.saturating_sub(held.used), true);
@@ -454,7 +470,7 @@ impl Leases {
         }
     }
 
-    async fn take(&self, check: StoreCheck) {
+    async fn take(&self, check: StoreCheck, resets: u64) {
         let sent = Instant::now();
         let taken = self
             .inner
@@ -470,8 +486,18 @@ impl Leases {
             let current = entry
                 .as_ref()
                 .is_some_and(|e| e.revision == check.generation && e.algorithm == check.algorithm);
+            let reset = entry.as_ref().is_some_and(|e| e.resets != resets);
             let now = Instant::now();
             match (entry, taken) {
+                // The counter was reset while the take was out: its units may belong to the
+                // counter the reset forgot (admitting them would add to a fresh quota) and
+                // giving them back could take from the new one: dropped (under-admission).
+                (Some(entry), Ok(Some(grant))) if reset && grant.units > 0 => {
+                    entry.taking = false;
+                    metrics.takes.with_label_values(&[policy, "stale"]).inc();
+                    metrics.units(&check.key, "taken", grant.units);
+                    metrics.units(&check.key, "dropped", grant.units);
+                }
                 (Some(entry), Ok(Some(grant))) if current && grant.units > 0 => {
                     entry.taking = false;
                     metrics.takes.with_label_values(&[policy, "granted"]).inc();
@@ -584,6 +610,7 @@ impl Leases {
     /// Drops the lease of `key` without giving it back: its counter was reset.
     pub fn forget(&self, key: &Key) {
         if let Some(entry) = self.lock(self.shard_of(key)).get_mut(key) {
+            entry.resets = entry.resets.wrapping_add(1);
             let dropped: u64 = entry.held.drain(..).map(|h| h.grant.units - h.used).sum();
             self.inner.metrics.units(key, "dropped", dropped);
         }
@@ -593,6 +620,7 @@ impl Leases {
     pub fn clear(&self) {
         for shard in 0..SHARDS {
             for (key, entry) in self.lock(shard).iter_mut() {
+                entry.resets = entry.resets.wrapping_add(1);
                 let dropped: u64 = entry.held.drain(..).map(|h| h.grant.units - h.used).sum();
                 self.inner.metrics.units(key, "dropped", dropped);
             }
@@ -653,3 +681,6 @@ impl Leases {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -422,6 +422,8 @@ impl CheckService {
 }
 
 #[cfg(test)]
+mod lease_tests;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod windows_tests;

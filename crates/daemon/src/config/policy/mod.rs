@@ -439,6 +439,22 @@ mod tests {
     }
 
     #[test]
+    fn a_lease_is_refused_on_a_sliding_log_and_on_a_block_list_with_its_line() {
+        let log = "policies:\n  - {name: a, key: [ip], algorithm: fixed_window, limit: 5, period: 1m, lease: true}\n  - {name: b, key: [ip], algorithm: sliding_log, limit: 5, period: 1m, lease: true}\n";
+        let err = parse(log).unwrap_err().to_string();
+        assert!(err.contains("p.yaml:3"), "{err}");
+        assert!(err.contains("a sliding log is never leased"), "{err}");
+        let deny = "policies:\n  - {name: b, key: [ip], deny: true, period: 1m, lease: true}\n";
+        let err = parse(deny).unwrap_err().to_string();
+        assert!(
+            err.contains("a deny policy has no counter to lease"),
+            "{err}"
+        );
+        let set = parse("policies:\n  - {name: t, key: [ip], algorithm: token_bucket, limit: 5, period: 1s, lease: true}\n").expect("valid");
+        assert!(set.get("t").expect("t").lease());
+    }
+
+    #[test]
     fn shipped_example_is_valid_and_matches_the_design() {
         let set = parse(SHIPPED).expect("shipped policies are valid");
         let api = set.get("public_api").expect("public_api");

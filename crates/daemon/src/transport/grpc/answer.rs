@@ -6,6 +6,7 @@ use crate::check::{GroupVerdict, Mode, Outcome, PolicyDecision, Verdict};
 use crate::config::envoy::StandIn;
 use crate::limit::Micros;
 use crate::transport::wire;
+use hyper::header::CACHE_CONTROL;
 
 use super::proto::envoy::config::core::v3::HeaderValue;
 use super::proto::envoy::service::ratelimit::v3::rate_limit_response::{
@@ -112,17 +113,26 @@ fn duration(us: Micros) -> prost_types::Duration {
     }
 }
 
-/// The check API's own rate-limit headers (`cache-control` aside: it is not a client concern).
+/// The check API's own rate-limit headers (`cache-control` aside: it is not a client concern),
+/// moved out of the header map into Envoy's `HeaderValue`s, one allocation each for name and
+/// value, the list allocated once at its size.
 fn headers(verdict: &Verdict) -> Vec<HeaderValue> {
-    wire::headers(verdict)
-        .iter()
-        .filter(|(name, _)| name.as_str() != "cache-control")
-        .filter_map(|(name, value)| {
-            Some(HeaderValue {
-                key: name.as_str().to_owned(),
-                value: value.to_str().ok()?.to_owned(),
+    let map = wire::headers(verdict);
+    let mut out = Vec::with_capacity(map.len().saturating_sub(1));
+    let mut name = None;
+    for (key, value) in map {
+        // `None`: another value of the previous name.
+        name = key.or(name);
+        let Some(key) = name.as_ref().filter(|key| **key != CACHE_CONTROL) else {
+            continue;
+        };
+        if let Ok(value) = value.to_str() {
+            out.push(HeaderValue {
+                key: key.as_str().to_owned(),
+                value: value.to_owned(),
                 raw_value: Vec::new(),
-            })
-        })
-        .collect()
+            });
+        }
+    }
+    out
 }

@@ -146,6 +146,11 @@ impl Reader {
         let fragment = if kind == HEADERS {
             self.flush_block();
             match headers_fragment(flags, payload) {
+                // The usual case, a whole block in one frame: rewritten straight into `out`.
+                Some((priority, fragment)) if flags & END_HEADERS != 0 => {
+                    self.emit_whole(flags, stream, priority, fragment);
+                    return;
+                }
                 Some((priority, fragment)) => {
                     self.block = Some(Block {
                         stream,
@@ -226,6 +231,37 @@ impl Reader {
                 &chunk,
             );
         }
+    }
+
+    /// Writes a whole block that came in one HEADERS frame as one HEADERS frame, its
+    /// `:authority` rewritten, with no intermediate buffer: the rewritten block is never longer
+    /// than the original, so it fits the frame the original came in.
+    fn emit_whole(
+        &mut self,
+        flags: u8,
+        stream: [u8; 4],
+        priority: Option<[u8; 5]>,
+        fragment: &[u8],
+    ) {
+        let start = self.out.len();
+        let keep = flags & (END_STREAM | PRIORITY);
+        // The length is filled in below.
+        self.out.put_slice(&[0, 0, 0, HEADERS, keep | END_HEADERS]);
+        self.out.put_slice(&stream);
+        if let Some(priority) = priority {
+            self.out.put_slice(&priority);
+        }
+        let block_at = self.out.len();
+        if rewrite(fragment, &mut self.out).is_none() {
+            self.out.truncate(block_at);
+            self.out.put_slice(fragment);
+        }
+        let len = self.out.len() - start - FRAME_HEADER;
+        self.out[start..start + 3].copy_from_slice(&[
+            (len >> 16) as u8,
+            (len >> 8) as u8,
+            len as u8,
+        ]);
     }
 
     fn frame(&mut self, kind: u8, flags: u8, stream: [u8; 4], payload: &[u8]) {

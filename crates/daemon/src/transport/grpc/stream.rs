@@ -8,18 +8,22 @@
 //!
 //! `ShouldRateLimit` is answered here, not through tonic: the message is decoded with prost from
 //! the bytes already read and the answer encoded into one buffer, sent as one DATA frame and the
-//! `grpc-status` trailers. tonic's routing, codec and service layers cost about as much CPU per
-//! check as the check itself (see docs/benchmarks.md); they still serve the health service.
+//! `grpc-status` trailers ([`Unary`], no boxed stream). tonic's routing, codec and service layers
+//! cost about as much CPU per check as the check itself (see docs/benchmarks.md); they still
+//! serve the health service. A request whose body has already arrived whole (the usual case: one
+//! DATA frame with END_STREAM, read together with its HEADERS) is taken as it is, without a
+//! timer or a copy; only a body still on its way is read under the timeout.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use http_body_util::{BodyExt, Full, Limited, StreamBody};
-use hyper::body::{Frame, Incoming};
+use http_body_util::{BodyExt, Either, Full};
+use hyper::body::{Body, Frame, Incoming};
 use hyper::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use hyper::{Request, Response};
 use prost::Message;
@@ -72,7 +76,13 @@ impl Streams {
     }
 }
 
-type Answer = Response<tonic::body::Body>;
+/// A stream's answer: `ShouldRateLimit`'s own [`Unary`] body, or tonic's.
+type Answer = Response<Either<Unary, tonic::body::Body>>;
+
+/// tonic's answer (a route's, or a refusal's) as an [`Answer`].
+fn tonic_answer(answer: Response<tonic::body::Body>) -> Answer {
+    answer.map(Either::Right)
+}
 
 impl hyper::service::Service<Request<Incoming>> for Streams {
     type Response = Answer;
@@ -92,7 +102,7 @@ impl hyper::service::Service<Request<Incoming>> for Streams {
                     Ok(message) => should_rate_limit(&rls, &parts.headers, &message).await,
                     Err(status) => Err(counted(&metrics, status)),
                 };
-                Ok(answer.unwrap_or_else(Status::into_http))
+                Ok(answer.unwrap_or_else(|status| tonic_answer(status.into_http())))
             });
         }
         let mut routes = self.routes.clone();
@@ -101,7 +111,7 @@ impl hyper::service::Service<Request<Incoming>> for Streams {
             let (parts, body) = request.into_parts();
             let message = match read(body, limits).await {
                 Ok(message) => message,
-                Err(status) => return Ok(counted(&metrics, status).into_http()),
+                Err(status) => return Ok(tonic_answer(counted(&metrics, status).into_http())),
             };
             std::future::poll_fn(|cx| {
                 <tonic::service::Routes as tonic::codegen::Service<Request<Full<Bytes>>>>::poll_ready(
@@ -110,9 +120,10 @@ impl hyper::service::Service<Request<Incoming>> for Streams {
                 )
             })
             .await?;
-            routes
+            let answer = routes
                 .call(Request::from_parts(parts, Full::new(message)))
-                .await
+                .await?;
+            Ok(tonic_answer(answer))
         })
     }
 }
@@ -154,44 +165,141 @@ fn unary(message: &impl Message) -> Answer {
     framed.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
     // A `BytesMut` grows as needed: encoding into it cannot run out of room.
     let _ = message.encode(&mut framed);
-    let mut trailers = HeaderMap::with_capacity(1);
-    trailers.insert("grpc-status", HeaderValue::from_static("0"));
-    let frames = [Frame::data(framed.freeze()), Frame::trailers(trailers)];
-    let body = StreamBody::new(futures_util::stream::iter(frames.map(Ok::<_, Infallible>)));
-    let mut answer = Response::new(tonic::body::Body::new(body));
+    let mut answer = Response::new(Either::Left(Unary {
+        data: Some(framed.freeze()),
+        trailers: true,
+    }));
     answer
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     answer
 }
 
+/// A unary answer's body: one DATA frame, then the `grpc-status: 0` trailers. What a boxed
+/// stream of two frames did, without the box and the stream adapter.
+pub(super) struct Unary {
+    data: Option<Bytes>,
+    trailers: bool,
+}
+
+impl Body for Unary {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        if let Some(data) = this.data.take() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        if std::mem::take(&mut this.trailers) {
+            let mut trailers = HeaderMap::with_capacity(1);
+            trailers.insert("grpc-status", HeaderValue::from_static("0"));
+            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+        }
+        Poll::Ready(None)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none() && !self.trailers
+    }
+
+    // No `size_hint`: an exact one would make hyper add `content-length`, which gRPC answers
+    // do not carry.
+}
+
 /// The request body, whole and well framed, or the status that refuses it.
-async fn read(body: Incoming, limits: StreamLimits) -> Result<Bytes, Status> {
-    let cap = limits.max_message_bytes.saturating_add(PREFIX_BYTES);
-    let collected =
-        tokio::time::timeout(limits.body_read_timeout, Limited::new(body, cap).collect())
-            .await
-            .map_err(|_| {
-                Status::deadline_exceeded(format!(
-                    "the request message did not arrive within limits.body_read_timeout ({})",
-                    crate::config::HumanDuration(
-                        u64::try_from(limits.body_read_timeout.as_micros()).unwrap_or(u64::MAX)
-                    )
-                ))
-            })?
-            .map_err(|error| {
-                if error.is::<http_body_util::LengthLimitError>() {
-                    Status::resource_exhausted(format!(
-                        "request message over limits.max_body_bytes ({} bytes)",
-                        limits.max_message_bytes
-                    ))
-                } else {
-                    Status::cancelled("the request stream broke off")
-                }
-            })?;
-    let message = collected.to_bytes();
-    check_framing(&message)?;
-    Ok(message)
+async fn read(mut body: Incoming, limits: StreamLimits) -> Result<Bytes, Status> {
+    let mut gathered = Gathered::new(limits.max_message_bytes);
+    // Frames already received need no timer: take them as they are.
+    while !body.is_end_stream() {
+        let polled = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut body).poll_frame(cx)));
+        match polled.await {
+            Poll::Ready(Some(frame)) => gathered.push(frame)?,
+            Poll::Ready(None) => return gathered.finish(),
+            Poll::Pending => {
+                // The rest is on its way: read it under `limits.body_read_timeout`.
+                let rest = async {
+                    while let Some(frame) = body.frame().await {
+                        gathered.push(frame)?;
+                    }
+                    Ok::<_, Status>(())
+                };
+                tokio::time::timeout(limits.body_read_timeout, rest)
+                    .await
+                    .map_err(|_| {
+                        Status::deadline_exceeded(format!(
+                            "the request message did not arrive within limits.body_read_timeout ({})",
+                            crate::config::HumanDuration(
+                                u64::try_from(limits.body_read_timeout.as_micros())
+                                    .unwrap_or(u64::MAX)
+                            )
+                        ))
+                    })??;
+                break;
+            }
+        }
+    }
+    gathered.finish()
+}
+
+/// A request body's bytes so far: the first DATA frame as it came, copied into one buffer only
+/// when more follow; at most `cap` bytes of message.
+struct Gathered {
+    first: Option<Bytes>,
+    more: Option<BytesMut>,
+    len: usize,
+    max_message_bytes: usize,
+}
+
+impl Gathered {
+    fn new(max_message_bytes: usize) -> Self {
+        Self {
+            first: None,
+            more: None,
+            len: 0,
+            max_message_bytes,
+        }
+    }
+
+    /// Adds one frame (trailers are ignored), or refuses the stream.
+    fn push(&mut self, frame: Result<Frame<Bytes>, hyper::Error>) -> Result<(), Status> {
+        let frame = frame.map_err(|_| Status::cancelled("the request stream broke off"))?;
+        let Ok(data) = frame.into_data() else {
+            return Ok(());
+        };
+        self.len = self.len.saturating_add(data.len());
+        if self.len > self.max_message_bytes.saturating_add(PREFIX_BYTES) {
+            return Err(Status::resource_exhausted(format!(
+                "request message over limits.max_body_bytes ({} bytes)",
+                self.max_message_bytes
+            )));
+        }
+        match (&mut self.first, &mut self.more) {
+            (None, _) => self.first = Some(data),
+            (Some(first), None) => {
+                let mut more = BytesMut::with_capacity(self.len);
+                more.extend_from_slice(first);
+                more.extend_from_slice(&data);
+                self.more = Some(more);
+            }
+            (Some(_), Some(more)) => more.extend_from_slice(&data),
+        }
+        Ok(())
+    }
+
+    /// The whole body, checked to be one well-framed message.
+    fn finish(self) -> Result<Bytes, Status> {
+        let message = match (self.first, self.more) {
+            (_, Some(more)) => more.freeze(),
+            (Some(first), None) => first,
+            (None, None) => Bytes::new(),
+        };
+        check_framing(&message)?;
+        Ok(message)
+    }
 }
 
 /// Exactly one complete, uncompressed message, or why not.
