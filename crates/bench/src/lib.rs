@@ -7,6 +7,7 @@
 mod clients;
 mod envoy;
 mod grpc;
+mod leases;
 mod load;
 mod memory;
 mod naive_sidecar;
@@ -80,6 +81,9 @@ pub struct BenchArgs {
     /// sink) and add its rows as `traced tcp`, to compare with `sluice tcp` (tracing off).
     #[arg(long)]
     tracing: bool,
+    /// The quota lease rows (`--systems leases`).
+    #[command(flatten)]
+    leases: leases::LeaseArgs,
     /// Where to write the JSON report.
     #[arg(long, default_value = "target/bench/latest.json")]
     json: PathBuf,
@@ -183,6 +187,11 @@ async fn bench(args: BenchArgs) -> Result<()> {
         open_loop: !args.quick,
     };
     let _hog = Hog::start(args.hog);
+    if leases::wanted(args.systems.as_ref()) {
+        let exact = leases::bench(&args.leases, &plan, args.daemon_threads, args.quick).await?;
+        anyhow::ensure!(exact, "a lease row admitted more than the limit");
+        return Ok(());
+    }
     let mut report = Report::new(machine());
     if args.memory_only {
         report.memory = memory::measure(plan.keys)?;

@@ -34,6 +34,9 @@ pub struct NaiveArgs {
     /// Worker threads.
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// Answer without Redis: the no-op HTTP floor of the lease rows.
+    #[arg(long)]
+    noop: bool,
 }
 
 #[derive(Deserialize)]
@@ -88,6 +91,9 @@ async fn check(
 }
 
 async fn serve(args: NaiveArgs) -> anyhow::Result<()> {
+    if args.noop {
+        return super::leases::serve_floor(args.listen).await;
+    }
     let client = redis::Client::open(args.redis.as_str())?;
     let mut conn = client.get_multiplexed_async_connection().await?;
     let scripts = Scripts::default();
