@@ -44,6 +44,9 @@ const HELD: usize = 2;
 const SWEEP: Duration = Duration::from_millis(100);
 /// After a take that granted nothing (near the limit), no take for this long.
 const QUIET_EMPTY: Duration = Duration::from_millis(100);
+/// The first and the longest wait after a lease that mostly went unused.
+const BACKOFF_MIN: Duration = Duration::from_millis(250);
+const BACKOFF_MAX: Duration = Duration::from_secs(8);
 /// After a take that failed, no take for this long (the check path reports store failures).
 const QUIET_FAILED: Duration = Duration::from_secs(1);
 
@@ -191,6 +194,10 @@ struct Entry {
     held: VecDeque<Held>,
     taking: bool,
     quiet_until: Option<Instant>,
+    /// After leases that mostly went unused (a token bucket's shrank away: the bucket refilled
+    /// faster than this pod used them), how long to wait before the next take; doubles per
+    /// such lease, back to none after a lease used whole.
+    backoff: Duration,
     demand: Demand,
     last_use: Instant,
     /// Resets of the counter this pod heard of: a take sent before one may have run on the
@@ -206,6 +213,7 @@ impl Entry {
             held: VecDeque::with_capacity(HELD),
             taking: false,
             quiet_until: None,
+            backoff: Duration::ZERO,
             demand: Demand {
                 since: now,
                 this: 0,
@@ -236,6 +244,14 @@ impl Entry {
                 break;
             };
             let unused = held.grant.units.saturating_sub(held.used);
+            // A lease mostly wasted (a warm key's token bucket lease shrinks away within
+            // milliseconds) costs a take and a give-back for a few checks: back off.
+            if held.used.saturating_mul(2) < held.grant.units {
+                self.backoff = (self.backoff * 2).clamp(BACKOFF_MIN, BACKOFF_MAX);
+                self.quiet_until = Some(now + self.backoff);
+            } else {
+                self.backoff = Duration::ZERO;
+            }
             match self.algorithm {
                 Algorithm::TokenBucket(_) if unused > 0 => {
                     let check = StoreCheck {

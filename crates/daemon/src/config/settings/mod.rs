@@ -194,7 +194,7 @@ impl Default for LeaseSettings {
         Self {
             fraction: 4,
             span: HumanDuration(1_000_000),
-            min_units: 8,
+            min_units: 64,
             max_units: 10_000,
             idle: HumanDuration(2_000_000),
             max_keys: 10_000,
