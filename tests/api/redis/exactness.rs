@@ -28,24 +28,30 @@ const DAEMONS: usize = 3;
 const CLIENTS_PER_DAEMON: usize = 6;
 const REQUESTS_PER_CLIENT: usize = 40;
 
-fn free_addr() -> SocketAddr {
+pub(crate) fn free_addr() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     listener.local_addr().expect("addr")
 }
 
 /// A daemon process and where it listens.
-struct Daemon {
+pub(crate) struct Daemon {
     _child: ChildGuard,
-    http: Target,
-    admin: Target,
+    pub(crate) http: Target,
+    pub(crate) admin: Target,
 }
 
 fn start_daemon(dir: &Path, index: usize, redis_toml: &str) -> Daemon {
+    start_daemon_with(dir, index, redis_toml, "")
+}
+
+/// A `sluice serve` of `dir/policies.yaml` on Redis (`redis_toml`: its `[redis]` lines), with
+/// `extra` settings sections appended.
+pub(crate) fn start_daemon_with(dir: &Path, index: usize, redis_toml: &str, extra: &str) -> Daemon {
     let http = free_addr();
     let admin = free_addr();
     let settings = dir.join(format!("sluice-{index}.toml"));
     let text = format!(
-        "policies = {policies:?}\n[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\nsocket = \"\"\n[redis]\n{redis_toml}timeout = \"2s\"\n[log]\nlevel = \"warn\"\n",
+        "policies = {policies:?}\n[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\nsocket = \"\"\n[redis]\n{redis_toml}timeout = \"2s\"\n[log]\nlevel = \"warn\"\n{extra}",
         policies = dir.join("policies.yaml").display().to_string(),
     );
     std::fs::write(&settings, text).expect("write settings");
@@ -160,7 +166,7 @@ async fn exact_across_daemons(redis_toml: String, run: &str) {
 }
 
 /// One daemon's `/metrics` text.
-async fn metrics_of(daemon: &Daemon) -> String {
+pub(crate) async fn metrics_of(daemon: &Daemon) -> String {
     let reply = sluice::client::request(&daemon.admin, axum::http::Method::GET, "/metrics", None)
         .await
         .expect("metrics");

@@ -4,14 +4,14 @@
 //! than the limit, and once the leases are given back (idle) the last units are all admissible:
 //! the fleet ends at exactly the limit.
 
-use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sluice::client::{Connection, Target};
+use sluice::client::Connection;
 
-use crate::helpers::{metric_value, sluice_command, ChildGuard};
+use super::exactness::{metrics_of, start_daemon_with, Daemon};
+use crate::helpers::metric_value;
 use crate::redis_server::{RedisCluster, RedisServer};
 use crate::wait::wait_for_store;
 
@@ -31,35 +31,9 @@ const REQUESTS_PER_CLIENT: usize = 250;
 /// `leases.idle`: short, so that the test sees leases given back.
 const IDLE: &str = "300ms";
 
-fn free_addr() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr")
-}
-
-struct Daemon {
-    _child: ChildGuard,
-    http: Target,
-    admin: Target,
-}
-
 fn start_daemon(dir: &Path, index: usize, redis_toml: &str) -> Daemon {
-    let http = free_addr();
-    let admin = free_addr();
-    let settings = dir.join(format!("sluice-{index}.toml"));
-    let text = format!(
-        "policies = {policies:?}\n[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\nsocket = \"\"\n[redis]\n{redis_toml}timeout = \"2s\"\n[leases]\nmin_units = 2\nidle = \"{IDLE}\"\n[log]\nlevel = \"warn\"\n",
-        policies = dir.join("policies.yaml").display().to_string(),
-    );
-    std::fs::write(&settings, text).expect("write settings");
-    let child = sluice_command(dir, &["serve", "--config", &settings.display().to_string()])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("spawn sluice serve");
-    Daemon {
-        _child: ChildGuard(Some(child)),
-        http: Target::Tcp(http),
-        admin: Target::Tcp(admin),
-    }
+    let leases = format!("[leases]\nmin_units = 2\nidle = \"{IDLE}\"\n");
+    start_daemon_with(dir, index, redis_toml, &leases)
 }
 
 /// Every client of every daemon sends its requests as fast as it can; returns the admissions.
@@ -94,13 +68,6 @@ async fn allowed(conn: &mut Connection, body: &Value) -> bool {
         reply.json()
     );
     status == 200
-}
-
-async fn metrics_of(daemon: &Daemon) -> String {
-    let reply = sluice::client::request(&daemon.admin, axum::http::Method::GET, "/metrics", None)
-        .await
-        .expect("metrics");
-    String::from_utf8_lossy(&reply.body).into_owned()
 }
 
 async fn fleet_metric(daemons: &[Daemon], metric: &str, labels: &[(&str, &str)]) -> f64 {

@@ -4,7 +4,7 @@
 pub mod acl;
 pub mod batch;
 pub mod differential;
-mod exactness;
+pub(crate) mod exactness;
 mod failures;
 mod generation;
 mod lease_changes;
