@@ -11,17 +11,22 @@ use tempfile::TempDir;
 /// How long a server gets to come up.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// A port that is free now, with its Cluster bus port (+10000) free too.
+/// A port that is free now, with its Cluster bus port (+10000) free too. Picked at random in
+/// 20000-22767, so that both stay below the kernel's ephemeral range (32768-60999 here): a port
+/// the kernel handed out (`bind 0`) and gave back can be handed to a client connection of
+/// another test before the server binds it, and the server then exits at once.
 pub fn free_port() -> u16 {
-    for _ in 0..200 {
-        let Ok(listener) = TcpListener::bind("127.0.0.1:0") else {
-            continue;
-        };
-        let Ok(addr) = listener.local_addr() else {
-            continue;
-        };
-        let port = addr.port();
-        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static DRAWS: AtomicU64 = AtomicU64::new(0);
+    let seed = std::collections::hash_map::RandomState::new();
+    for _ in 0..500 {
+        let mut hasher = seed.build_hasher();
+        hasher.write_u64(DRAWS.fetch_add(1, Ordering::Relaxed));
+        let port = 20_000 + (hasher.finish() % 2_768) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
+        {
             return port;
         }
     }
@@ -61,6 +66,40 @@ pub fn spawn_server_from(binary: &Path, dir: &TempDir, port: u16, extra: &[&str]
         .unwrap_or_else(|e| panic!("{} runs (install redis-server): {e}", binary.display()))
 }
 
+/// Spawns a server with `spawn` on a free port (not one of `taken`) and waits until it answers
+/// PING (with the password `spawn` returns); a server that exits first (its port was taken
+/// between the draw and its bind) is spawned again on another port, up to 5 times.
+fn spawn_on_a_free_port(
+    mut spawn: impl FnMut(u16) -> (Child, Option<String>),
+    taken: &[u16],
+) -> (Child, u16) {
+    for _ in 0..5 {
+        let port = loop {
+            let port = free_port();
+            if !taken.contains(&port) {
+                break port;
+            }
+        };
+        let (mut child, password) = spawn(port);
+        let started = Instant::now();
+        loop {
+            if ping_auth(port, password.as_deref()) {
+                return (child, port);
+            }
+            if child.try_wait().ok().flatten().is_some() {
+                break;
+            }
+            assert!(
+                started.elapsed() < START_TIMEOUT,
+                "redis-server on {port} did not come up"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.wait();
+    }
+    panic!("redis-server exited at start on 5 ports in a row");
+}
+
 /// Waits (bounded by [`START_TIMEOUT`]) until `ready` holds, blocking the thread (this file is
 /// also `tests/alloc.rs`'s, so it has no use of the `wait` module).
 pub fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
@@ -69,10 +108,6 @@ pub fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
         assert!(started.elapsed() < START_TIMEOUT, "{what} did not come up");
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-fn ping(port: u16) -> bool {
-    ping_auth(port, None)
 }
 
 fn ping_auth(port: u16, password: Option<&str>) -> bool {
@@ -104,16 +139,29 @@ impl RedisServer {
 
     /// Starts the `redis-server` at `binary` (another Redis version) and waits for PING.
     pub fn start_from(binary: &Path) -> Self {
-        let mut server = Self::stopped(free_port(), &[]);
-        server.binary = binary.to_owned();
-        server.restart();
-        server
+        Self::first_start(binary, &[])
     }
 
     /// Starts a server with extra `redis-server` arguments.
     pub fn start_with(extra: &[&str]) -> Self {
-        let mut server = Self::stopped(free_port(), extra);
-        server.restart();
+        Self::first_start(Path::new(DEFAULT_BINARY), extra)
+    }
+
+    /// Starts on a free port (drawn again if the server exits at start: see
+    /// [`spawn_on_a_free_port`]) and waits until it answers.
+    fn first_start(binary: &Path, extra: &[&str]) -> Self {
+        let mut server = Self::stopped(0, extra);
+        server.binary = binary.to_owned();
+        let password = server.password();
+        let (child, port) = spawn_on_a_free_port(
+            |port| {
+                let child = spawn_server_from(binary, &server.dir, port, extra);
+                (child, password.clone())
+            },
+            &[],
+        );
+        server.child = Some(child);
+        server.port = port;
         server
     }
 
@@ -243,33 +291,25 @@ impl RedisCluster {
     /// [`RedisCluster::start`] with the `redis-server` at `binary` (another Redis version).
     pub fn start_from(binary: &Path) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut ports: Vec<u16> = Vec::new();
-        while ports.len() < 3 {
-            let port = free_port();
-            if !ports.contains(&port) {
-                ports.push(port);
-            }
-        }
-        let children: Vec<Child> = ports
-            .iter()
-            .map(|port| {
-                let conf = format!("nodes-{port}.conf");
-                spawn_server_from(
-                    binary,
-                    &dir,
-                    *port,
-                    &["--cluster-enabled", "yes", "--cluster-config-file", &conf],
-                )
-            })
-            .collect();
-        let cluster = Self {
-            children,
-            ports: ports.clone(),
+        let mut cluster = Self {
+            children: Vec::new(),
+            ports: Vec::new(),
             _dir: dir,
         };
-        for port in &ports {
-            wait_until("cluster node", || ping(*port));
+        // A node whose port was taken between the draw and its bind exits at once: drawn again.
+        for _ in 0..3 {
+            let (child, port) = spawn_on_a_free_port(
+                |port| {
+                    let conf = format!("nodes-{port}.conf");
+                    let extra = ["--cluster-enabled", "yes", "--cluster-config-file", &conf];
+                    (spawn_server_from(binary, &cluster._dir, port, &extra), None)
+                },
+                &cluster.ports,
+            );
+            cluster.children.push(child);
+            cluster.ports.push(port);
         }
+        let ports = cluster.ports.clone();
         let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let status = Command::new("redis-cli")
             .args(["--cluster", "create"])
