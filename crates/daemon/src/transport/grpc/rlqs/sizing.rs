@@ -14,11 +14,11 @@
 use crate::limit::{bucket_lease_shrunk, Algorithm, Grant};
 
 /// Longest an assignment is given for, in whole seconds (Envoy 1.40 reads only the seconds of
-/// `assignment_time_to_live`; 0 would expire at once). A running assignment is never replaced,
-/// so the next one follows the first report after its end: Envoy 1.40 reports every 5 s, and 9 s
-/// (plus the delivery margins) ends just before the second report, so a bucket with steady
-/// demand goes about 1 s in 10 without an assignment (2 s assignments went 3 s in 5).
-pub const MAX_TTL_S: u64 = 9;
+/// `assignment_time_to_live`; 0 would expire at once). A running assignment is never replaced:
+/// the next one follows the first report after its end (Envoy 1.40 reports every 5 s, so a
+/// bucket with steady demand goes about 3 s in 5 without one; longer assignments would close
+/// that gap, at the price of more units held per Envoy).
+pub const MAX_TTL_S: u64 = 2;
 
 /// Time allowed between sending an assignment and Envoy applying it (and its workers seeing
 /// it), and for a report to travel back: Envoy counts the time to live from its own receipt.
