@@ -112,16 +112,7 @@ impl Session {
             }
             Target::Lease(check, mode, deadline) => {
                 bucket
-                    .lease(
-                        &quota,
-                        &self.service,
-                        check,
-                        mode,
-                        deadline,
-                        requests,
-                        denied,
-                        now,
-                    )
+                    .lease(&quota, &self.service, check, mode, deadline, requests, now)
                     .await
             }
         };

@@ -122,19 +122,24 @@ async fn demand_renews_a_lease_with_a_fresh_envoy_bucket() {
     else {
         panic!("a token bucket");
     };
-    // A second on, all used and 20 denied: renewed for the demand (23 a second, for 3 s).
+    // A second on, all used and 20 denied: the assignment still runs at Envoy, and is never
+    // replaced (Envoy may keep a running bucket's tokens).
     let t1 = t0 + Duration::from_secs(1);
+    assert!(session.report(&usage("window", 3, 20), t1).await.is_empty());
+    // Three seconds on it is over: renewed for the demand, with a fresh Envoy bucket.
+    let t3 = t0 + Duration::from_secs(3);
     let Strategy::TokenBucket(second) =
-        strategy(&session.report(&usage("window", 3, 20), t1).await)
+        strategy(&session.report(&usage("window", 0, 23), t3).await)
     else {
         panic!("a token bucket");
     };
-    assert_eq!(second.max_tokens, 69);
+    assert!(second.max_tokens > first.max_tokens, "sized by the demand");
     assert_ne!(
         first.fill_interval, second.fill_interval,
         "Envoy keeps a bucket whose settings repeat"
     );
-    assert_eq!(left(&service, "window").await, 100 - 3 - 69);
+    let taken = u64::from(second.max_tokens);
+    assert_eq!(left(&service, "window").await, 100 - 3 - taken);
 }
 
 #[tokio::test]
