@@ -20,6 +20,7 @@ policies:
   - {name: login, match: {path: /login}, key: [ip], algorithm: sliding_log, limit: 2, period: 5m, failure_mode: closed}
   - {name: search_shadow, match: {path: /search}, key: [ip], algorithm: fixed_window, limit: 1, period: 1m, failure_mode: open, shadow: true}
   - {name: export_local, match: {path: /export}, key: [tenant], algorithm: fixed_window, limit: 2, period: 1m, failure_mode: local}
+  - {name: feed_leased, match: {path: /feed}, key: [tenant], algorithm: fixed_window, limit: 1000, period: 1h, lease: true}
 ";
 
 /// The test traffic: one request per policy, four times (a fourth login meets the local layer).

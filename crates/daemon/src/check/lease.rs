@@ -605,6 +605,25 @@ impl Leases {
         }
     }
 
+    /// Makes every lease series of the policies with `lease: true` exist from the start (at 0),
+    /// so that dashboards and `rate()` see them before the first lease.
+    pub fn register(&self, policies: &PolicySet) {
+        let metrics = &self.inner.metrics;
+        for policy in policies.iter().filter(|p| p.lease()) {
+            let name = policy.name();
+            metrics.checks.with_label_values(&[name]);
+            metrics.held.with_label_values(&[name]);
+            for fate in [
+                "taken", "admitted", "returned", "expired", "refilled", "dropped",
+            ] {
+                metrics.units.with_label_values(&[name, fate]);
+            }
+            for outcome in ["granted", "empty", "failed", "stale"] {
+                metrics.takes.with_label_values(&[name, outcome]);
+            }
+        }
+    }
+
     /// Gives back the leases of policies `policies` changed (a reload): checks of the new
     /// revision take their own; checks planned before it go to the store.
     pub fn retire_changed(&self, policies: &PolicySet) {

@@ -130,6 +130,7 @@ impl CheckService {
     /// Admits the checks of policies with `lease: true` from `leases` when they hold the units
     /// (a shared store only: the embedded store has no round trip to save).
     pub fn with_leases(mut self, leases: Leases) -> Self {
+        leases.register(&self.policies());
         self.leases = Some(leases);
         self
     }
@@ -179,6 +180,7 @@ impl CheckService {
         let generation = in_force.generation() + 1;
         *in_force = Arc::new(policies.with_generation(generation, &in_force));
         if let Some(leases) = &self.leases {
+            leases.register(&in_force);
             leases.retire_changed(&in_force);
         }
         drop(in_force);
