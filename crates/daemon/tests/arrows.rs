@@ -30,7 +30,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     (
         "transport",
-        &["check", "config", "limit", "logging", "store", "telemetry"],
+        &[
+            "check",
+            "clock",
+            "config",
+            "limit",
+            "logging",
+            "store",
+            "telemetry",
+        ],
     ),
     ("reload", &["check", "config", "limit", "telemetry"]),
 ];
