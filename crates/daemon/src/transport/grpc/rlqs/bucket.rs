@@ -1,12 +1,13 @@
 //! One bucket of a stream and the assignment Envoy holds for it: a blanket rule, or a token
-//! bucket backed by a lease ([`super::sizing`]) that is renewed while requests come, settled
-//! (its unused part given back) once it is over and reported, and replaced when the bucket's
-//! policy changes.
+//! bucket backed by a lease ([`super::sizing`]) that is renewed at each report while the
+//! lease's terms allow (the same bucket, a fresh time to live), replaced by a fresh one once
+//! reported used up, settled (its unused part given back) once it is over and reported, and
+//! replaced when the bucket's policy changes.
 
 use std::time::{Duration, Instant};
 
 use super::metrics::{Kind, Refusal};
-use super::sizing::{self, DELIVERY_MARGIN_US, REFILL_INTERVAL_S};
+use super::sizing::{self, DELIVERY_MARGIN_US, MAX_LIFE_S, REFILL_INTERVAL_S, RENEW_HEADROOM_US};
 use super::{Quota, ShareGuard};
 use crate::check::CheckService;
 use crate::limit::{FailureMode, Grant};
@@ -31,6 +32,7 @@ const FAILURE_TTL_S: u64 = 1;
 const REPORT_INTERVAL: Duration = Duration::from_secs(1);
 
 const MARGIN: Duration = Duration::from_micros(DELIVERY_MARGIN_US);
+const HEADROOM: Duration = Duration::from_micros(RENEW_HEADROOM_US);
 
 /// A bucket's state on one stream.
 pub(super) struct Bucket {
@@ -43,7 +45,7 @@ pub(super) struct Bucket {
     blanket: Option<(bool, Instant)>,
     lease: Option<Lease>,
     /// Alternates between assignments, so that Envoy builds a fresh bucket for each (it keeps
-    /// its bucket when a token bucket's settings repeat).
+    /// its bucket when a token bucket's settings repeat: that is how a renewal is said).
     flip: bool,
 }
 
@@ -51,8 +53,16 @@ pub(super) struct Bucket {
 struct Lease {
     check: StoreCheck,
     grant: Grant,
+    /// Just before the take was asked: the lease's terms count from here.
+    asked: Instant,
+    /// The first assignment of this lease was sent (Envoy's bucket was made then).
+    first_sent: Instant,
+    /// The last assignment or renewal was sent, for `ttl`.
     sent: Instant,
     ttl: Duration,
+    /// The assignment's requests (`max_tokens`), and what it said.
+    tokens: u64,
+    strategy: Strategy,
     /// Requests reported allowed since the assignment was sent.
     admitted: u64,
     _share: ShareGuard,
@@ -146,8 +156,9 @@ impl Bucket {
         }
     }
 
-    /// Keeps a lease-backed assignment going: settles the one that is over and, while requests
-    /// come, takes the next (never while one runs at Envoy), or the first when they start.
+    /// Keeps a lease-backed assignment going: renews the running one while its lease allows,
+    /// settles the one that is over (or reported used up) and, while requests come, takes the
+    /// next, or the first when they start.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn lease(
         &mut self,
@@ -158,32 +169,104 @@ impl Bucket {
         deadline: Option<Duration>,
         requests: u64,
         now: Instant,
-    ) -> Option<BucketAction> {
+    ) -> Vec<BucketAction> {
         self.blanket = None;
+        // Whether Envoy may still hold a running token bucket of this lease.
+        let mut running = false;
         if let Some(lease) = &self.lease {
             let same = lease.check.key == check.key
                 && lease.check.algorithm == check.algorithm
                 && lease.check.cost == check.cost;
             let end = lease.sent + lease.ttl;
+            let over = now >= end + MARGIN + MARGIN;
             if !same {
                 // The policy changed: the new one applies from the next assignment, now.
+                running = !over;
                 self.lease = None;
-            } else if now >= end + MARGIN + MARGIN {
-                // Over at Envoy, and this report was made after that: every request it
-                // admitted is counted.
+            } else if over || lease.admitted >= lease.tokens {
+                // Over at Envoy, and this report was made after that, or every token of its
+                // bucket reported admitted (it admits nothing more, and a fresh one replaces
+                // it): every request it admitted is counted.
+                running = !over;
                 self.settle(quota, service, deadline).await;
+            } else if requests == 0 {
+                // Still running at Envoy with no demand: left to end, and its rest comes back.
+                return Vec::new();
             } else {
-                // Still running at Envoy: never replaced. Whether Envoy drops a running
-                // bucket's tokens when a new assignment comes is Envoy's to decide (measured:
-                // with assignments outliving a report, six Envoys admitted 42 of a limit of 40),
-                // so a bucket gets its next assignment only once the last one is over.
-                return None;
+                // Still running at Envoy, tokens left: renewed while its lease allows (the same
+                // settings keep Envoy's bucket, so its admissions stay within its tokens). If
+                // its tokens will not last until the report after next, a fresh bucket
+                // replaces it; what Envoy admitted on the old one since this report is counted
+                // nowhere, so its whole rest is written off (never given back): under-admission
+                // by at most what it had left, never over.
+                let (left, cost) = (lease.tokens - lease.admitted, lease.check.cost.max(1));
+                if left < self.demand_until_next_report() {
+                    if let Some(fresh) = self.take(quota, service, check, None, deadline).await {
+                        quota.metrics.written_off.inc_by(left.saturating_mul(cost));
+                        return vec![self.clear(), fresh];
+                    }
+                }
+                return self.renew(quota, now).into_iter().collect();
             }
         }
         if requests == 0 {
+            return Vec::new();
+        }
+        match self.take(quota, service, check, Some(mode), deadline).await {
+            Some(fresh) if running => vec![self.clear(), fresh],
+            fresh => fresh.into_iter().collect(),
+        }
+    }
+
+    /// Clears a running token bucket at Envoy, ahead of its replacement in the same message:
+    /// Envoy 1.40 gives a token bucket that replaces a running one no tokens (measured: 0 of 80
+    /// requests admitted on it), and a fresh one after a blanket rule.
+    fn clear(&self) -> BucketAction {
+        self.assign(Strategy::BlanketRule(BlanketRule::DenyAll as i32), 1)
+    }
+
+    /// Requests the last report's rate asks for until a report interval and a second from now.
+    fn demand_until_next_report(&self) -> u64 {
+        let horizon = self.interval + Duration::from_secs(1);
+        let requests = u128::from(self.rate_per_s).saturating_mul(horizon.as_micros()) / 1_000_000;
+        u64::try_from(requests).unwrap_or(u64::MAX)
+    }
+
+    /// A renewal of the running assignment: the same token bucket for the longest time to live
+    /// its lease still backs, if that ends later than the running one, and only while the
+    /// renewal reaches Envoy before the running one ends there (a late one would be a fresh,
+    /// full bucket), and while the bucket is young enough never to refill a token.
+    fn renew(&mut self, quota: &Quota, now: Instant) -> Option<BucketAction> {
+        // Counted from when it is sent (later than the report, by the takes of the report's
+        // other buckets), never earlier.
+        let now = now.max(Instant::now());
+        let lease = self.lease.as_mut()?;
+        let end = lease.sent + lease.ttl;
+        if now + HEADROOM > end {
             return None;
         }
-        self.take(quota, service, check, mode, deadline).await
+        let spent = u64::try_from(now.saturating_duration_since(lease.asked).as_micros())
+            .unwrap_or(u64::MAX);
+        let cost = lease.check.cost.max(1);
+        let ttl_s = sizing::renewal(
+            &lease.check.algorithm,
+            &lease.grant,
+            cost,
+            lease.tokens,
+            spent,
+        )?;
+        let ttl = Duration::from_secs(ttl_s);
+        let renewed_end = now + ttl;
+        if renewed_end < end + Duration::from_secs(1)
+            || renewed_end > lease.first_sent + Duration::from_secs(MAX_LIFE_S)
+        {
+            return None;
+        }
+        lease.sent = now;
+        lease.ttl = ttl;
+        let strategy = lease.strategy;
+        quota.metrics.assigned(Kind::Renewal);
+        Some(self.assign(strategy, ttl_s))
     }
 
     /// Gives back what the lease, over and reported, did not use.
@@ -200,7 +283,7 @@ impl Bucket {
         quota: &Quota,
         service: &CheckService,
         check: StoreCheck,
-        mode: FailureMode,
+        mode: Option<FailureMode>,
         deadline: Option<Duration>,
     ) -> Option<BucketAction> {
         let cost = check.cost.max(1);
@@ -211,7 +294,8 @@ impl Bucket {
             .as_ref()
             .is_some_and(|lease| lease.check.key == check.key);
         let fraction = share.holders().saturating_sub(u64::from(replaced)).max(1);
-        let want = sizing::wanted(self.rate_per_s, u64::from(u32::MAX) / cost);
+        let interval = u64::try_from(self.interval.as_micros()).unwrap_or(u64::MAX);
+        let want = sizing::wanted(self.rate_per_s, interval, u64::from(u32::MAX) / cost);
         let ask = StoreCheck {
             cost: sizing::ask_units(&check.algorithm, want, cost),
             ..check.clone()
@@ -224,13 +308,15 @@ impl Bucket {
                 taken = service.store().take(&ask, 1, deadline).await;
             }
         }
-        let grant = match taken {
-            Ok(Some(grant)) => grant,
-            Ok(None) => {
+        let grant = match (taken, mode) {
+            (Ok(Some(grant)), _) => grant,
+            // A replacement that cannot be taken leaves the running assignment alone.
+            (_, None) => return None,
+            (Ok(None), Some(_)) => {
                 quota.metrics.refused(Refusal::Unsupported);
                 return self.blanket(quota, false, BLANKET_TTL_S, Instant::now());
             }
-            Err(error) => {
+            (Err(error), Some(mode)) => {
                 tracing::debug!(%error, "an RLQS lease could not be taken; the failure mode applies");
                 quota.metrics.refused(Refusal::Store);
                 let allow = mode == FailureMode::Open;
@@ -262,8 +348,12 @@ impl Bucket {
         self.lease = Some(Lease {
             check,
             grant,
+            asked,
+            first_sent: sent,
             sent,
             ttl: Duration::from_secs(assignment.ttl_s),
+            tokens: assignment.tokens,
+            strategy,
             admitted: 0,
             _share: share,
         });

@@ -1,7 +1,8 @@
 //! The quota service's metrics (`sluice_rlqs_*`), registered once on the daemon's registry.
 //! Units lost to Envoys that did not report their use (a closed stream, a replaced
 //! assignment) are `assigned - given_back - reported allowed` (times the cost, 1 for most
-//! policies): never admitted, never returned before their lease ended.
+//! policies): never admitted, never returned before their lease ended; `written_off` counts
+//! the replaced assignments' part of it.
 
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts};
 
@@ -12,6 +13,8 @@ use crate::telemetry::Metrics;
 pub enum Kind {
     /// A token bucket backed by a lease.
     TokenBucket,
+    /// A running token bucket renewed (the same settings, a fresh time to live).
+    Renewal,
     /// `ALLOW_ALL` (no policy applies, or only shadow ones).
     AllowAll,
     /// `DENY_ALL` (a block list, or a bucket sluice cannot lease exactly).
@@ -22,8 +25,9 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind (each series exists from the start).
-    pub const ALL: [Self; 4] = [
+    pub const ALL: [Self; 5] = [
         Self::TokenBucket,
+        Self::Renewal,
         Self::AllowAll,
         Self::DenyAll,
         Self::Abandon,
@@ -33,6 +37,7 @@ impl Kind {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::TokenBucket => "token_bucket",
+            Self::Renewal => "renewal",
             Self::AllowAll => "allow_all",
             Self::DenyAll => "deny_all",
             Self::Abandon => "abandon",
@@ -90,6 +95,9 @@ pub struct RlqsMetrics {
     pub assigned: IntCounter,
     /// `sluice_rlqs_units_given_back_total`.
     pub given_back: IntCounter,
+    /// `sluice_rlqs_units_written_off_total`: what replaced assignments had left (their use
+    /// after their last report is not known, so none of it is given back).
+    pub written_off: IntCounter,
 }
 
 impl RlqsMetrics {
@@ -133,6 +141,10 @@ impl RlqsMetrics {
                 "sluice_rlqs_units_given_back_total",
                 "Units of RLQS leases given back to the store unused.",
             ),
+            written_off: counter(
+                "sluice_rlqs_units_written_off_total",
+                "Units left to RLQS assignments replaced before their end, never given back.",
+            ),
         };
         for kind in Kind::ALL {
             this.assignments.with_label_values(&[kind.as_str()]);
@@ -143,7 +155,7 @@ impl RlqsMetrics {
         for outcome in ["allowed", "denied"] {
             this.reported.with_label_values(&[outcome]);
         }
-        let collectors: [Box<dyn prometheus::core::Collector>; 8] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 9] = [
             Box::new(this.streams.clone()),
             Box::new(this.buckets.clone()),
             Box::new(this.assignments.clone()),
@@ -152,6 +164,7 @@ impl RlqsMetrics {
             Box::new(this.taken.clone()),
             Box::new(this.assigned.clone()),
             Box::new(this.given_back.clone()),
+            Box::new(this.written_off.clone()),
         ];
         for collector in collectors {
             if let Err(error) = metrics.registry().register(collector) {

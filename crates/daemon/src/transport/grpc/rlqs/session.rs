@@ -111,7 +111,7 @@ impl Session {
                 bucket.blanket(&quota, false, BLANKET_TTL_S, now)
             }
             Target::Lease(check, mode, deadline) => {
-                bucket
+                return bucket
                     .lease(&quota, &self.service, check, mode, deadline, requests, now)
                     .await
             }

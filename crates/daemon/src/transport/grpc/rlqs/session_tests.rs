@@ -76,6 +76,30 @@ fn strategy(actions: &[BucketAction]) -> Strategy {
     }
 }
 
+/// The strategy of a replacement: a `DENY_ALL` that clears Envoy's running bucket, then the
+/// fresh assignment, in one message.
+fn replacement(actions: &[BucketAction]) -> Strategy {
+    let [clear, fresh] = actions else {
+        panic!("a replacement is two actions: {actions:?}");
+    };
+    assert_eq!(
+        strategy(std::slice::from_ref(clear)),
+        Strategy::BlanketRule(BlanketRule::DenyAll as i32)
+    );
+    strategy(std::slice::from_ref(fresh))
+}
+
+/// The time to live of the one assignment in `actions`, in seconds.
+fn ttl_s(actions: &[BucketAction]) -> i64 {
+    match actions {
+        [BucketAction {
+            bucket_action: Some(Action::QuotaAssignmentAction(a)),
+            ..
+        }] => a.assignment_time_to_live.expect("a time to live").seconds,
+        other => panic!("one assignment expected: {other:?}"),
+    }
+}
+
 /// Units the counter has left (a dry run's `remaining` is what one more request would leave).
 async fn left(service: &CheckService, bucket: &str) -> u64 {
     let request = CheckRequest {
@@ -98,38 +122,46 @@ async fn a_lease_backs_each_assignment_and_its_unused_part_comes_back() {
         panic!("a token bucket: {first:?}");
     };
     assert_eq!(bucket.max_tokens, 3, "one request a second, for 3 s");
+    assert_eq!(ttl_s(&first), 9, "the longest time to live");
     assert_eq!(left(&service, "window").await, 97, "taken before sent");
-    // Half a second on, 1 of 3 used: nothing to change.
+    // Half a second on, 1 of 3 used: a renewal would add too little.
     let half = t0 + Duration::from_millis(500);
     assert!(session
         .report(&usage("window", 1, 0), half)
         .await
         .is_empty());
-    // Three seconds on, the assignment is over and reported: 2 unused units come back.
-    let later = t0 + Duration::from_secs(3);
+    // Three seconds on, one more used: renewed with the same bucket (Envoy keeps its
+    // tokens), nothing taken.
+    let t3 = t0 + Duration::from_secs(3);
+    let renewal = session.report(&usage("window", 1, 0), t3).await;
+    assert_eq!(strategy(&renewal), Strategy::TokenBucket(bucket));
+    assert_eq!(ttl_s(&renewal), 9);
+    assert_eq!(left(&service, "window").await, 97);
+    // No demand in the next report: not renewed; over (3 s + 9 s), and reported after that:
+    // the unused unit comes back.
+    let t6 = t0 + Duration::from_secs(6);
+    assert!(session.report(&usage("window", 0, 0), t6).await.is_empty());
+    let later = t0 + Duration::from_secs(13);
     assert!(session
         .report(&usage("window", 0, 0), later)
         .await
         .is_empty());
-    assert_eq!(left(&service, "window").await, 99);
+    assert_eq!(left(&service, "window").await, 98);
 }
 
 #[tokio::test]
-async fn demand_renews_a_lease_with_a_fresh_envoy_bucket() {
+async fn a_used_up_assignment_is_replaced_by_a_fresh_envoy_bucket() {
     let (mut session, service) = session();
     let t0 = Instant::now();
     let Strategy::TokenBucket(first) = strategy(&session.report(&usage("window", 0, 1), t0).await)
     else {
         panic!("a token bucket");
     };
-    // A second on, all used and 20 denied: the assignment still runs at Envoy, and is never
-    // replaced (Envoy may keep a running bucket's tokens).
+    // A second on, all 3 used and 20 denied: Envoy's bucket admits nothing more, so a fresh
+    // one replaces it at once, sized by the demand.
     let t1 = t0 + Duration::from_secs(1);
-    assert!(session.report(&usage("window", 3, 20), t1).await.is_empty());
-    // Three seconds on it is over: renewed for the demand, with a fresh Envoy bucket.
-    let t3 = t0 + Duration::from_secs(3);
     let Strategy::TokenBucket(second) =
-        strategy(&session.report(&usage("window", 0, 23), t3).await)
+        replacement(&session.report(&usage("window", 3, 20), t1).await)
     else {
         panic!("a token bucket");
     };
@@ -140,6 +172,69 @@ async fn demand_renews_a_lease_with_a_fresh_envoy_bucket() {
     );
     let taken = u64::from(second.max_tokens);
     assert_eq!(left(&service, "window").await, 100 - 3 - taken);
+    // Two of it used by the next report: renewed, never replaced (what Envoy admitted since
+    // this report would be counted nowhere).
+    let t4 = t0 + Duration::from_secs(4);
+    let renewal = session.report(&usage("window", 2, 0), t4).await;
+    assert_eq!(strategy(&renewal), Strategy::TokenBucket(second));
+    assert_eq!(left(&service, "window").await, 100 - 3 - taken);
+}
+
+#[tokio::test]
+async fn an_assignment_that_will_not_last_is_replaced_and_its_rest_written_off() {
+    let (mut session, service) = session();
+    let t0 = Instant::now();
+    let Strategy::TokenBucket(first) = strategy(&session.report(&usage("window", 0, 1), t0).await)
+    else {
+        panic!("a token bucket");
+    };
+    assert_eq!(first.max_tokens, 3);
+    // A second on, 2 of 3 used at 2 a second: the last token will not last until the next
+    // report. A fresh bucket replaces it (6 tokens: 2 a second for 3 s); the 1 left is written
+    // off, never given back (what Envoy admitted after this report is not known).
+    let t1 = t0 + Duration::from_secs(1);
+    let Strategy::TokenBucket(second) =
+        replacement(&session.report(&usage("window", 2, 0), t1).await)
+    else {
+        panic!("a token bucket");
+    };
+    assert_eq!(second.max_tokens, 6);
+    assert_ne!(
+        first.fill_interval, second.fill_interval,
+        "a fresh Envoy bucket"
+    );
+    assert_eq!(left(&service, "window").await, 100 - 3 - 6);
+    // The next report counts what the old bucket admitted after t1 against the new lease
+    // (over-counted, never under): 1 of 6 reported, it will last: renewed. Settled after its
+    // end: 5 come back.
+    let t2 = t0 + Duration::from_secs(2);
+    let renewal = session.report(&usage("window", 1, 0), t2).await;
+    assert_eq!(strategy(&renewal), Strategy::TokenBucket(second));
+    let over = t0 + Duration::from_secs(20);
+    assert!(session
+        .report(&usage("window", 0, 0), over)
+        .await
+        .is_empty());
+    assert_eq!(left(&service, "window").await, 100 - 3 - 6 + 5);
+}
+
+#[tokio::test]
+async fn a_renewal_never_reaches_envoy_after_the_running_assignment_ends() {
+    let (mut session, _) = session();
+    let t0 = Instant::now();
+    let first = session.report(&usage("window", 0, 1), t0).await;
+    assert_eq!(ttl_s(&first), 9);
+    // A report 8.5 s on (a late one): the assignment may end at Envoy before a renewal
+    // arrives, and a late renewal would be a fresh, full bucket. Nothing is sent.
+    let late = t0 + Duration::from_millis(8_500);
+    assert!(session
+        .report(&usage("window", 1, 0), late)
+        .await
+        .is_empty());
+    // Once over and reported, the next assignment is a fresh bucket.
+    let after = t0 + Duration::from_secs(10);
+    let next = session.report(&usage("window", 1, 0), after).await;
+    assert!(matches!(strategy(&next), Strategy::TokenBucket(_)));
 }
 
 #[tokio::test]

@@ -14,11 +14,20 @@
 use crate::limit::{bucket_lease_shrunk, Algorithm, Grant};
 
 /// Longest an assignment is given for, in whole seconds (Envoy 1.40 reads only the seconds of
-/// `assignment_time_to_live`; 0 would expire at once). A running assignment is never replaced:
-/// the next one follows the first report after its end (Envoy 1.40 reports every 5 s, so a
-/// bucket with steady demand goes about 3 s in 5 without one; longer assignments would close
-/// that gap, at the price of more units held per Envoy).
-pub const MAX_TTL_S: u64 = 2;
+/// `assignment_time_to_live`; 0 would expire at once). Envoy 1.40 reports every 5 s, and a
+/// running assignment is renewed (the same token bucket, a fresh time to live: Envoy keeps its
+/// bucket) at each report while the lease's terms allow, so it must outlive one report
+/// interval with room to spare: 9 s covers a 5 s interval and a late report.
+pub const MAX_TTL_S: u64 = 9;
+
+/// A renewal is sent only while the assignment it renews has at least this long left at Envoy
+/// (counted from its earliest receipt): one arriving after the end would be a fresh, full
+/// bucket at Envoy, not a renewal.
+pub const RENEW_HEADROOM_US: u64 = 4 * DELIVERY_MARGIN_US;
+
+/// Longest one Envoy bucket is kept by renewals, from its first assignment: far below
+/// [`REFILL_INTERVAL_S`], so that it never refills a token.
+pub const MAX_LIFE_S: u64 = 3_600;
 
 /// Time allowed between sending an assignment and Envoy applying it (and its workers seeing
 /// it), and for a report to travel back: Envoy counts the time to live from its own receipt.
@@ -75,6 +84,43 @@ pub fn assignment(
     (tokens > 0 && ttl_s > 0).then_some(Assignment { tokens, ttl_s })
 }
 
+/// The time to live of a renewal of an assignment of `tokens` requests of `cost` on the lease
+/// `grant`, sent `spent_us` after the instant just before the take: the longest (at most
+/// [`MAX_TTL_S`]) at whose end, the margin included, the lease still backs every token (Envoy
+/// keeps its bucket, so its admissions on it, past and to come, are at most `tokens`); `None`
+/// when not even one second is backed.
+pub fn renewal(
+    algorithm: &Algorithm,
+    grant: &Grant,
+    cost: u64,
+    tokens: u64,
+    spent_us: u64,
+) -> Option<u64> {
+    let needed = tokens.saturating_mul(cost.max(1));
+    if needed > grant.units {
+        return None;
+    }
+    let ttl_s = match algorithm {
+        Algorithm::FixedWindow(_) => {
+            let left = grant
+                .hold_us
+                .saturating_sub(spent_us)
+                .saturating_sub(DELIVERY_MARGIN_US);
+            (left / SECOND_US).min(MAX_TTL_S)
+        }
+        Algorithm::TokenBucket(bucket) => (1..=MAX_TTL_S)
+            .rev()
+            .find(|ttl_s| {
+                let until = spent_us + DELIVERY_MARGIN_US + ttl_s * SECOND_US;
+                grant.units - bucket_lease_shrunk(bucket, grant.hold_us, until, grant.units)
+                    >= needed
+            })
+            .unwrap_or(0),
+        Algorithm::SlidingLog(_) => 0,
+    };
+    (ttl_s > 0).then_some(ttl_s)
+}
+
 /// Units of a lease `grant` not admitted, once its assignment is over and every request it
 /// admitted has been reported: what was taken, less what `admitted` requests of `cost` spent.
 /// What a token bucket refilled by itself meanwhile is the store's to subtract, exactly and on
@@ -85,11 +131,16 @@ pub fn unused(grant: &Grant, cost: u64, admitted: u64) -> u64 {
         .saturating_sub(admitted.saturating_mul(cost.max(1)))
 }
 
-/// Requests to ask a lease for: enough for `rate_per_s` (recent demand) over the assignment and
-/// one more report interval, at least 1, at most what the quota allows at once.
-pub fn wanted(rate_per_s: u64, max_tokens: u64) -> u64 {
-    rate_per_s
-        .saturating_mul(MAX_TTL_S + 1)
+/// Requests to ask a lease for: enough for `rate_per_s` (recent demand) until two more reports
+/// `interval_us` apart have come, plus a second, at least 1, at most what the quota allows at
+/// once (an assignment used up is replaced at the next report; one lasting is renewed).
+pub fn wanted(rate_per_s: u64, interval_us: u64, max_tokens: u64) -> u64 {
+    let horizon_us = u128::from(interval_us) * 2 + u128::from(SECOND_US);
+    let tokens = u128::from(rate_per_s)
+        .saturating_mul(horizon_us)
+        .div_ceil(u128::from(SECOND_US));
+    u64::try_from(tokens)
+        .unwrap_or(u64::MAX)
         .clamp(1, max_tokens.max(1))
 }
 
@@ -167,12 +218,13 @@ mod tests {
                 ttl_s: 1
             })
         );
-        // A bucket 3 s in debt: nothing shrinks before the assignment ends.
+        // A bucket 3 s in debt: nothing shrinks before a 2 s assignment ends (0.05 s + 0.25 s
+        // + 2 s); a longer one would back fewer.
         assert_eq!(
             assignment(&alg, &grant(20, 3 * SECOND_US), 1, 50_000),
             Some(Assignment {
                 tokens: 20,
-                ttl_s: MAX_TTL_S
+                ttl_s: 2
             })
         );
         // Too few units for even one second.
@@ -214,9 +266,9 @@ mod tests {
     #[test]
     fn a_token_bucket_asks_for_what_refills_during_the_assignment_too() {
         let bucket: Algorithm = TokenBucket::new(2, SECOND_US, 10).unwrap().into();
-        // 2.5 s at 2 a second: 5 more.
-        assert_eq!(ask_units(&bucket, 3, 1), 8);
-        assert_eq!(ask_units(&bucket, 3, 2), 11);
+        // 9.5 s (the longest time to live and two margins) at 2 a second: 19 more.
+        assert_eq!(ask_units(&bucket, 3, 1), 22);
+        assert_eq!(ask_units(&bucket, 3, 2), 25);
         let window: Algorithm = FixedWindow::new(100, SECOND_US).unwrap().into();
         assert_eq!(ask_units(&window, 3, 2), 6);
         // From a full bucket, the 8 units back 3 requests for 2 s (5 refill by 2.25 s), or 5
@@ -232,9 +284,68 @@ mod tests {
 
     #[test]
     fn demand_sizes_the_ask_within_the_quota() {
-        assert_eq!(wanted(0, 50), 1);
-        assert_eq!(wanted(4, 50), 12);
-        assert_eq!(wanted(400, 50), 50);
-        assert_eq!(wanted(u64::MAX, 0), 1);
+        // Two report intervals and a second of demand.
+        assert_eq!(wanted(0, SECOND_US, 50), 1);
+        assert_eq!(wanted(4, SECOND_US, 50), 12);
+        assert_eq!(wanted(4, 5 * SECOND_US, 50), 44);
+        assert_eq!(wanted(400, 5 * SECOND_US, 50), 50);
+        assert_eq!(wanted(u64::MAX, u64::MAX, 0), 1);
+    }
+
+    #[test]
+    fn a_fixed_window_renewal_ends_before_the_window_with_the_margin() {
+        let alg: Algorithm = FixedWindow::new(100, 60 * SECOND_US).unwrap().into();
+        // 10 s of the window left at the take, 1 s spent: 8.75 s after the margin.
+        assert_eq!(
+            renewal(&alg, &grant(40, 10 * SECOND_US), 1, 40, SECOND_US),
+            Some(8)
+        );
+        // 0.75 s left after the margin: no whole second.
+        assert_eq!(
+            renewal(&alg, &grant(40, 10 * SECOND_US), 1, 40, 9 * SECOND_US),
+            None
+        );
+        // More tokens than the lease holds are never renewed.
+        assert_eq!(renewal(&alg, &grant(40, 10 * SECOND_US), 1, 41, 0), None);
+        assert_eq!(renewal(&alg, &grant(40, 10 * SECOND_US), 3, 14, 0), None);
+    }
+
+    #[test]
+    fn a_token_bucket_renewal_lasts_only_while_the_lease_backs_every_token() {
+        // Whatever the lease and the time spent, a renewal's tokens fit in what the lease
+        // still holds at its last instant, and a second more would not.
+        let bucket = TokenBucket::new(10, SECOND_US, 20).unwrap();
+        let alg: Algorithm = bucket.into();
+        let held = |units: u64, hold_us: u64, until: u64| {
+            units - bucket_lease_shrunk(&bucket, hold_us, until, units)
+        };
+        let mut renewed = 0;
+        for units in [5, 20] {
+            for hold_us in [0, 3 * SECOND_US, 12 * SECOND_US] {
+                for spent_us in [0, 400_000, 5 * SECOND_US] {
+                    for tokens in [1, 5, 20] {
+                        let g = grant(units, hold_us);
+                        let Some(ttl_s) = renewal(&alg, &g, 1, tokens, spent_us) else {
+                            continue;
+                        };
+                        renewed += 1;
+                        let end = spent_us + DELIVERY_MARGIN_US + ttl_s * SECOND_US;
+                        assert!(tokens <= held(units, hold_us, end));
+                        assert!(
+                            ttl_s == MAX_TTL_S || tokens > held(units, hold_us, end + SECOND_US),
+                            "{units} {hold_us} {spent_us} {tokens}: {ttl_s} s"
+                        );
+                    }
+                }
+            }
+        }
+        assert!(renewed > 5, "some renewals were possible: {renewed}");
+        // Deep in debt: the longest time to live.
+        assert_eq!(
+            renewal(&alg, &grant(20, 12 * SECOND_US), 1, 20, 0),
+            Some(MAX_TTL_S)
+        );
+        // A full bucket's lease shrinks at once: nothing backs 20 tokens for a second.
+        assert_eq!(renewal(&alg, &grant(20, 0), 1, 20, 0), None);
     }
 }
