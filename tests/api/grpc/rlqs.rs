@@ -1,6 +1,7 @@
 //! The rate limit quota service (RLQS) as a gRPC client sees it, over TCP and the Unix socket:
 //! assignments on a long-lived stream, and the stream refused (with a status, not a hang) when
-//! its first message names no domain or a message is over `limits.max_body_bytes`.
+//! its first message names no domain or a message is over `limits.max_body_bytes`, and ended
+//! (`OK`) as soon as its connection is asked to go.
 
 use std::time::Duration;
 
@@ -16,7 +17,7 @@ use sluice::transport::grpc::proto::envoy::service::rate_limit_quota::v3::{
 };
 use tonic::transport::Channel;
 
-use crate::grpc_client::{spawn_grpc, tcp_channel, uds_channel};
+use crate::grpc_client::{grpc_settings, spawn_grpc, spawn_grpc_in, tcp_channel, uds_channel};
 
 const POLICIES: &str = "
 policies:
@@ -112,4 +113,30 @@ async fn a_stream_without_a_domain_or_with_an_oversized_message_is_refused() {
         tonic::Code::ResourceExhausted,
         "{refused:?}"
     );
+}
+
+/// A connection past `envoy.max_connection_age` gets a GOAWAY, and its RLQS streams end then
+/// with `OK` (Envoy opens the next one on its next report), not after the grace period.
+#[tokio::test]
+async fn a_stream_ends_with_ok_when_its_connection_is_asked_to_go() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut settings = grpc_settings(&dir);
+    settings.envoy.max_connection_age = sluice::config::HumanDuration(500_000);
+    settings.shutdown_grace = sluice::config::HumanDuration(60_000_000);
+    let daemon = spawn_grpc_in(dir, settings, POLICIES).await;
+    let reports = futures_util::stream::iter([report("edge", "window", 1)])
+        .chain(futures_util::stream::pending());
+    let mut client = RateLimitQuotaServiceClient::new(tcp_channel(daemon.addr).await);
+    let mut answers = tokio::time::timeout(ANSWER, client.stream_rate_limit_quotas(reports))
+        .await
+        .expect("the stream opens in time")
+        .expect("opened")
+        .into_inner();
+    let first = tokio::time::timeout(ANSWER, answers.message()).await;
+    assert!(matches!(first, Ok(Ok(Some(_)))), "{first:?}");
+    // Well before the 60 s grace: the stream ends, with OK.
+    let ended = tokio::time::timeout(ANSWER, answers.message())
+        .await
+        .expect("the stream ends with its connection's age, not its grace");
+    assert!(matches!(ended, Ok(None)), "{ended:?}");
 }

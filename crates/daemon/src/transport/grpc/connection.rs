@@ -194,6 +194,7 @@ async fn connection<IO>(
         reason = close.as_str(),
         "asking a gRPC connection to go (GOAWAY)"
     );
+    activity.going.cancel();
     conn.as_mut().graceful_shutdown();
     if tokio::time::timeout(bounds.accept.grace, conn)
         .await
@@ -218,6 +219,8 @@ pub(super) struct Activity {
     open: AtomicUsize,
     /// Milliseconds from `started` to the end of the last stream.
     last_end_ms: AtomicU64,
+    /// Cancelled when the connection is asked to go (GOAWAY): long-lived streams end then.
+    going: CancellationToken,
 }
 
 impl Activity {
@@ -227,6 +230,7 @@ impl Activity {
             read: AtomicU64::new(0),
             open: AtomicUsize::new(0),
             last_end_ms: AtomicU64::new(0),
+            going: CancellationToken::new(),
         }
     }
 
@@ -251,6 +255,13 @@ impl Activity {
 
 /// A stream counted as open on its connection.
 pub(super) struct OpenStream(Arc<Activity>);
+
+impl OpenStream {
+    /// Cancelled when the stream's connection is asked to go (a drain, its maximum age).
+    pub(super) fn going(&self) -> &CancellationToken {
+        &self.0.going
+    }
+}
 
 impl Drop for OpenStream {
     fn drop(&mut self) {

@@ -126,11 +126,16 @@ pub(super) fn serve(
 ) -> Answer {
     let (answers, queued) = mpsc::channel::<Frame<Bytes>>(QUEUED_ANSWERS);
     tokio::spawn(async move {
-        let _open = open;
         let quota = Arc::clone(&rls.quota);
         quota.metrics.streams.inc();
         let mut session = session::Session::new(Arc::clone(&quota), Arc::clone(&rls.service));
-        let ended = run(&mut session, body, limits, &answers).await;
+        let ended = tokio::select! {
+            ended = run(&mut session, body, limits, &answers) => ended,
+            // The connection is going (a drain, its maximum age): end the stream now, with
+            // `OK`, so that Envoy opens the next one elsewhere at once rather than after the
+            // grace period; its assignments run on meanwhile.
+            () = open.going().cancelled() => Ok(()),
+        };
         drop(session);
         quota.metrics.streams.dec();
         let status = ended.err().unwrap_or_else(|| Status::ok(""));
