@@ -475,10 +475,7 @@ async fn counters_command_shows_and_resets_a_partition() {
 
 /// A loopback port that was free a moment ago.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind a free port")
-        .port()
+    crate::redis_server::free_port()
 }
 
 #[tokio::test]

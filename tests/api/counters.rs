@@ -3,7 +3,7 @@
 //! the remembered denial of another daemon's local layer (through the reset channel), also after
 //! Redis restarted under them.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
@@ -338,8 +338,7 @@ async fn reset_reaches_the_other_daemon(
 }
 
 fn free_addr() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr")
+    SocketAddr::from(([127, 0, 0, 1], crate::redis_server::free_port()))
 }
 
 /// A `sluice serve` process on `redis_url`, its log in `<dir>/sluice-<index>.log`.

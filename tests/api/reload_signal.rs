@@ -2,7 +2,6 @@
 //! hour), and a shadow policy's "would block" is a JSON log line with the policy and a partition
 //! fingerprint, never the raw value.
 
-use std::net::TcpListener;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -13,10 +12,7 @@ use crate::helpers::{get, json_of, post, sluice_command, ChildGuard};
 use crate::wait::eventually_within;
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
+    crate::redis_server::free_port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

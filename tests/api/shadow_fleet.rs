@@ -5,7 +5,6 @@
 //! log line is once per partition per minute while the counter and the list count every
 //! would-block; a daemon without the secret warns at start and names the partition otherwise.
 
-use std::net::TcpListener;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -21,10 +20,7 @@ const FINGERPRINT: &str = "5a17bc9dd0e0d079";
 const WOULD_BLOCKS: usize = 4;
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
+    crate::redis_server::free_port()
 }
 
 /// What one daemon showed: its would-block log lines, whole log, `/v1/top` and `/metrics`.

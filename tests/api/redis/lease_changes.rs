@@ -1,6 +1,6 @@
 //! Quota leases through every change (issue 38): generated, seeded operation sequences against
 //! real `sluice serve` processes (`[leases] min_units = 2`, `idle = 500ms`) sharing one Redis
-//! (single node, and a Cluster), on leased policies (`solo`, and the group `g1` + `g2` that one
+//! (Redis 7 single node and Cluster, Redis 6.2, Valkey 9), on leased policies (`solo`, and the group `g1` + `g2` that one
 //! request checks all or nothing), each a token bucket or a fixed window, `failure_mode:
 //! closed`. Operations: bursts of checks from concurrent clients on one daemon or several;
 //! reloads (SIGHUP) that lower or raise a limit or a burst, change a period, switch the
@@ -370,4 +370,18 @@ fn leases_never_over_admit_through_changes_on_single_redis() {
 #[test]
 fn leases_never_over_admit_through_changes_on_a_redis_cluster() {
     simulate("cluster", Store::Cluster(RedisCluster::start()));
+}
+
+#[test]
+fn leases_never_over_admit_through_changes_on_redis_6_2() {
+    if let Some(binary) = crate::store_binaries::redis_6_2() {
+        simulate("redis-6.2", Store::Single(RedisServer::start_from(&binary)));
+    }
+}
+
+#[test]
+fn leases_never_over_admit_through_changes_on_valkey_9() {
+    if let Some(binary) = crate::store_binaries::valkey_9() {
+        simulate("valkey-9", Store::Single(RedisServer::start_from(&binary)));
+    }
 }

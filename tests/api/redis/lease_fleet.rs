@@ -4,7 +4,7 @@
 //! and its restart, counter resets, and the lease gauges the runner waits on. Every wait is
 //! bounded; every port is a free loopback one; every file is in a temporary directory.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -70,9 +70,12 @@ impl Store {
     }
 }
 
+/// A free loopback address below the kernel's ephemeral range (see
+/// [`crate::redis_server::free_port`]): a port `bind 0` handed out and gave back can go to a
+/// client connection of another test before the daemon binds it (seen: a Cluster sequence's
+/// daemon exited at start, "connection refused" for 20 s, with four simulators running).
 fn free_addr() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr")
+    SocketAddr::from(([127, 0, 0, 1], crate::redis_server::free_port()))
 }
 
 /// One `sluice serve` process.
