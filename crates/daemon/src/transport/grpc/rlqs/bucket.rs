@@ -201,7 +201,8 @@ impl Bucket {
                 // by at most what it had left, never over.
                 let (left, cost) = (lease.tokens - lease.admitted, lease.check.cost.max(1));
                 if left < self.demand_until_next_report() {
-                    if let Some(fresh) = self.take(quota, service, check, None, deadline).await {
+                    let fresh = self.take(quota, service, check, None, left, deadline);
+                    if let Some(fresh) = fresh.await {
                         quota.metrics.written_off.inc_by(left.saturating_mul(cost));
                         return vec![self.clear(), fresh];
                     }
@@ -212,7 +213,7 @@ impl Bucket {
         if requests == 0 {
             return Vec::new();
         }
-        match self.take(quota, service, check, Some(mode), deadline).await {
+        match self.take(quota, service, check, Some(mode), 0, deadline).await {
             Some(fresh) if running => vec![self.clear(), fresh],
             fresh => fresh.into_iter().collect(),
         }
@@ -278,12 +279,16 @@ impl Bucket {
         give_back(quota, service, &lease.check, &lease.grant, unused, deadline).await;
     }
 
+    /// Takes a lease and sends the assignment it backs, if that is more than `more_than`
+    /// tokens (else the units go back). `mode` is the policy's failure mode for a store that
+    /// cannot take; `None` for a replacement, which then leaves the running assignment alone.
     async fn take(
         &mut self,
         quota: &Quota,
         service: &CheckService,
         check: StoreCheck,
         mode: Option<FailureMode>,
+        more_than: u64,
         deadline: Option<Duration>,
     ) -> Option<BucketAction> {
         let cost = check.cost.max(1);
@@ -325,8 +330,10 @@ impl Bucket {
         };
         quota.metrics.taken.inc_by(grant.units);
         let spent = u64::try_from(asked.elapsed().as_micros()).unwrap_or(u64::MAX);
-        let Some(assignment) = sizing::assignment(&check.algorithm, &grant, cost, spent) else {
-            // Nothing sent: every unit is unused. A running assignment ends on its own.
+        let assignment = sizing::assignment(&check.algorithm, &grant, cost, spent);
+        let Some(assignment) = assignment.filter(|a| a.tokens > more_than) else {
+            // Nothing sent (nothing backed, or no more than the running assignment has left,
+            // which it keeps): every unit is unused.
             let unused = sizing::unused(&grant, cost, 0);
             give_back(quota, service, &check, &grant, unused, deadline).await;
             return None;

@@ -219,6 +219,32 @@ async fn an_assignment_that_will_not_last_is_replaced_and_its_rest_written_off()
 }
 
 #[tokio::test]
+async fn a_replacement_that_would_hold_fewer_tokens_is_not_made() {
+    let (mut session, service) = session();
+    let t0 = Instant::now();
+    let Strategy::TokenBucket(first) = strategy(&session.report(&usage("window", 0, 1), t0).await)
+    else {
+        panic!("a token bucket");
+    };
+    assert_eq!(first.max_tokens, 3);
+    // Others spend all but 1 of the 97 left.
+    let spend = CheckRequest {
+        policy: None,
+        descriptors: [("b".to_owned(), "window".to_owned())].into_iter().collect(),
+        cost: 96,
+        spend: Spend::Record,
+    };
+    let spent = service.check(&spend).await.expect("a check");
+    assert_eq!(spent.outcome.as_str(), "allowed");
+    // Demand that 2 tokens will not serve: a replacement would have 1 unit for it, fewer than
+    // the running one has left. It is given back and the running one renewed.
+    let t1 = t0 + Duration::from_secs(1);
+    let renewal = session.report(&usage("window", 1, 5), t1).await;
+    assert_eq!(strategy(&renewal), Strategy::TokenBucket(first));
+    assert_eq!(left(&service, "window").await, 1);
+}
+
+#[tokio::test]
 async fn a_renewal_never_reaches_envoy_after_the_running_assignment_ends() {
     let (mut session, _) = session();
     let t0 = Instant::now();
