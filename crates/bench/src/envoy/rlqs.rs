@@ -1,0 +1,360 @@
+//! The RLQS rows of `--systems envoy`: Envoy's `rate_limit_quota` filter reporting usage to
+//! sluice's Rate Limit Quota Service on one stream and admitting from the token-bucket
+//! assignments it gets back, so no call to sluice sits on the request path.
+//!
+//! - The measured rows (`envoy + rlqs tcp`, `envoy + rlqs uds`) put every request in one bucket
+//!   per listener, limited by a fixed window that is never reached, on Redis: each assignment is
+//!   backed by a lease taken there, as in production. Envoy 1.40 reports every ~5 s whatever
+//!   `reporting_interval` says, and sluice's assignments last at most 2 s (docs/envoy.md), so a
+//!   bucket with steady demand is denied (`no_assignment_behavior`) about 3 s in 5: the row
+//!   counts those 429s apart (`denied`) and times only the admitted requests.
+//! - The fleet run: [`FLEET_ENVOYS`] Envoys (half of them over TCP, half over the socket) share
+//!   one fixed window of [`FLEET_LIMIT`] that the load reaches; admitted must never pass it.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Result;
+use bytes::Bytes;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use super::{cluster, http2, listener, tcp, Envoy, PATH};
+use crate::load::{CallFuture, Client, Factory};
+use crate::procs::{free_addr, Daemon};
+use sluice::client::{Connection, Target};
+
+/// The bucket key of the measured rows (its value names the listener's transport).
+pub const MEASURED: &str = "rlqs";
+/// The bucket key of the fleet run.
+const FLEET: &str = "rlqs_fleet";
+
+/// Envoys in the fleet run.
+pub const FLEET_ENVOYS: usize = 3;
+/// The fleet's shared limit (a fixed window of an hour: the run stays in one window, or its
+/// bound counts two).
+pub const FLEET_LIMIT: u64 = 1_000;
+const FLEET_PERIOD_S: u64 = 3_600;
+
+/// The policies of the RLQS buckets (a policy applies where its key descriptor is present, so
+/// each bucket meets exactly one): the measured rows' limit is never reached, the fleet's is.
+pub const POLICIES: &str = "
+  - {name: envoy_rlqs, key: [rlqs], algorithm: fixed_window, limit: 1000000000, period: 1h, failure_mode: closed}
+  - {name: envoy_rlqs_fleet, key: [rlqs_fleet], algorithm: fixed_window, limit: 1000, period: 1h, failure_mode: closed}
+";
+
+/// The `rate_limit_quota` filter asking sluice through `cluster`, every request in the bucket
+/// `{key: value}`. As docs/envoy.md says to configure it: no assignment, no admission.
+pub fn filter(cluster: &str, key: &str, value: &str) -> Value {
+    json!({
+        "name": "envoy.filters.http.rate_limit_quota",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig",
+            "rlqs_server": { "envoy_grpc": { "cluster_name": cluster } },
+            "domain": "bench",
+            "bucket_matchers": { "on_no_match": { "action": {
+                "name": "rate_limit_quota",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings",
+                    "bucket_id_builder": { "bucket_id_builder": {
+                        key: { "string_value": value }
+                    }},
+                    "reporting_interval": "1s",
+                    "no_assignment_behavior": {
+                        "fallback_rate_limit": { "blanket_rule": "DENY_ALL" }
+                    }
+                }
+            }}}
+        }
+    })
+}
+
+/// Requests of one warm-up round: all of them must pass.
+const WARM_UP_RUN: usize = 200;
+/// Rounds a warm-up sends at most, and the time it may take.
+const WARM_UP_ROUNDS: usize = 40;
+const WARM_UP_LIMIT: Duration = Duration::from_secs(30);
+
+/// Sends rounds of [`WARM_UP_RUN`] requests one after the other through `addr` until a whole
+/// round passes (an assignment sized by the reported demand holds), at most [`WARM_UP_ROUNDS`]
+/// rounds and [`WARM_UP_LIMIT`]. `Ok(None)` when it passed, else why not.
+pub async fn warm_up(addr: SocketAddr) -> Result<Option<String>> {
+    let started = Instant::now();
+    let mut conn = Connection::open(&Target::Tcp(addr)).await?;
+    for round in 1..=WARM_UP_ROUNDS {
+        let mut passed = 0;
+        for _ in 0..WARM_UP_RUN {
+            let reply = conn.post_bytes(PATH, Bytes::from_static(b"{}")).await?;
+            passed += usize::from(reply.status == 200);
+        }
+        if passed == WARM_UP_RUN {
+            return Ok(None);
+        }
+        if started.elapsed() > WARM_UP_LIMIT {
+            return Ok(Some(format!(
+                "no run of {WARM_UP_RUN} passes within {:.0} s ({round} rounds)",
+                WARM_UP_LIMIT.as_secs_f64()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(Some(format!(
+        "no run of {WARM_UP_RUN} passes in {WARM_UP_ROUNDS} rounds"
+    )))
+}
+
+/// What the clients of an RLQS row saw over warm-up and measurement, apart from admissions.
+#[derive(Default)]
+pub struct Outcomes {
+    /// 429s: Envoy held no assignment for the bucket.
+    pub denied: AtomicU64,
+    /// Anything else that was not a 200 (transport errors, other statuses).
+    pub failed: AtomicU64,
+}
+
+struct Quota {
+    addr: SocketAddr,
+    conn: Option<Connection>,
+    outcomes: Arc<Outcomes>,
+}
+
+impl Client for Quota {
+    fn call(&mut self, _key: usize) -> CallFuture<'_> {
+        Box::pin(async move {
+            let conn = match &mut self.conn {
+                Some(conn) => conn,
+                None => self
+                    .conn
+                    .insert(Connection::open(&Target::Tcp(self.addr)).await?),
+            };
+            let status = match conn.post_bytes(PATH, Bytes::from_static(b"{}")).await {
+                Ok(reply) => reply.status.as_u16(),
+                Err(error) => {
+                    // Reconnect on the next call, should Envoy close the connection.
+                    self.conn = None;
+                    self.outcomes.failed.fetch_add(1, Ordering::Relaxed);
+                    return Err(error.into());
+                }
+            };
+            let counter = match status {
+                200 => return Ok(true),
+                429 => &self.outcomes.denied,
+                _ => &self.outcomes.failed,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            Ok(false)
+        })
+    }
+}
+
+/// Keep-alive clients of the RLQS listener at `addr`: a 200 is a timed answer, a 429 (no
+/// assignment held) and any other outcome are counted in `outcomes` and not timed.
+pub fn clients(addr: SocketAddr, outcomes: Arc<Outcomes>) -> Factory {
+    Arc::new(move || {
+        let outcomes = Arc::clone(&outcomes);
+        Box::pin(async move {
+            let conn = Connection::open(&Target::Tcp(addr)).await?;
+            Ok(Box::new(Quota {
+                addr,
+                conn: Some(conn),
+                outcomes,
+            }) as Box<dyn Client>)
+        })
+    })
+}
+
+/// The fleet run's outcome.
+#[derive(Debug, Clone, Serialize)]
+pub struct Fleet {
+    /// Envoys sharing the limit.
+    pub envoys: usize,
+    /// The policy's limit per window.
+    pub limit: u64,
+    /// What may be admitted: the limit times the windows the run touched.
+    pub bound: u64,
+    /// Requests answered.
+    pub requests: u64,
+    /// 200s.
+    pub admitted: u64,
+    /// 429s.
+    pub denied: u64,
+    /// Transport errors and other statuses.
+    pub failed: u64,
+    /// Seconds from the first request until the limit was reached (`None`: not reached).
+    pub reached_s: Option<f64>,
+    /// Seconds the load ran.
+    pub seconds: f64,
+}
+
+impl Fleet {
+    /// Whether the fleet admitted no more than the limit allows.
+    pub fn exact(&self) -> bool {
+        self.admitted <= self.bound
+    }
+}
+
+/// Connections per fleet Envoy, and the pause between one's requests (the load need not spin:
+/// it only has to exceed the limit).
+const FLEET_CONNECTIONS: usize = 4;
+const FLEET_PAUSE: Duration = Duration::from_millis(1);
+/// Load after the limit is reached (to catch any admission past it), and the longest run.
+const FLEET_AFTER: Duration = Duration::from_secs(3);
+const FLEET_LONGEST: Duration = Duration::from_secs(25);
+
+/// Starts [`FLEET_ENVOYS`] Envoys in front of `upstream`, each asking `daemon` (TCP and socket
+/// in turn) for the one shared bucket, loads them until the limit is reached and
+/// [`FLEET_AFTER`] more (at most [`FLEET_LONGEST`]), and counts what they answered.
+pub async fn fleet(
+    binary: &std::path::Path,
+    upstream: SocketAddr,
+    daemon: &Daemon,
+) -> Result<Fleet> {
+    let mut envoys = Vec::with_capacity(FLEET_ENVOYS);
+    for n in 0..FLEET_ENVOYS {
+        let address = match n % 2 {
+            0 => tcp(daemon.grpc),
+            _ => json!({ "pipe": { "path": daemon.grpc_socket.display().to_string() } }),
+        };
+        let (addr, admin) = (free_addr()?, free_addr()?);
+        let config = json!({
+            "admin": { "address": tcp(admin) },
+            "static_resources": {
+                "listeners": [listener(n, addr, vec![filter("sluice_rlqs", FLEET, "shared")])],
+                "clusters": [
+                    cluster("upstream", tcp(upstream), None),
+                    cluster("sluice_rlqs", address, Some(http2())),
+                ]
+            }
+        });
+        let mut envoy = Envoy::spawn(binary, &config, vec![addr], admin)?;
+        envoy.wait_live().await?;
+        envoys.push(envoy);
+    }
+    let tally = Arc::new(Tally::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let windows_from = window_now();
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for addr in envoys.iter().flat_map(|e| e.listeners.clone()) {
+        for _ in 0..FLEET_CONNECTIONS {
+            let (tally, stop) = (Arc::clone(&tally), Arc::clone(&stop));
+            tasks.spawn(async move { load(addr, &tally, &stop).await });
+        }
+    }
+    let mut reached = None;
+    while started.elapsed() < FLEET_LONGEST {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if reached.is_none() && tally.admitted.load(Ordering::Relaxed) >= FLEET_LIMIT {
+            reached = Some(started.elapsed());
+        }
+        if reached.is_some_and(|at| started.elapsed() >= at + FLEET_AFTER) {
+            break;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    while tasks.join_next().await.is_some() {}
+    let seconds = started.elapsed().as_secs_f64();
+    let windows = window_now() - windows_from + 1;
+    let get = |n: &AtomicU64| n.load(Ordering::Relaxed);
+    let (admitted, denied, failed) = (get(&tally.admitted), get(&tally.denied), get(&tally.failed));
+    Ok(Fleet {
+        envoys: FLEET_ENVOYS,
+        limit: FLEET_LIMIT,
+        bound: FLEET_LIMIT * windows,
+        requests: admitted + denied + failed,
+        admitted,
+        denied,
+        failed,
+        reached_s: reached.map(|at| at.as_secs_f64()),
+        seconds,
+    })
+}
+
+#[derive(Default)]
+struct Tally {
+    admitted: AtomicU64,
+    denied: AtomicU64,
+    failed: AtomicU64,
+}
+
+/// One connection's requests until `stop`, each answer counted in `tally` (a lost connection is
+/// opened again).
+async fn load(addr: SocketAddr, tally: &Tally, stop: &AtomicBool) {
+    let mut conn = None;
+    while !stop.load(Ordering::Relaxed) {
+        if conn.is_none() {
+            conn = Connection::open(&Target::Tcp(addr)).await.ok();
+        }
+        let status = match &mut conn {
+            Some(c) => match c.post_bytes(PATH, Bytes::from_static(b"{}")).await {
+                Ok(reply) => reply.status.as_u16(),
+                Err(_) => {
+                    conn = None;
+                    0
+                }
+            },
+            None => 0,
+        };
+        let counter = match status {
+            200 => &tally.admitted,
+            429 => &tally.denied,
+            _ => &tally.failed,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(FLEET_PAUSE).await;
+    }
+}
+
+/// The number of the fleet policy's window now (windows start at multiples of the period since
+/// the epoch, on this machine's clock, which Redis on loopback shares).
+fn window_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() / FLEET_PERIOD_S)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fleet_policy_is_the_fleet_limit_and_each_bucket_meets_one_policy() {
+        let line = POLICIES
+            .lines()
+            .find(|l| l.contains("[rlqs_fleet]"))
+            .expect("fleet policy");
+        assert!(line.contains(&format!("limit: {FLEET_LIMIT},")), "{line}");
+        assert!(line.contains("period: 1h") && FLEET_PERIOD_S == 3_600);
+        assert_eq!(POLICIES.matches("key: [rlqs]").count(), 1);
+        let bucket = filter("c", MEASURED, "tcp");
+        let settings =
+            &bucket["typed_config"]["bucket_matchers"]["on_no_match"]["action"]["typed_config"];
+        assert_eq!(
+            settings["bucket_id_builder"]["bucket_id_builder"][MEASURED]["string_value"],
+            "tcp"
+        );
+        assert_eq!(
+            settings["no_assignment_behavior"]["fallback_rate_limit"]["blanket_rule"],
+            "DENY_ALL"
+        );
+    }
+
+    #[test]
+    fn a_fleet_is_exact_up_to_its_bound() {
+        let fleet = |admitted| Fleet {
+            envoys: 3,
+            limit: 10,
+            bound: 10,
+            requests: 50,
+            admitted,
+            denied: 50 - admitted,
+            failed: 0,
+            reached_s: None,
+            seconds: 1.0,
+        };
+        assert!(fleet(10).exact());
+        assert!(!fleet(11).exact());
+    }
+}
