@@ -323,7 +323,7 @@ impl Report {
         }
         if let Some(f) = &self.rlqs_fleet {
             println!(
-                "\nRLQS fleet: {} Envoys on one bucket (fixed window of {} per hour, on Redis), {} requests in {:.1} s: {} admitted (at most {} allowed: {}), {} denied, {} failed; the limit was reached after {}",
+                "\nRLQS fleet: {} Envoys on one bucket (fixed window of {} per hour, on Redis), {} requests in {:.1} s: {} admitted (at most {} allowed: {}), {} denied, {} failed; 95% of the limit was admitted after {}",
                 f.envoys,
                 f.limit,
                 f.requests,
@@ -333,7 +333,7 @@ impl Report {
                 if f.exact() { "exact" } else { "OVER THE LIMIT" },
                 f.denied,
                 f.failed,
-                f.reached_s.map_or("- (not reached)".into(), |s| format!("{s:.1} s")),
+                f.reached_s.map_or("- (never)".into(), |s| format!("{s:.1} s")),
             );
         }
     }
