@@ -6,8 +6,9 @@
 //!   per listener, limited by a fixed window that is never reached, on Redis: each assignment is
 //!   backed by a lease taken there, as in production. Envoy 1.40 reports every ~5 s whatever
 //!   `reporting_interval` says, and sluice's assignments last at most 2 s (docs/envoy.md), so a
-//!   bucket with steady demand is denied (`no_assignment_behavior`) about 3 s in 5: the row
-//!   counts those 429s apart (`denied`) and times only the admitted requests.
+//!   bucket with steady demand is denied (`no_assignment_behavior`) about 3 s in 5. A row is
+//!   measured right after its warm-up sees an assignment sized for its load begin ([`warm_up`]);
+//!   it counts the 429s apart (`denied`) and times only the admitted requests.
 //! - The fleet run: [`FLEET_ENVOYS`] Envoys (over TCP and the socket in turn) share
 //!   one fixed window of [`FLEET_LIMIT`] that the load reaches; admitted must never pass it.
 
@@ -22,7 +23,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::{cluster, http2, listener, tcp, Envoy, PATH};
-use crate::load::{CallFuture, Client, Factory};
+use crate::load::{self, CallFuture, Client, Factory, KeyMix};
 use crate::procs::{free_addr, Daemon};
 use sluice::client::{Connection, Target};
 
@@ -71,40 +72,51 @@ pub fn filter(cluster: &str, key: &str, value: &str) -> Value {
     })
 }
 
-/// Requests of one warm-up round: all of them must pass.
-const WARM_UP_RUN: usize = 200;
-/// Rounds a warm-up sends at most, and the time it may take.
-const WARM_UP_ROUNDS: usize = 40;
+/// Envoy 1.40's report interval (its source hard-codes it, whatever `reporting_interval` says).
+const REPORT_INTERVAL: Duration = Duration::from_secs(5);
+/// One warm-up round: load at the row's own connections, every answer a 200 to pass.
+const WARM_UP_ROUND: Duration = Duration::from_millis(500);
+/// Warm-up rounds at most, and the longest warm-up.
+const WARM_UP_ROUNDS: usize = 60;
 const WARM_UP_LIMIT: Duration = Duration::from_secs(30);
 
-/// Sends rounds of [`WARM_UP_RUN`] requests one after the other through `addr` until a whole
-/// round passes (an assignment sized by the reported demand holds), at most [`WARM_UP_ROUNDS`]
-/// rounds and [`WARM_UP_LIMIT`]. `Ok(None)` when it passed, else why not.
-pub async fn warm_up(addr: SocketAddr) -> Result<Option<String>> {
+/// Loads the RLQS listener at `addr` with `clients` connections, in rounds of
+/// [`WARM_UP_ROUND`], until a round in which every request passed, once the load has run for
+/// more than a report interval: the assignment that holds was sized by a report of this load's
+/// demand, not by an idle bucket's (which a full load spends at once). At most
+/// [`WARM_UP_ROUNDS`] rounds and [`WARM_UP_LIMIT`]. `Ok(None)` when it passed, else why not.
+/// The measurement follows at once, with no warm-up of its own: the assignment lasts 2 s.
+pub async fn warm_up(addr: SocketAddr, clients: usize) -> Result<Option<String>> {
     let started = Instant::now();
-    let mut conn = None;
+    let factory = self::clients(addr, Arc::new(Outcomes::default()));
     for round in 1..=WARM_UP_ROUNDS {
-        let mut passed = 0;
-        for _ in 0..WARM_UP_RUN {
-            passed += usize::from(send(addr, &mut conn).await? == 200);
-        }
-        if passed == WARM_UP_RUN {
+        let run = load::closed(
+            &factory,
+            clients,
+            &KeyMix::Hot,
+            Duration::ZERO,
+            WARM_UP_ROUND,
+        )
+        .await?;
+        let loaded = started.elapsed() > REPORT_INTERVAL + WARM_UP_ROUND;
+        if loaded && run.checks > 0 && run.errors == 0 {
             return Ok(None);
         }
         if started.elapsed() > WARM_UP_LIMIT {
             return Ok(Some(format!(
-                "no run of {WARM_UP_RUN} passes within {:.0} s ({round} rounds)",
+                "no {} ms round with every request admitted within {:.0} s ({round} rounds)",
+                WARM_UP_ROUND.as_millis(),
                 WARM_UP_LIMIT.as_secs_f64()
             )));
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Ok(Some(format!(
-        "no run of {WARM_UP_RUN} passes in {WARM_UP_ROUNDS} rounds"
+        "no {} ms round with every request admitted in {WARM_UP_ROUNDS} rounds",
+        WARM_UP_ROUND.as_millis()
     )))
 }
 
-/// What the clients of an RLQS row saw over warm-up and measurement, apart from admissions.
+/// What the clients of an RLQS row saw, apart from admissions.
 #[derive(Default)]
 pub struct Outcomes {
     /// 429s: Envoy held no assignment for the bucket.

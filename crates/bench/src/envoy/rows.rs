@@ -4,6 +4,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Result;
 
@@ -57,8 +58,23 @@ pub async fn run(
     for clients in clients {
         for (system, addr) in super::SYSTEMS.iter().zip(&proxy.listeners) {
             let quota = system.contains("rlqs");
+            // An RLQS row's warm-up is its own (until an assignment sized for the load holds),
+            // and the measurement follows it at once.
+            let measured;
+            let plan = match quota {
+                true => {
+                    measured = Plan {
+                        warmup: Duration::ZERO,
+                        clients: plan.clients.clone(),
+                        mixes: plan.mixes.clone(),
+                        ..*plan
+                    };
+                    &measured
+                }
+                false => plan,
+            };
             if quota {
-                if let Some(why) = rlqs::warm_up(*addr).await? {
+                if let Some(why) = rlqs::warm_up(*addr, clients).await? {
                     let note = format!("{system}, {clients} connections: warm-up: {why}");
                     eprintln!("{note}");
                     report.notes.push(note);
@@ -87,13 +103,12 @@ pub async fn run(
             row.sluice_cpu_us =
                 Some((cpu_seconds(daemon.pid()) - sluice_before) / requests.max(1.0) * 1e6);
             if quota {
-                // The clients count over warm-up and measurement; the row's errors over the
-                // measurement only: with no other failure, every error of the row is a 429.
-                let failed = outcomes.failed.load(Ordering::Relaxed);
-                let others = failed.min(row.errors);
+                // With no warm-up in the run, the clients' counts are the measurement's: its
+                // errors are the 429s and what failed otherwise.
+                let denied = outcomes.denied.load(Ordering::Relaxed);
                 let answers = row.rate * plan.duration.as_secs_f64();
-                row.denied_percent = Some((row.errors - others) as f64 / answers.max(1.0) * 100.0);
-                row.errors = others;
+                row.denied_percent = Some(denied as f64 / answers.max(1.0) * 100.0);
+                row.errors = row.errors.saturating_sub(denied);
             }
             report.push(row);
         }
