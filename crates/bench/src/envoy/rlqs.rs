@@ -88,7 +88,7 @@ const WARM_UP_LIMIT: Duration = Duration::from_secs(30);
 /// The measurement follows at once, with no warm-up of its own: the assignment lasts 2 s.
 pub async fn warm_up(addr: SocketAddr, clients: usize) -> Result<Option<String>> {
     let started = Instant::now();
-    let factory = self::clients(addr, Arc::new(Outcomes::default()));
+    let factory = self::clients(addr, Arc::new(AtomicU64::new(0)));
     for round in 1..=WARM_UP_ROUNDS {
         let run = load::closed(
             &factory,
@@ -116,15 +116,6 @@ pub async fn warm_up(addr: SocketAddr, clients: usize) -> Result<Option<String>>
     )))
 }
 
-/// What the clients of an RLQS row saw, apart from admissions.
-#[derive(Default)]
-pub struct Outcomes {
-    /// 429s: Envoy held no assignment for the bucket.
-    pub denied: AtomicU64,
-    /// Anything else that was not a 200 (transport errors, other statuses).
-    pub failed: AtomicU64,
-}
-
 /// One request through `addr` on `conn` (opened first if need be); its status. Envoy closes the
 /// connection after a 429 of the quota filter (`connection: close`): `conn` is then dropped, to
 /// be opened again by the next request.
@@ -149,41 +140,32 @@ async fn send(addr: SocketAddr, conn: &mut Option<Connection>) -> Result<u16> {
 struct Quota {
     addr: SocketAddr,
     conn: Option<Connection>,
-    outcomes: Arc<Outcomes>,
+    denied: Arc<AtomicU64>,
 }
 
 impl Client for Quota {
     fn call(&mut self, _key: usize) -> CallFuture<'_> {
         Box::pin(async move {
-            let status = match send(self.addr, &mut self.conn).await {
-                Ok(status) => status,
-                Err(error) => {
-                    self.outcomes.failed.fetch_add(1, Ordering::Relaxed);
-                    return Err(error);
-                }
-            };
-            let counter = match status {
-                200 => return Ok(true),
-                429 => &self.outcomes.denied,
-                _ => &self.outcomes.failed,
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
-            Ok(false)
+            let status = send(self.addr, &mut self.conn).await?;
+            if status == 429 {
+                self.denied.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(status == 200)
         })
     }
 }
 
-/// Keep-alive clients of the RLQS listener at `addr`: a 200 is a timed answer, a 429 (no
-/// assignment held) and any other outcome are counted in `outcomes` and not timed.
-pub fn clients(addr: SocketAddr, outcomes: Arc<Outcomes>) -> Factory {
+/// Keep-alive clients of the RLQS listener at `addr`: a 200 is a right answer (timed), a 429
+/// (Envoy held no assignment) is counted in `denied`, and, like any other outcome, not timed.
+pub fn clients(addr: SocketAddr, denied: Arc<AtomicU64>) -> Factory {
     Arc::new(move || {
-        let outcomes = Arc::clone(&outcomes);
+        let denied = Arc::clone(&denied);
         Box::pin(async move {
             let conn = Connection::open(&Target::Tcp(addr)).await?;
             Ok(Box::new(Quota {
                 addr,
                 conn: Some(conn),
-                outcomes,
+                denied,
             }) as Box<dyn Client>)
         })
     })

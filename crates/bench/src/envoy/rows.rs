@@ -2,7 +2,7 @@
 //! per configuration, each configuration loaded in turn at each client count (the baseline
 //! first), RLQS rows after their warm-up; then the RLQS fleet run.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -80,9 +80,9 @@ pub async fn run(
                     report.notes.push(note);
                 }
             }
-            let outcomes = Arc::new(rlqs::Outcomes::default());
+            let denied = Arc::new(AtomicU64::new(0));
             let factory = match quota {
-                true => rlqs::clients(*addr, Arc::clone(&outcomes)),
+                true => rlqs::clients(*addr, Arc::clone(&denied)),
                 false => super::clients(*addr),
             };
             let sluice_before = cpu_seconds(daemon.pid());
@@ -103,9 +103,9 @@ pub async fn run(
             row.sluice_cpu_us =
                 Some((cpu_seconds(daemon.pid()) - sluice_before) / requests.max(1.0) * 1e6);
             if quota {
-                // With no warm-up in the run, the clients' counts are the measurement's: its
-                // errors are the 429s and what failed otherwise.
-                let denied = outcomes.denied.load(Ordering::Relaxed);
+                // With no warm-up in the run, the clients' count is the measurement's: its errors
+                // are the 429s and what failed otherwise.
+                let denied = denied.load(Ordering::Relaxed);
                 let answers = row.rate * plan.duration.as_secs_f64();
                 row.denied_percent = Some(denied as f64 / answers.max(1.0) * 100.0);
                 row.errors = row.errors.saturating_sub(denied);
