@@ -1,7 +1,7 @@
 //! Checks of what ships beside the daemon: the Dockerfile and the image built from it (podman),
 //! the Kubernetes manifests and kustomize overlays (`kubectl kustomize`, kubernetes-validate), the
-//! injector's manifests, the client examples, the nginx example, and the dashboards and alerts
-//! against a real Prometheus.
+//! injector's manifests, the client examples, the nginx example, the dashboards and alerts
+//! against a real Prometheus, and a short run of the bench's through-Envoy rows.
 
 // The API tests' support modules (each resolves its siblings as `crate::NAME`); this binary uses
 // some of them.
@@ -14,6 +14,7 @@ use support::{
     stores, tls_pki, tools, wait,
 };
 
+mod bench;
 mod clients;
 mod dockerfile;
 mod examples;

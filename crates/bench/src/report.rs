@@ -96,6 +96,10 @@ pub struct Row {
     pub cpu_wait_percent: f64,
     /// The through-Envoy rows: sluice's own CPU per request (Envoy's is `daemon_cpu_us`).
     pub sluice_cpu_us: Option<f64>,
+    /// The RLQS rows: the share of the answers, in percent, that were Envoy's 429 for want of an
+    /// assignment; counted in `rate`, neither in `errors` nor in the latencies (which are the
+    /// admitted requests').
+    pub denied_percent: Option<f64>,
 }
 
 impl Row {
@@ -132,6 +136,7 @@ impl Row {
             checks_per_call,
             cpu_wait_percent,
             sluice_cpu_us: None,
+            denied_percent: None,
         }
     }
 }
@@ -149,6 +154,8 @@ pub struct Report {
     pub overload: Vec<Overload>,
     /// The targets, computed from the rows.
     pub targets: Vec<super::targets::Target>,
+    /// The RLQS fleet run of the through-Envoy rows (Envoys sharing a limit they reach).
+    pub rlqs_fleet: Option<super::envoy::rlqs::Fleet>,
     /// What was asked for and not run, and why.
     pub notes: Vec<String>,
 }
@@ -162,6 +169,7 @@ impl Report {
             memory: Vec::new(),
             overload: Vec::new(),
             targets: Vec::new(),
+            rlqs_fleet: None,
             notes: Vec::new(),
         }
     }
@@ -274,7 +282,7 @@ impl Report {
     }
 
     /// The "through Envoy" rows against the no-filter baseline of the same run and client
-    /// count: what a check adds to each request as Envoy's users see it.
+    /// count: what a check adds to each request as Envoy's users see it; then the RLQS fleet.
     fn print_envoy(&self) {
         let rows: Vec<&Row> = self
             .rows
@@ -284,9 +292,9 @@ impl Report {
         if rows.is_empty() {
             return;
         }
-        println!("\nThrough Envoy (one worker), against Envoy with no filter in the same run:\n");
-        println!("| system | connections | requests/s | vs no filter | p50 us | p99 us | added p50 us | added p99 us | Envoy CPU us/request | sluice CPU us/request |");
-        println!("|---|---|---|---|---|---|---|---|---|---|");
+        println!("\nThrough Envoy (one worker), against Envoy with no filter in the same run (RLQS rows: latencies of the admitted requests; denied: answered 429 by Envoy while it held no assignment):\n");
+        println!("| system | connections | requests/s | vs no filter | denied | p50 us | p99 us | added p50 us | added p99 us | Envoy CPU us/request | sluice CPU us/request |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|");
         for row in rows {
             let base = self.baseline(row, "envoy");
             let added = |figure: fn(&Row) -> u64| {
@@ -295,7 +303,7 @@ impl Report {
                 })
             };
             println!(
-                "| {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 row.system,
                 row.clients,
                 row.rate,
@@ -303,12 +311,29 @@ impl Report {
                     "{:.2}x",
                     row.rate / b.rate.max(1e-9)
                 )),
+                row.denied_percent
+                    .map_or("-".into(), |d| format!("{d:.0}%")),
                 row.p50_us,
                 row.p99_us,
                 added(|r| r.p50_us),
                 added(|r| r.p99_us),
                 row.daemon_cpu_us.map_or("-".into(), |c| format!("{c:.1}")),
                 row.sluice_cpu_us.map_or("-".into(), |c| format!("{c:.1}")),
+            );
+        }
+        if let Some(f) = &self.rlqs_fleet {
+            println!(
+                "\nRLQS fleet: {} Envoys on one bucket (fixed window of {} per hour, on Redis), {} requests in {:.1} s: {} admitted (at most {} allowed: {}), {} denied, {} failed; 95% of the limit was admitted after {}",
+                f.envoys,
+                f.limit,
+                f.requests,
+                f.seconds,
+                f.admitted,
+                f.bound,
+                if f.exact() { "exact" } else { "OVER THE LIMIT" },
+                f.denied,
+                f.failed,
+                f.reached_s.map_or("- (never)".into(), |s| format!("{s:.1} s")),
             );
         }
     }

@@ -5,6 +5,7 @@
 
 use serde::Serialize;
 
+use super::envoy::rlqs::Fleet;
 use super::report::Row;
 
 /// One target's figure in one run.
@@ -188,6 +189,65 @@ pub fn compute(rows: &[Row]) -> Vec<Target> {
     targets
 }
 
+/// Through Envoy, RLQS may add at most this share of the p50 latency `ShouldRateLimit` adds
+/// (each against Envoy with no filter, same run, same connections and transport).
+const RLQS_VS_SHOULD_RATE_LIMIT: f64 = 0.2;
+
+/// The through-Envoy targets: at each connection count and transport, the p50 RLQS adds over
+/// the latency `ShouldRateLimit` adds; and that the RLQS fleet admitted no more than the limit.
+pub fn envoy(rows: &[Row], fleet: Option<&Fleet>) -> Vec<Target> {
+    let find = |system: &str, clients: usize| {
+        rows.iter()
+            .find(|r| r.system == system && r.clients == clients && r.offered_rate.is_none())
+    };
+    let mut targets = Vec::new();
+    for base in rows.iter().filter(|r| r.system == "envoy") {
+        let clients = base.clients;
+        for transport in ["tcp", "uds"] {
+            let (Some(rlqs), Some(rls)) = (
+                find(&format!("envoy + rlqs {transport}"), clients),
+                find(&format!("envoy + rls {transport}"), clients),
+            ) else {
+                continue;
+            };
+            let added = |row: &Row| row.p50_us as f64 - base.p50_us as f64;
+            // No admitted request timed, or nothing added by ShouldRateLimit: no ratio to meet.
+            let value = match (rlqs.p50_us, added(rls)) {
+                (0, _) => f64::INFINITY,
+                (_, by_rls) if by_rls <= 0.0 => f64::INFINITY,
+                (_, by_rls) => added(rlqs) / by_rls,
+            };
+            targets.push(Target {
+                what: format!(
+                    "through Envoy, {clients} conn., {transport}: p50 RLQS adds vs ShouldRateLimit adds"
+                ),
+                algorithm: base.algorithm.clone(),
+                keys: base.keys.clone(),
+                value,
+                at_most: Some(RLQS_VS_SHOULD_RATE_LIMIT),
+                at_least: None,
+                met: value <= RLQS_VS_SHOULD_RATE_LIMIT,
+            });
+        }
+    }
+    if let Some(fleet) = fleet {
+        let value = fleet.admitted as f64 / fleet.bound.max(1) as f64;
+        targets.push(Target {
+            what: format!(
+                "through Envoy, RLQS fleet of {} Envoys: admitted vs the limit",
+                fleet.envoys
+            ),
+            algorithm: "fw".into(),
+            keys: "one bucket".into(),
+            value,
+            at_most: Some(1.0),
+            at_least: None,
+            met: fleet.exact(),
+        });
+    }
+    targets
+}
+
 /// Prints the targets as a table.
 pub fn print(targets: &[Target]) {
     if targets.is_empty() {
@@ -237,6 +297,7 @@ mod tests {
             checks_per_call: 1.0,
             cpu_wait_percent: 0.0,
             sluice_cpu_us: None,
+            denied_percent: None,
         }
     }
 
@@ -257,5 +318,39 @@ mod tests {
         assert_eq!(open.what, "open loop, sluice uds: p99 us");
         assert!(!open.met, "p99 1200 us is over 1 ms: {open:?}");
         assert_eq!(targets.len(), 3, "no row, no target");
+    }
+
+    #[test]
+    fn rlqs_is_held_to_a_fifth_of_what_should_rate_limit_adds_and_the_fleet_to_its_limit() {
+        let rows = [
+            row("envoy", 1, false, 200, 0.0),
+            row("envoy + rls uds", 1, false, 600, 0.0),
+            row("envoy + rlqs uds", 1, false, 260, 0.0),
+            row("envoy", 16, false, 1000, 0.0),
+            row("envoy + rls uds", 16, false, 2000, 0.0),
+            row("envoy + rlqs uds", 16, false, 1400, 0.0),
+            row("envoy + rlqs tcp", 16, false, 1100, 0.0),
+        ];
+        let fleet = Fleet {
+            envoys: 3,
+            limit: 100,
+            bound: 100,
+            requests: 500,
+            admitted: 101,
+            denied: 399,
+            failed: 0,
+            reached_s: Some(5.0),
+            seconds: 8.0,
+        };
+        let targets = envoy(&rows, Some(&fleet));
+        assert_eq!(
+            targets.len(),
+            3,
+            "no rls tcp row, no tcp target: {targets:?}"
+        );
+        assert!((targets[0].value - 0.15).abs() < 1e-9 && targets[0].met);
+        assert!((targets[1].value - 0.4).abs() < 1e-9 && !targets[1].met);
+        assert!(targets[1].what.starts_with("through Envoy, 16 conn., uds"));
+        assert!(!targets[2].met, "101 admitted of a limit of 100");
     }
 }
