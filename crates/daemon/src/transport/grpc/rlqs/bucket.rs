@@ -213,7 +213,10 @@ impl Bucket {
         if requests == 0 {
             return Vec::new();
         }
-        match self.take(quota, service, check, Some(mode), 0, deadline).await {
+        match self
+            .take(quota, service, check, Some(mode), 0, deadline)
+            .await
+        {
             Some(fresh) if running => vec![self.clear(), fresh],
             fresh => fresh.into_iter().collect(),
         }

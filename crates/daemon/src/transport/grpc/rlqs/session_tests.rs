@@ -230,7 +230,9 @@ async fn a_replacement_that_would_hold_fewer_tokens_is_not_made() {
     // Others spend all but 1 of the 97 left.
     let spend = CheckRequest {
         policy: None,
-        descriptors: [("b".to_owned(), "window".to_owned())].into_iter().collect(),
+        descriptors: [("b".to_owned(), "window".to_owned())]
+            .into_iter()
+            .collect(),
         cost: 96,
         spend: Spend::Record,
     };
@@ -238,8 +240,8 @@ async fn a_replacement_that_would_hold_fewer_tokens_is_not_made() {
     assert_eq!(spent.outcome.as_str(), "allowed");
     // Demand that 2 tokens will not serve: a replacement would have 1 unit for it, fewer than
     // the running one has left. It is given back and the running one renewed.
-    let t1 = t0 + Duration::from_secs(1);
-    let renewal = session.report(&usage("window", 1, 5), t1).await;
+    let t2 = t0 + Duration::from_secs(2);
+    let renewal = session.report(&usage("window", 1, 11), t2).await;
     assert_eq!(strategy(&renewal), Strategy::TokenBucket(first));
     assert_eq!(left(&service, "window").await, 1);
 }
