@@ -78,11 +78,17 @@ async def asgi_app(scope, receive, send):
     await send({"type": "http.response.body", "body": b"served:" + body})
 
 
-def call_wsgi(client, path, headers=None, body=b"", max_body=1 << 20):
-    """(status, headers with lower-case names, body) of one request through SluiceWSGI."""
+def call_wsgi(client, path, headers=None, body=b"", max_body=1 << 20, chunked=None):
+    """(status, headers with lower-case names, body) of one request through SluiceWSGI; with
+    `chunked`, the body has no CONTENT_LENGTH, and `chunked` says `wsgi.input_terminated`."""
     middleware = SluiceWSGI(wsgi_app, route, client=client, read_body=wants_body, max_body=max_body)
     environ = {"PATH_INFO": path, "REQUEST_METHOD": "POST", "CONTENT_LENGTH": str(len(body)),
                "wsgi.input": io.BytesIO(body)}
+    if chunked is not None:
+        del environ["CONTENT_LENGTH"]
+        environ["HTTP_TRANSFER_ENCODING"] = "chunked"
+        if chunked:
+            environ["wsgi.input_terminated"] = True
     for name, value in (headers or {}).items():
         environ["HTTP_" + name.upper().replace("-", "_")] = value
     setup_testing_defaults(environ)
@@ -266,6 +272,21 @@ class WsgiTest(MiddlewareScenarios, unittest.TestCase):
     def call(self, make_client, path, headers=None, body=b"", max_body=1 << 20):
         with make_client() as client:
             return call_wsgi(client, path, headers, body, max_body)
+
+
+    def test_a_chunked_body_is_read_when_the_server_ends_it_and_refused_when_it_does_not(self):
+        headers = {"x-test-key": ip("graphql-chunked")}
+        query = json.dumps({"query": "{ a b c }", "cost": 40}).encode()
+        with Client(url=URL, timeout=T) as client:
+            status, got, out = call_wsgi(client, "/graphql", headers, query, chunked=True)
+            self.assertEqual((status, out), (200, b"served:" + query))
+            self.assertEqual(got["x-ratelimit-remaining"], "110", "priced from the body")
+            status, _, out = call_wsgi(client, "/graphql", headers, query, max_body=16, chunked=True)
+            self.assertEqual((status, json.loads(out)), (413, {"error": "payload_too_large"}))
+            status, _, out = call_wsgi(client, "/graphql", headers, query, chunked=False)
+            self.assertEqual((status, json.loads(out)), (411, {"error": "length_required"}))
+            status, got, _ = call_wsgi(client, "/graphql", headers, b"{}")
+            self.assertEqual(got["x-ratelimit-remaining"], "109", "nothing spent by the refusals")
 
 
 class AsgiTest(MiddlewareScenarios, unittest.TestCase):
