@@ -23,6 +23,10 @@ const (
 type RouteCheck struct {
 	Check
 	OnUnreachable Unreachable
+	// Refuse, when not 0, is a status the middleware answers at once with no check: 413
+	// {"error":"payload_too_large"} for a body over its bound (ReadBody's ErrBodyTooLarge),
+	// else {"error":"refused"}.
+	Refuse int
 }
 
 // Route picks the check for a request, or nil when the request is not limited. It may read the
@@ -95,8 +99,16 @@ func Middleware(client *Client, route Route, logger *log.Logger) func(http.Handl
 				next.ServeHTTP(w, r)
 				return
 			}
-			answer, err := client.Check(r.Context(), check.Check)
-			reply := ReplyFor(check, answer, err, logger)
+			var reply Reply
+			switch check.Refuse {
+			case 0:
+				answer, err := client.Check(r.Context(), check.Check)
+				reply = ReplyFor(check, answer, err, logger)
+			case http.StatusRequestEntityTooLarge:
+				reply = jsonReply(check.Refuse, nil, `{"error":"payload_too_large"}`)
+			default:
+				reply = jsonReply(check.Refuse, nil, `{"error":"refused"}`)
+			}
 			for name, values := range reply.Headers {
 				if reply.Status != 0 || name != "Retry-After" {
 					w.Header()[name] = values

@@ -157,6 +157,11 @@ func TestAnUnreachableDaemonIsAnErrorWithinTheDeadline(t *testing.T) {
 // its cost the query's (a field of the JSON body), fail open; the rest free.
 func route(r *http.Request) *RouteCheck {
 	switch r.URL.Path {
+	case "/graphql-small":
+		if _, err := ReadBody(r, 16); errors.Is(err, ErrBodyTooLarge) {
+			return &RouteCheck{Refuse: http.StatusRequestEntityTooLarge}
+		}
+		return nil
 	case "/login":
 		return &RouteCheck{Check: Check{Policy: "login", Descriptors: map[string]string{"ip": r.Header.Get("X-Test-IP")}}, OnUnreachable: FailClosed}
 	case "/graphql":
@@ -223,6 +228,27 @@ func TestTheCostComesFromTheRequestAndTheBodyStillReachesTheApp(t *testing.T) {
 	rec := serve(client(t, Options{Socket: testSocket}), "/graphql", map[string]string{"X-Test-Key": ip("graphql-mw")}, query)
 	if rec.Code != 200 || rec.Body.String() != "served:"+query || rec.Header().Get("X-RateLimit-Remaining") != "110" {
 		t.Fatalf("%d %v %s", rec.Code, rec.Header(), rec.Body)
+	}
+}
+
+func TestABodyOverTheBoundIsA413AndSpendsNothing(t *testing.T) {
+	c := client(t, Options{URL: testURL})
+	headers := map[string]string{"X-Test-Key": ip("big-mw")}
+	rec := serve(c, "/graphql-small", headers, `{"cost": 40, "pad": "xxxxxxxx"}`)
+	if rec.Code != 413 || rec.Body.String() != `{"error":"payload_too_large"}` {
+		t.Fatalf("%d %s", rec.Code, rec.Body)
+	}
+	rec = serve(c, "/graphql", headers, "{}")
+	if rec.Code != 200 || rec.Header().Get("X-RateLimit-Remaining") != "149" {
+		t.Fatalf("%d %v %s", rec.Code, rec.Header(), rec.Body)
+	}
+	// A route that lets an oversized body through hands the handler all of it.
+	req := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(strings.Repeat("x", 40)))
+	if _, err := ReadBody(req, 16); !errors.Is(err, ErrBodyTooLarge) {
+		t.Fatalf("want ErrBodyTooLarge, got %v", err)
+	}
+	if all, _ := io.ReadAll(req.Body); len(all) != 40 {
+		t.Fatalf("the handler read %d of 40 bytes", len(all))
 	}
 }
 
