@@ -8,8 +8,8 @@ use serde_json::json;
 use crate::grpc_client::{grpc_settings, spawn_grpc_in, GrpcApp};
 use crate::helpers::metric_value;
 use crate::proxy::{self, count, Envoy};
-use crate::redis_server::RedisServer;
 use crate::rls::{rls_example, Via};
+use crate::stores::{Backend, Store};
 
 const POLICIES: &str = "
 policies:
@@ -23,11 +23,10 @@ policies:
 const PODS: usize = 6;
 const PER_CLIENT: usize = 20;
 
-async fn sluice_on(redis: &RedisServer, policies: &str, leased: bool) -> GrpcApp {
+async fn sluice_on(store: &Store, prefix: &str, policies: &str, leased: bool) -> GrpcApp {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut settings = grpc_settings(&dir);
-    settings.redis.url = Some(redis.url());
-    settings.redis.key_prefix = "fleet".into();
+    store.configure(&mut settings, prefix);
     if leased {
         // Small leases, given back soon after the clients stop.
         settings.leases.min_units = 4;
@@ -38,12 +37,12 @@ async fn sluice_on(redis: &RedisServer, policies: &str, leased: bool) -> GrpcApp
     daemon
 }
 
-/// Six sluices on `redis`, each behind its own Envoy (the socket and TCP in turn), every
-/// request in the `shared` partition.
-async fn pods(redis: &RedisServer, policies: &str, leased: bool) -> Vec<(GrpcApp, Envoy)> {
+/// Six sluices on `store` (keys under `prefix`), each behind its own Envoy (the socket and TCP
+/// in turn), every request in the `shared` partition.
+async fn pods(store: &Store, prefix: &str, policies: &str, leased: bool) -> Vec<(GrpcApp, Envoy)> {
     let mut pods = Vec::new();
     for i in 0..PODS {
-        let daemon = sluice_on(redis, policies, leased).await;
+        let daemon = sluice_on(store, prefix, policies, leased).await;
         let via = if i % 2 == 0 { Via::Socket } else { Via::Tcp };
         let mut config = rls_example(&daemon, via);
         let host = &mut proxy::manager(&mut config)["route_config"]["virtual_hosts"][0];
@@ -84,8 +83,8 @@ async fn six_envoys_on_one_redis_admit_exactly_the_limit() {
     if proxy::binary().is_none() {
         return;
     }
-    let redis = RedisServer::start();
-    let pods = pods(&redis, POLICIES, false).await;
+    let store = Store::shared(Backend::Redis);
+    let pods = pods(&store, "fleet", POLICIES, false).await;
     let codes = load(&pods, PER_CLIENT).await;
     assert_eq!(count(&codes, 200), 50, "{codes:?}");
     assert_eq!(count(&codes, 429), codes.len() - 50, "{codes:?}");
@@ -99,12 +98,22 @@ async fn six_envoys_on_one_redis_admit_exactly_the_limit() {
 /// Envoy, and not one request more: every unit was admitted once or given back.
 #[tokio::test]
 async fn six_envoys_with_leases_on_one_redis_admit_exactly_the_limit() {
+    with_leases(Backend::Redis, "fleet_leased").await;
+}
+
+#[tokio::test]
+async fn six_envoys_with_leases_on_a_redis_cluster_admit_exactly_the_limit() {
+    with_leases(Backend::Cluster, "fleet_leased_cluster").await;
+}
+
+async fn with_leases(backend: Backend, prefix: &str) {
     const LIMIT: usize = 300;
     if proxy::binary().is_none() {
         return;
     }
-    let redis = RedisServer::start();
-    let pods = pods(&redis, LEASED, true).await;
+    // Held to the end: the last holder of a shared store stops it.
+    let store = Store::shared(backend);
+    let pods = pods(&store, prefix, LEASED, true).await;
     let codes = load(&pods, 40).await;
     let admitted = count(&codes, 200);
     assert!(admitted <= LIMIT, "admitted {admitted} > {LIMIT}");

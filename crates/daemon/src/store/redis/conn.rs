@@ -251,8 +251,10 @@ fn tls_mode(access: &Access) -> TlsMode {
 
 /// How often a Cluster call is retried on TRYAGAIN (a slot's keys split by a resharding) or
 /// a redirection: with waits of at most 10 ms, more than any deadline sluice allows a check to
-/// use; the deadline ends the retrying first.
-const CLUSTER_RETRIES: u32 = 64;
+/// use; the deadline ends the retrying first. Below 64: redis-rs computes each wait from
+/// `2.pow(retry)` in a u64, which overflows at the 64th retry (a panic of the connection's task
+/// in a debug build, seen with every node gone; a wrapped wait in a release build).
+const CLUSTER_RETRIES: u32 = 60;
 
 /// Connects (for Sentinel: asks the Sentinels for the primary, which must say it is one).
 pub async fn connect(
