@@ -1,7 +1,6 @@
 //! The `code` label of the gRPC transport's responses, as a bounded enum.
 
 use super::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use super::proto::envoy::service::ratelimit::v3::RateLimitResponse;
 
 /// A value of the `code` label of `sluice_http_responses_total` on the gRPC transport: the
 /// answer's overall code, or the status a request was refused with.
@@ -45,8 +44,8 @@ impl GrpcCode {
     }
 
     /// The label of an answer, by its overall code.
-    pub(super) fn of_response(response: &RateLimitResponse) -> Self {
-        if response.overall_code == Code::Ok as i32 {
+    pub(super) fn of_code(overall: Code) -> Self {
+        if overall == Code::Ok {
             Self::Ok
         } else {
             Self::OverLimit

@@ -20,12 +20,13 @@ mod stream;
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::BytesMut;
 use prometheus::Histogram;
 use tonic::Status;
 
 use crate::check::CheckService;
 use crate::telemetry::Metrics;
-use proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use proto::envoy::service::ratelimit::v3::RateLimitRequest;
 
 pub use code::GrpcCode;
 
@@ -80,13 +81,14 @@ impl Rls {
 }
 
 impl Rls {
-    /// Envoy's answer to `request`, whose stream's headers are `headers` (a trace parent), or
-    /// the status that refuses it; counted either way.
+    /// Envoy's answer to `request`, whose stream's headers are `headers` (a trace parent),
+    /// encoded into `buf`, or the status that refuses it; counted either way.
     async fn should_rate_limit(
         &self,
         headers: &hyper::HeaderMap,
         request: &RateLimitRequest,
-    ) -> Result<RateLimitResponse, Status> {
+        buf: &mut BytesMut,
+    ) -> Result<(), Status> {
         let started = Instant::now();
         let span = self.metrics.tracing().check_span(
             "sluice.should_rate_limit",
@@ -105,9 +107,9 @@ impl Rls {
         match traced::scope(span, self.service.check_group(&items)).await {
             Ok(verdict) => {
                 traced::verdict(span, &verdict.overall);
-                let response = answer::response(&verdict, self.with_headers);
-                self.count(GrpcCode::of_response(&response), started);
-                Ok(response)
+                let overall = answer::encode(&verdict, self.with_headers, buf);
+                self.count(GrpcCode::of_code(overall), started);
+                Ok(())
             }
             Err(error) => {
                 traced::check_error(span, &error);

@@ -38,6 +38,9 @@ use crate::transport::Transport;
 
 /// The gRPC message prefix: a compressed flag and a big-endian length.
 const PREFIX_BYTES: usize = 5;
+/// Room for a framed answer: one descriptor's status and the rate-limit headers fit (a
+/// `BytesMut` grows past it as needed).
+const ANSWER_BYTES: usize = 256;
 
 /// What one stream's request may take.
 #[derive(Debug, Clone, Copy)]
@@ -157,19 +160,18 @@ async fn should_rate_limit(
             "the message does not decode: {error}"
         )))
     })?;
-    let response = rls.should_rate_limit(headers, &request).await?;
-    Ok(unary(&response))
+    let mut framed = BytesMut::with_capacity(ANSWER_BYTES);
+    // The prefix: not compressed, and the length once the message is written.
+    framed.put_bytes(0, PREFIX_BYTES);
+    rls.should_rate_limit(headers, &request, &mut framed).await?;
+    let len = u32::try_from(framed.len() - PREFIX_BYTES).unwrap_or(u32::MAX);
+    framed[1..PREFIX_BYTES].copy_from_slice(&len.to_be_bytes());
+    Ok(unary(framed))
 }
 
-/// One message as a gRPC response: HTTP 200, the framed message as the body, `grpc-status: 0`
+/// One framed message as a gRPC response: HTTP 200, the message as the body, `grpc-status: 0`
 /// in the trailers.
-fn unary(message: &impl Message) -> Answer {
-    let len = message.encoded_len();
-    let mut framed = BytesMut::with_capacity(PREFIX_BYTES + len);
-    framed.put_u8(0);
-    framed.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
-    // A `BytesMut` grows as needed: encoding into it cannot run out of room.
-    let _ = message.encode(&mut framed);
+fn unary(framed: BytesMut) -> Answer {
     let mut answer = Response::new(Either::Left(Unary {
         data: Some(framed.freeze()),
         trailers: true,
