@@ -103,7 +103,7 @@ impl Reader {
                 if n == 0 {
                     return;
                 }
-                self.out.extend_from_slice(&self.raw.split_to(n));
+                self.pass(n);
                 self.preface += n;
                 continue;
             }
@@ -112,7 +112,7 @@ impl Reader {
                 if n == 0 {
                     return;
                 }
-                self.out.extend_from_slice(&self.raw.split_to(n));
+                self.pass(n);
                 self.passing -= n;
                 continue;
             }
@@ -126,16 +126,27 @@ impl Reader {
             let header_frame = kind == HEADERS || kind == CONTINUATION;
             if !header_frame || len > MAX_FRAME {
                 self.flush_block();
-                self.out.extend_from_slice(&self.raw.split_to(FRAME_HEADER));
+                self.pass(FRAME_HEADER);
                 self.passing = len;
                 continue;
             }
             if self.raw.len() < FRAME_HEADER + len {
                 return;
             }
-            let frame = self.raw.split_to(FRAME_HEADER + len);
-            self.header_frame(&frame);
+            // Taken out of `self` while it is read (no copy, no allocation), then advanced past.
+            let raw = std::mem::take(&mut self.raw);
+            self.header_frame(&raw[..FRAME_HEADER + len]);
+            self.raw = raw;
+            self.raw.advance(FRAME_HEADER + len);
         }
+    }
+
+    /// Passes the first `n` bytes of `raw` on as they are. Copied and advanced past, not split
+    /// off: a split turns `raw`'s buffer into a shared one (an allocation) and counts references
+    /// on every frame.
+    fn pass(&mut self, n: usize) {
+        self.out.extend_from_slice(&self.raw[..n]);
+        self.raw.advance(n);
     }
 
     /// Takes a whole HEADERS or CONTINUATION frame.
