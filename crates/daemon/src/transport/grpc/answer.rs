@@ -204,11 +204,9 @@ fn status_len(status: &Status<'_>) -> usize {
             .as_ref()
             .map_or(0, |limit| message_field_len(2, limit_len(limit)))
         + varint_field_len(3, u64::from(status.limit_remaining))
-        + status
-            .duration_until_reset
-            .map_or(0, |(seconds, nanos)| {
-                message_field_len(4, duration_len(seconds, nanos))
-            })
+        + status.duration_until_reset.map_or(0, |(seconds, nanos)| {
+            message_field_len(4, duration_len(seconds, nanos))
+        })
 }
 
 fn limit_len(limit: &Limit<'_>) -> usize {
@@ -286,9 +284,9 @@ mod tests {
                         unit: limit.unit as i32,
                     }),
                     limit_remaining: status.limit_remaining,
-                    duration_until_reset: status.duration_until_reset.map(|(seconds, nanos)| {
-                        prost_types::Duration { seconds, nanos }
-                    }),
+                    duration_until_reset: status
+                        .duration_until_reset
+                        .map(|(seconds, nanos)| prost_types::Duration { seconds, nanos }),
                     ..DescriptorStatus::default()
                 })
                 .collect(),
@@ -339,7 +337,7 @@ mod tests {
             limit_remaining: 0,
             duration_until_reset: None,
         };
-        same_as_prost(Code::Ok, &[bare.clone()], &none);
+        same_as_prost(Code::Ok, std::slice::from_ref(&bare), &none);
         let unlimited = Status {
             limit_remaining: u32::MAX,
             ..bare.clone()

@@ -4,7 +4,7 @@
 //! ([`question`]) and the group's verdict into Envoy's answer ([`answer`]). Connections are
 //! served by hyper's HTTP/2 server under the check listeners' bounds ([`connection`]), each
 //! stream's request read whole and checked, then `ShouldRateLimit` answered directly (prost in,
-//! prost out) and anything else (health) by tonic's routes ([`stream`]). Any `:authority` is
+//! the answer encoded straight from the verdict) and anything else (health) by tonic's routes ([`stream`]). Any `:authority` is
 //! accepted ([`authority`]): an Istio cluster name or a socket path must not turn every check
 //! into a reset stream.
 

@@ -163,7 +163,8 @@ async fn should_rate_limit(
     let mut framed = BytesMut::with_capacity(ANSWER_BYTES);
     // The prefix: not compressed, and the length once the message is written.
     framed.put_bytes(0, PREFIX_BYTES);
-    rls.should_rate_limit(headers, &request, &mut framed).await?;
+    rls.should_rate_limit(headers, &request, &mut framed)
+        .await?;
     let len = u32::try_from(framed.len() - PREFIX_BYTES).unwrap_or(u32::MAX);
     framed[1..PREFIX_BYTES].copy_from_slice(&len.to_be_bytes());
     Ok(unary(framed))
