@@ -12,8 +12,9 @@ use crate::clock::ManualClock;
 use crate::config::{parse_policies, RequestLimits};
 use crate::store::MemoryStore;
 use crate::telemetry::Metrics;
-use crate::transport::grpc::proto::envoy::r#type::v3::rate_limit_strategy::{
-    BlanketRule, Strategy,
+use crate::transport::grpc::proto::envoy::r#type::v3::{
+    rate_limit_strategy::{BlanketRule, Strategy},
+    TokenBucket,
 };
 use crate::transport::grpc::proto::envoy::service::rate_limit_quota::v3::{
     rate_limit_quota_response::{bucket_action::BucketAction as Action, BucketAction},
@@ -73,6 +74,15 @@ fn strategy(actions: &[BucketAction]) -> Strategy {
             .and_then(|s| s.strategy)
             .expect("a strategy"),
         other => panic!("one assignment expected: {other:?}"),
+    }
+}
+
+/// The token bucket bucket `window`'s first report (the request `no_assignment_behavior`
+/// denied) is answered with at `at`.
+async fn first_assignment(session: &mut Session, at: Instant) -> TokenBucket {
+    match strategy(&session.report(&usage("window", 0, 1), at).await) {
+        Strategy::TokenBucket(bucket) => bucket,
+        other => panic!("a token bucket: {other:?}"),
     }
 }
 
@@ -153,10 +163,7 @@ async fn a_lease_backs_each_assignment_and_its_unused_part_comes_back() {
 async fn a_used_up_assignment_is_replaced_by_a_fresh_envoy_bucket() {
     let (mut session, service) = session();
     let t0 = Instant::now();
-    let Strategy::TokenBucket(first) = strategy(&session.report(&usage("window", 0, 1), t0).await)
-    else {
-        panic!("a token bucket");
-    };
+    let first = first_assignment(&mut session, t0).await;
     // A second on, all 3 used and 20 denied: Envoy's bucket admits nothing more, so a fresh
     // one replaces it at once, sized by the demand.
     let t1 = t0 + Duration::from_secs(1);
@@ -184,10 +191,7 @@ async fn a_used_up_assignment_is_replaced_by_a_fresh_envoy_bucket() {
 async fn an_assignment_that_will_not_last_is_replaced_and_its_rest_written_off() {
     let (mut session, service) = session();
     let t0 = Instant::now();
-    let Strategy::TokenBucket(first) = strategy(&session.report(&usage("window", 0, 1), t0).await)
-    else {
-        panic!("a token bucket");
-    };
+    let first = first_assignment(&mut session, t0).await;
     assert_eq!(first.max_tokens, 3);
     // A second on, 2 of 3 used at 2 a second: the last token will not last until the next
     // report. A fresh bucket replaces it (6 tokens: 2 a second for 3 s); the 1 left is written
@@ -222,10 +226,7 @@ async fn an_assignment_that_will_not_last_is_replaced_and_its_rest_written_off()
 async fn a_replacement_that_would_hold_fewer_tokens_is_not_made() {
     let (mut session, service) = session();
     let t0 = Instant::now();
-    let Strategy::TokenBucket(first) = strategy(&session.report(&usage("window", 0, 1), t0).await)
-    else {
-        panic!("a token bucket");
-    };
+    let first = first_assignment(&mut session, t0).await;
     assert_eq!(first.max_tokens, 3);
     // Others spend all but 1 of the 97 left.
     let spend = CheckRequest {
