@@ -15,18 +15,32 @@ const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// 20000-22767, so that both stay below the kernel's ephemeral range (32768-60999 here): a port
 /// the kernel handed out (`bind 0`) and gave back can be handed to a client connection of
 /// another test before the server binds it, and the server then exits at once.
+///
+/// A port handed out is not handed out again for a minute: two tests drawing at the same moment
+/// would otherwise get the same free port, and the second to bind it fails (seen: a daemon
+/// process exited at start, "connection refused" for 20 s).
 pub fn free_port() -> u16 {
+    use std::collections::HashMap;
     use std::hash::{BuildHasher, Hasher};
     use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Mutex, PoisonError};
     static DRAWS: AtomicU64 = AtomicU64::new(0);
+    static HANDED: Mutex<Option<HashMap<u16, Instant>>> = Mutex::new(None);
+    const HELD: Duration = Duration::from_secs(60);
     let seed = std::collections::hash_map::RandomState::new();
     for _ in 0..500 {
         let mut hasher = seed.build_hasher();
         hasher.write_u64(DRAWS.fetch_add(1, Ordering::Relaxed));
         let port = 20_000 + (hasher.finish() % 2_768) as u16;
+        let mut handed = HANDED.lock().unwrap_or_else(PoisonError::into_inner);
+        let handed = handed.get_or_insert_with(HashMap::new);
+        if handed.get(&port).is_some_and(|at| at.elapsed() < HELD) {
+            continue;
+        }
         if TcpListener::bind(("127.0.0.1", port)).is_ok()
             && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
         {
+            handed.insert(port, Instant::now());
             return port;
         }
     }
