@@ -6,6 +6,7 @@ mod envoy_config;
 mod envoy_example;
 mod fd_limit;
 mod hardening;
+mod raw_frames;
 mod redis;
 mod rlqs;
 pub mod stock_client;

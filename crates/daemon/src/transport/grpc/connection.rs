@@ -1,26 +1,22 @@
 //! The gRPC listeners' connections: the check listeners' accept loop (at most
 //! `limits.max_connections` open, back-off on accept errors, drain on shutdown) with each
-//! connection served by hyper's HTTP/2 server under bounds: concurrent streams, header list
-//! size and flow-control windows (memory per connection), keepalive PINGs (a dead peer is
-//! closed), a handshake timeout (the preface and SETTINGS must arrive in time, or the
-//! connection is dropped), an idle timeout and a maximum age (a graceful GOAWAY; Envoy
-//! reconnects), and each stream's body read timeout ([`super::stream`]). Any `:authority` is
-//! accepted ([`super::authority`]).
+//! connection served by sluice's own HTTP/2 server ([`super::http2`]) under bounds: concurrent
+//! streams, header list size and flow-control windows (memory per connection), keepalive PINGs
+//! (a dead peer is closed), a handshake timeout (the preface and SETTINGS must arrive in time,
+//! or the connection is dropped), an idle timeout and a maximum age (a graceful GOAWAY; Envoy
+//! reconnects), and each stream's body read timeout. Any `:authority` is accepted: an Istio
+//! cluster name or a socket path must not turn every check into a reset stream.
 
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::serve::Listener;
-use hyper::server::conn::http2;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::authority::AnyAuthority;
+use super::http2;
 use super::stream::{StreamLimits, Streams};
 use super::Rls;
 use crate::config::Settings;
@@ -28,9 +24,6 @@ use crate::telemetry::Metrics;
 use crate::transport::request_caps::MAX_HEADER_BYTES;
 use crate::transport::serve::{accept_loop, Bounds};
 
-/// The client's connection preface (24 bytes) and the SETTINGS frame's header (9 bytes): once
-/// this much has arrived, the handshake is in.
-const HANDSHAKE_BYTES: u64 = 24 + 9;
 /// Flow-control window of one stream: far above a rate limit request, bounds what a stalled
 /// stream buffers.
 const STREAM_WINDOW: u32 = 64 * 1024;
@@ -142,24 +135,18 @@ async fn connection<IO>(
 {
     let activity = Arc::new(Activity::new());
     let started = activity.started;
-    let io = Watched {
-        inner: AnyAuthority::new(io),
-        activity: activity.clone(),
+    let service = Arc::new(service(activity.clone()));
+    let config = http2::Config {
+        max_concurrent_streams: bounds.max_concurrent_streams,
+        max_header_list: MAX_HEADER_BYTES,
+        stream_window: STREAM_WINDOW,
+        connection_window: CONNECTION_WINDOW,
+        keepalive_interval: bounds.keepalive_interval,
+        keepalive_timeout: bounds.keepalive_timeout,
+        body_read_timeout: bounds.stream.body_read_timeout,
+        max_message_bytes: bounds.stream.max_message_bytes,
     };
-    let service = service(activity.clone());
-    let conn = http2::Builder::new(TokioExecutor::new())
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(bounds.max_concurrent_streams)
-        .max_header_list_size(MAX_HEADER_BYTES as u32)
-        .initial_stream_window_size(STREAM_WINDOW)
-        .initial_connection_window_size(CONNECTION_WINDOW)
-        .keep_alive_interval(bounds.keepalive_interval)
-        .keep_alive_timeout(bounds.keepalive_timeout)
-        // gRPC answers need no `date` (Envoy and gRPC clients ignore it): one header fewer to
-        // format and HPACK-encode per answer.
-        .auto_date_header(false)
-        .serve_connection(TokioIo::new(io), service);
-    tokio::pin!(conn);
+    let mut conn = http2::Connection::new(io, service, config);
     let handshake_by = after(started, bounds.handshake_timeout);
     let age_by = after(started, bounds.max_connection_age);
     let close = loop {
@@ -173,7 +160,7 @@ async fn connection<IO>(
             next = next.min(handshake_by);
         }
         tokio::select! {
-            _ = conn.as_mut() => return,
+            () = &mut conn => return,
             () = drain.cancelled() => break Close::Drain,
             () = tokio::time::sleep_until(next) => {
                 let now = Instant::now();
@@ -195,7 +182,7 @@ async fn connection<IO>(
         "asking a gRPC connection to go (GOAWAY)"
     );
     activity.going.cancel();
-    conn.as_mut().graceful_shutdown();
+    conn.graceful_shutdown();
     if tokio::time::timeout(bounds.accept.grace, conn)
         .await
         .is_err()
@@ -211,11 +198,11 @@ fn after(start: Instant, duration: Duration) -> Instant {
         .unwrap_or(start)
 }
 
-/// What a connection's monitor knows of it: bytes read until the handshake is in, streams
-/// open, and when the last one ended.
+/// What a connection's monitor knows of it: whether the handshake is in, streams open, and
+/// when the last one ended.
 pub(super) struct Activity {
     started: Instant,
-    read: AtomicU64,
+    shaken: AtomicBool,
     open: AtomicUsize,
     /// Milliseconds from `started` to the end of the last stream.
     last_end_ms: AtomicU64,
@@ -227,7 +214,7 @@ impl Activity {
     fn new() -> Self {
         Self {
             started: Instant::now(),
-            read: AtomicU64::new(0),
+            shaken: AtomicBool::new(false),
             open: AtomicUsize::new(0),
             last_end_ms: AtomicU64::new(0),
             going: CancellationToken::new(),
@@ -235,7 +222,12 @@ impl Activity {
     }
 
     fn shaken(&self) -> bool {
-        self.read.load(Ordering::Relaxed) >= HANDSHAKE_BYTES
+        self.shaken.load(Ordering::Relaxed)
+    }
+
+    /// The client's preface and first SETTINGS are in.
+    pub(super) fn shake(&self) {
+        self.shaken.store(true, Ordering::Relaxed);
     }
 
     /// Since when no stream is open, if none is.
@@ -268,57 +260,5 @@ impl Drop for OpenStream {
         let ms = u64::try_from(self.0.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.0.last_end_ms.fetch_max(ms, Ordering::AcqRel);
         self.0.open.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// The connection's I/O, counting what is read until the handshake is in.
-struct Watched<IO> {
-    inner: IO,
-    activity: Arc<Activity>,
-}
-
-impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if !self.activity.shaken() {
-            let read = (buf.filled().len() - before) as u64;
-            self.activity.read.fetch_add(read, Ordering::Relaxed);
-        }
-        polled
-    }
-}
-
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
     }
 }

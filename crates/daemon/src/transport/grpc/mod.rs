@@ -9,9 +9,9 @@
 //! into a reset stream.
 
 mod answer;
-pub mod authority;
 mod code;
 pub mod connection;
+mod http2;
 pub mod proto;
 mod question;
 mod rlqs;
@@ -85,7 +85,7 @@ impl Rls {
     /// encoded into `buf`, or the status that refuses it; counted either way.
     async fn should_rate_limit(
         &self,
-        headers: &hyper::HeaderMap,
+        headers: &impl crate::telemetry::Carrier,
         request: &RateLimitRequest,
         buf: &mut BytesMut,
     ) -> Result<(), Status> {

@@ -14,26 +14,24 @@
 //! DATA frame with END_STREAM, read together with its HEADERS) is taken as it is, without a
 //! timer or a copy; only a body still on its way is read under the timeout.
 
-use std::convert::Infallible;
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use http_body_util::{BodyExt, Either, Full};
-use hyper::body::{Body, Frame, Incoming};
-use hyper::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
-use hyper::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Body, Frame};
+use hyper::Request;
 use prost::Message;
 use tonic::codegen::Service as _;
 use tonic::Status;
 
-use super::connection::Activity;
+use super::connection::{Activity, OpenStream};
+use super::http2::{RecvBody, StreamFuture, Trace, UnaryFuture};
 use super::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use super::{GrpcCode, Rls, SHOULD_RATE_LIMIT};
-use crate::telemetry::Metrics;
+use crate::telemetry::{Carrier, Metrics};
 use crate::transport::Transport;
 
 /// The gRPC message prefix: a compressed flag and a big-endian length.
@@ -51,8 +49,8 @@ pub struct StreamLimits {
     pub max_message_bytes: usize,
 }
 
-/// The hyper service of one connection: each stream's request read under [`StreamLimits`],
-/// then answered by the rate limit service or handed to tonic's routes.
+/// What one connection serves: `ShouldRateLimit` answered on the connection's task, anything
+/// else (RLQS, health) on a task of its own.
 pub(super) struct Streams {
     rls: Arc<Rls>,
     routes: tonic::service::Routes,
@@ -79,65 +77,75 @@ impl Streams {
     }
 }
 
-/// A stream's answer: `ShouldRateLimit`'s own [`Unary`] body, or tonic's.
-type Answer = Response<Either<Unary, tonic::body::Body>>;
+impl super::http2::Service for Streams {
+    fn is_unary(&self, path: &[u8]) -> bool {
+        path == SHOULD_RATE_LIMIT.as_bytes()
+    }
 
-/// tonic's answer (a route's, or a refusal's) as an [`Answer`].
-fn tonic_answer(answer: Response<tonic::body::Body>) -> Answer {
-    answer.map(Either::Right)
-}
+    fn unary(self: &Arc<Self>, trace: Trace, body: Bytes) -> UnaryFuture {
+        let rls = Arc::clone(&self.rls);
+        let metrics = self.metrics.clone();
+        Box::pin(async move {
+            check_framing(&body).map_err(|status| counted(&metrics, status))?;
+            should_rate_limit(&rls, &trace, &body).await
+        })
+    }
 
-impl hyper::service::Service<Request<Incoming>> for Streams {
-    type Response = Answer;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Answer, Infallible>> + Send>>;
-
-    fn call(&self, request: Request<Incoming>) -> Self::Future {
+    fn stream(self: &Arc<Self>, request: Request<RecvBody>) -> StreamFuture {
         let open = self.activity.stream_opened();
         let limits = self.limits;
-        let metrics = self.metrics.clone();
         if request.uri().path() == super::rlqs::STREAM_RATE_LIMIT_QUOTAS {
             // A long-lived stream: read as its messages arrive, never whole.
             let answer = super::rlqs::serve(self.rls.clone(), request.into_body(), limits, open);
-            return Box::pin(std::future::ready(Ok(tonic_answer(answer))));
-        }
-        if request.uri().path() == SHOULD_RATE_LIMIT {
-            let rls = Arc::clone(&self.rls);
-            return Box::pin(async move {
-                let _open = open;
-                let (parts, body) = request.into_parts();
-                let answer = match read(body, limits).await {
-                    Ok(message) => should_rate_limit(&rls, &parts.headers, &message).await,
-                    Err(status) => Err(counted(&metrics, status)),
-                };
-                Ok(answer.unwrap_or_else(|status| tonic_answer(status.into_http())))
-            });
+            return Box::pin(std::future::ready(answer));
         }
         let mut routes = self.routes.clone();
+        let metrics = self.metrics.clone();
         Box::pin(async move {
             let _open = open;
             let (parts, body) = request.into_parts();
             let message = match read(body, limits).await {
                 Ok(message) => message,
-                Err(status) => return Ok(tonic_answer(counted(&metrics, status).into_http())),
+                Err(status) => return counted(&metrics, status).into_http(),
             };
-            std::future::poll_fn(|cx| {
+            let ready = std::future::poll_fn(|cx| {
                 <tonic::service::Routes as tonic::codegen::Service<Request<Full<Bytes>>>>::poll_ready(
                     &mut routes,
                     cx,
                 )
             })
-            .await?;
-            let answer = routes
-                .call(Request::from_parts(parts, Full::new(message)))
-                .await?;
-            Ok(tonic_answer(answer))
+            .await;
+            let answer = match ready {
+                Ok(()) => {
+                    routes
+                        .call(Request::from_parts(parts, Full::new(message)))
+                        .await
+                }
+                Err(never) => match never {},
+            };
+            match answer {
+                Ok(answer) => answer,
+                Err(never) => match never {},
+            }
         })
+    }
+
+    fn refused(&self, status: &Status) {
+        count(&self.metrics, status);
+    }
+
+    fn shaken(&self) {
+        self.activity.shake();
+    }
+
+    type Open = OpenStream;
+
+    fn opened(&self) -> OpenStream {
+        self.activity.stream_opened()
     }
 }
 
-/// `status`, counted as the answer to a stream refused before any service saw it.
-fn counted(metrics: &Metrics, status: Status) -> Status {
+fn count(metrics: &Metrics, status: &Status) {
     metrics
         .responses
         .with_label_values(&[
@@ -145,16 +153,21 @@ fn counted(metrics: &Metrics, status: Status) -> Status {
             GrpcCode::of_status(status.code()).as_str(),
         ])
         .inc();
+}
+
+/// `status`, counted as the answer to a stream refused before any service saw it.
+fn counted(metrics: &Metrics, status: Status) -> Status {
+    count(metrics, &status);
     status
 }
 
-/// `ShouldRateLimit` for one framed request message (checked by [`read`]): decoded, answered
-/// and encoded without tonic.
+/// `ShouldRateLimit` for one framed request message (checked by [`check_framing`]): decoded,
+/// answered and encoded without tonic.
 async fn should_rate_limit(
     rls: &Rls,
-    headers: &HeaderMap,
+    headers: &impl Carrier,
     framed: &[u8],
-) -> Result<Answer, Status> {
+) -> Result<BytesMut, Status> {
     let request = RateLimitRequest::decode(&framed[PREFIX_BYTES..]).map_err(|error| {
         rls.refused(Status::invalid_argument(format!(
             "the message does not decode: {error}"
@@ -167,59 +180,14 @@ async fn should_rate_limit(
         .await?;
     let len = u32::try_from(framed.len() - PREFIX_BYTES).unwrap_or(u32::MAX);
     framed[1..PREFIX_BYTES].copy_from_slice(&len.to_be_bytes());
-    Ok(unary(framed))
-}
-
-/// One framed message as a gRPC response: HTTP 200, the message as the body, `grpc-status: 0`
-/// in the trailers.
-fn unary(framed: BytesMut) -> Answer {
-    let mut answer = Response::new(Either::Left(Unary {
-        data: Some(framed.freeze()),
-        trailers: true,
-    }));
-    answer
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    answer
-}
-
-/// A unary answer's body: one DATA frame, then the `grpc-status: 0` trailers. What a boxed
-/// stream of two frames did, without the box and the stream adapter.
-pub(super) struct Unary {
-    data: Option<Bytes>,
-    trailers: bool,
-}
-
-impl Body for Unary {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        let this = self.get_mut();
-        if let Some(data) = this.data.take() {
-            return Poll::Ready(Some(Ok(Frame::data(data))));
-        }
-        if std::mem::take(&mut this.trailers) {
-            let mut trailers = HeaderMap::with_capacity(1);
-            trailers.insert("grpc-status", HeaderValue::from_static("0"));
-            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
-        }
-        Poll::Ready(None)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.data.is_none() && !self.trailers
-    }
-
-    // No `size_hint`: an exact one would make hyper add `content-length`, which gRPC answers
-    // do not carry.
+    Ok(framed)
 }
 
 /// The request body, whole and well framed, or the status that refuses it.
-async fn read(mut body: Incoming, limits: StreamLimits) -> Result<Bytes, Status> {
+async fn read<B>(mut body: B, limits: StreamLimits) -> Result<Bytes, Status>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
     let mut gathered = Gathered::new(limits.max_message_bytes);
     // Frames already received need no timer: take them as they are.
     while !body.is_end_stream() {
@@ -273,7 +241,7 @@ impl Gathered {
     }
 
     /// Adds one frame (trailers are ignored), or refuses the stream.
-    fn push(&mut self, frame: Result<Frame<Bytes>, hyper::Error>) -> Result<(), Status> {
+    fn push<E>(&mut self, frame: Result<Frame<Bytes>, E>) -> Result<(), Status> {
         let frame = frame.map_err(|_| Status::cancelled("the request stream broke off"))?;
         let Ok(data) = frame.into_data() else {
             return Ok(());

@@ -28,7 +28,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, StreamBody};
-use hyper::body::{Frame, Incoming};
+use hyper::body::Frame;
+
+use super::http2::RecvBody;
 use hyper::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use hyper::Response;
 use prost::Message;
@@ -120,7 +122,7 @@ type Answer = Response<tonic::body::Body>;
 /// status in its trailers. The stream counts as open on its connection until it ends.
 pub(super) fn serve(
     rls: Arc<Rls>,
-    body: Incoming,
+    body: RecvBody,
     limits: StreamLimits,
     open: OpenStream,
 ) -> Answer {
@@ -167,7 +169,7 @@ pub(super) fn serve(
 /// Reads and answers the stream's messages until it ends (`Ok`) or is refused.
 async fn run(
     session: &mut session::Session,
-    mut body: Incoming,
+    mut body: RecvBody,
     limits: StreamLimits,
     answers: &mpsc::Sender<Frame<Bytes>>,
 ) -> Result<(), Status> {

@@ -1,0 +1,11 @@
+//! A narrow HTTP/2 server for the gRPC listeners (RFC 9113 server side, RFC 7541 HPACK),
+//! written for unary gRPC calls: the frames and HPACK a gRPC client or Envoy sends, the windows,
+//! bounds and keepalive of [`conn`]. What it costs per check against h2 and hyper is in
+//! docs/benchmarks.md.
+
+mod conn;
+mod frame;
+pub(super) mod hpack;
+mod huffman;
+
+pub(super) use conn::{Config, Connection, RecvBody, Service, StreamFuture, Trace, UnaryFuture};
