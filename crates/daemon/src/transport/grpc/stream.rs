@@ -1,18 +1,12 @@
-//! One gRPC stream's request, bounded before tonic sees it: the body must arrive whole within
-//! `limits.body_read_timeout`, hold at most `limits.max_body_bytes` of message, and be exactly
-//! one complete length-prefixed, uncompressed message. A stalled stream is answered
-//! `DEADLINE_EXCEEDED` and reset; a malformed one (empty, truncated, compressed, several
-//! messages, or one that does not decode) `INVALID_ARGUMENT`; an oversized one
-//! `RESOURCE_EXHAUSTED`. The stream counts as open on its connection (for the idle timeout) until
-//! its answer is ready.
-//!
-//! `ShouldRateLimit` is answered here, not through tonic: the message is decoded with prost from
-//! the bytes already read and the answer encoded into one buffer, sent as one DATA frame and the
-//! `grpc-status` trailers ([`Unary`], no boxed stream). tonic's routing, codec and service layers
-//! cost about as much CPU per check as the check itself (see docs/benchmarks.md); they still
-//! serve the health service. A request whose body has already arrived whole (the usual case: one
-//! DATA frame with END_STREAM, read together with its HEADERS) is taken as it is, without a
-//! timer or a copy; only a body still on its way is read under the timeout.
+//! What the gRPC listeners serve on each stream ([`Streams`], the HTTP/2 server's
+//! [`super::http2::Service`]). `ShouldRateLimit` is a unary call, answered on its connection's
+//! task: its body gathered by the connection (at most `limits.max_body_bytes` of message, whole
+//! within `limits.body_read_timeout`, or `RESOURCE_EXHAUSTED` / `DEADLINE_EXCEEDED`), checked
+//! here to be exactly one complete, uncompressed length-prefixed message (else
+//! `INVALID_ARGUMENT`), decoded with prost and answered without tonic: the answer is encoded
+//! straight into one framed buffer. RLQS streams and the health service run on a task per
+//! stream: RLQS reads its messages as they come ([`super::rlqs`]), health reads its one
+//! message whole under the same bounds and is answered by tonic's routes.
 
 use std::pin::Pin;
 use std::sync::Arc;

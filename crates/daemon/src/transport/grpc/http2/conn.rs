@@ -49,6 +49,9 @@ const MAX_RESETS: u32 = 2_000;
 const RESET_PERIOD: Duration = Duration::from_secs(10);
 /// Events queued from a connection's stream tasks.
 const EVENTS: usize = 64;
+/// The payloads of the keepalive PING and of the PING that ends a drain's first step.
+const KEEPALIVE_PING: [u8; 8] = *b"sluice\0\0";
+const DRAIN_PING: [u8; 8] = *b"drain\0\0\0";
 /// Streams reset by us remembered, for the frames a client sent before it knew.
 const RESET_MEMORY: usize = 256;
 static EMPTY: Bytes = Bytes::from_static(b"");
@@ -374,7 +377,9 @@ pub(crate) struct Connection<IO, S: Service> {
     partial: bool,
     /// The last streams reset by us, whose late frames are ignored.
     reset_by_us: VecDeque<u32>,
-    /// Asked to go: GOAWAY sent, no new streams.
+    /// Asked to go: the first GOAWAY and the drain PING sent.
+    draining: bool,
+    /// The last GOAWAY sent (or the client's received): no new streams.
     going: bool,
     shutdown_asked: bool,
     failed: bool,
@@ -440,6 +445,7 @@ where
             resets_since: now,
             partial: false,
             reset_by_us: VecDeque::new(),
+            draining: false,
             going: false,
             shutdown_asked: false,
             failed: false,
@@ -453,9 +459,13 @@ where
 
     fn poll_run(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         loop {
-            if self.shutdown_asked && !self.going {
-                self.going = true;
-                frame::goaway(&mut self.wbuf, self.last_stream, Code::NoError, "");
+            if self.shutdown_asked && !self.draining {
+                // Two steps, so that no stream is lost on the way: a GOAWAY that still takes
+                // every stream, and a PING; once the PING's ACK is back, every stream the
+                // client opened before it is known, and the last GOAWAY names the last one.
+                self.draining = true;
+                frame::goaway(&mut self.wbuf, frame::MAX_STREAM, Code::NoError, "");
+                frame::ping(&mut self.wbuf, 0, DRAIN_PING);
             }
             let mut progress = false;
             if !self.failed {
@@ -642,7 +652,12 @@ where
                     .try_into()
                     .map_err(|_| Fail::Goaway(Code::FrameSize, "PING not 8 bytes"))?;
                 if head.flags & frame::ACK != 0 {
-                    self.ping_sent = None;
+                    if payload == DRAIN_PING && self.draining && !self.going {
+                        self.going = true;
+                        frame::goaway(&mut self.wbuf, self.last_stream, Code::NoError, "");
+                    } else {
+                        self.ping_sent = None;
+                    }
                 } else {
                     frame::ping(&mut self.wbuf, frame::ACK, payload);
                 }
@@ -1356,7 +1371,7 @@ where
                 return Err(Fail::Gone);
             }
         } else if now.duration_since(self.last_read) >= self.config.keepalive_interval {
-            frame::ping(&mut self.wbuf, 0, *b"sluice\0\0");
+            frame::ping(&mut self.wbuf, 0, KEEPALIVE_PING);
             self.ping_sent = Some(now);
         }
         let next = match self.ping_sent {

@@ -10,6 +10,8 @@ pub(super) const HEADER_BYTES: usize = 9;
 /// SETTINGS_MAX_FRAME_SIZE, ours and the protocol's default (the client's is read from its
 /// SETTINGS): the server announces no larger.
 pub(super) const MAX_FRAME_BYTES: usize = 16_384;
+/// The largest stream id (2^31 - 1): a GOAWAY that still takes every stream.
+pub(super) const MAX_STREAM: u32 = (1 << 31) - 1;
 /// The largest flow-control window (2^31 - 1).
 pub(super) const MAX_WINDOW: i64 = (1 << 31) - 1;
 /// The window both sides start with, before SETTINGS and WINDOW_UPDATEs.
