@@ -20,8 +20,7 @@ use super::plan::{self, Part, Plan};
 use super::request::{CheckError, CheckRequest, Spend};
 use super::verdict::{self, Mode, Outcome, PolicyDecision, Verdict};
 use super::CheckService;
-use crate::config::envoy::StandIn;
-use crate::limit::{Algorithm, Applicable, Decision, Key, NEVER};
+use crate::limit::{Algorithm, Applicable, Decision, Key, StandIn, NEVER};
 use crate::store::StoreCheck;
 
 /// One question of a group.
@@ -83,7 +82,7 @@ impl CheckService {
                 None => plan::select(&policies, &self.limits, &item.request)?,
             };
             if item.quota_override.is_some() {
-                let standing_in = |a: &Applicable| StandIn::of(a.policy.name());
+                let standing_in = |a: &Applicable| a.policy.stand_in();
                 if let Some(at) = applicable
                     .iter()
                     .position(|a| standing_in(a) == Some(StandIn::Override))
@@ -211,9 +210,10 @@ impl CheckService {
 /// gives it: in shadow mode, OK with a limit of 0 (a shadow denial, logged and counted as one);
 /// asked by a probe, OK with a limit of 0 (a probe never denies). `at` is the part's index.
 fn fixed_answer(part: &Part, check: &StoreCheck, probe: bool, at: usize) -> Option<PolicyDecision> {
-    let (allowed, mode) = match StandIn::of(part.policy.name())? {
-        StandIn::ShadowBlocked => (false, Mode::Shadow),
-        StandIn::Blocked if probe => (true, Mode::Enforced),
+    let (allowed, mode) = match part.policy.stand_in() {
+        Some(StandIn::ShadowBlocked) => (false, Mode::Shadow),
+        // A block list (`deny: true`, what `requests_per_unit: 0` converts to), by its kind.
+        _ if probe && part.policy.is_deny() => (true, Mode::Enforced),
         _ => return None,
     };
     Some(PolicyDecision {
@@ -294,7 +294,7 @@ fn override_quota(
     // The window's length, not the limit: overrides of one unit share a count, as upstream's
     // (a limit raised within a window keeps what was spent; the algorithm is always the same).
     let marker = format!("override={}us", quota.period_us());
-    check.key = if StandIn::of(name) == Some(StandIn::Override) {
+    check.key = if part.policy.stand_in() == Some(StandIn::Override) {
         let entries = request
             .descriptors
             .iter()

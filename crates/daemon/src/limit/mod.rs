@@ -26,6 +26,7 @@ mod policy;
 mod policy_set;
 mod quota;
 mod sliding_log;
+mod stand_in;
 mod subject;
 mod token_bucket;
 
@@ -51,6 +52,7 @@ pub use policy::{
 pub use policy_set::{Applicable, PolicySet};
 pub use quota::{Quota, QuotaError, MAX_WINDOWS};
 pub use sliding_log::{LogState, SlidingLog};
+pub use stand_in::StandIn;
 pub use subject::{canonical_path, path_pattern_problem, PathCase, Subject, PATH_DESCRIPTOR};
 pub use token_bucket::{BucketState, TokenBucket, MAX_AHEAD};
 

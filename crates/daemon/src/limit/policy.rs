@@ -8,7 +8,7 @@ use std::borrow::Cow;
 
 use super::matcher::{Captures, Pattern};
 use super::subject::{path_as_matched, path_pattern_problem};
-use super::{Key, Micros, PathCase, Quota, Subject, PATH_DESCRIPTOR};
+use super::{Key, Micros, PathCase, Quota, StandIn, Subject, PATH_DESCRIPTOR};
 
 /// A request's attributes (tenant, api_key, ip, method, path, operation, ...), by name.
 pub type Descriptors = BTreeMap<String, String>;
@@ -103,6 +103,9 @@ pub struct PolicyParts {
     /// Quota leases: with a shared store, each pod takes blocks of units and admits from them
     /// without a round trip (token bucket and fixed window only; see `check::lease`).
     pub lease: bool,
+    /// A converted envoyproxy/ratelimit rule sluice's limits cannot say: its kind, which the
+    /// check's group and the gRPC answer read (never the policy's name).
+    pub stand_in: Option<StandIn>,
 }
 
 /// Why a [`PolicyParts`] is not a valid policy; names the offending field.
@@ -361,6 +364,11 @@ impl Policy {
     /// Whether the policy is a block list (`deny: true`): it denies whatever it applies to.
     pub fn is_deny(&self) -> bool {
         self.parts.deny
+    }
+
+    /// The envoyproxy/ratelimit rule the policy stands in for, if it is one (`envoy_stand_in`).
+    pub fn stand_in(&self) -> Option<StandIn> {
+        self.parts.stand_in
     }
 
     /// What to do when the store cannot answer.

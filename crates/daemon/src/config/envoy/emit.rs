@@ -34,6 +34,10 @@ pub(super) struct OutPolicy {
     deny: bool,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     replaces: Vec<String>,
+    /// What a stand-in is (its kind's name), so that it keeps its meaning whatever it is named;
+    /// a block list says so with `deny` instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    envoy_stand_in: Option<&'static str>,
 }
 
 /// The policies for `leaves`, in their order, then one [`StandIn::Override`] per domain of
@@ -123,6 +127,7 @@ pub(super) fn to_policies(
             shadow,
             deny,
             replaces: Vec::new(),
+            envoy_stand_in: kind.filter(|k| *k != StandIn::Blocked).map(StandIn::as_str),
         });
     }
     let mut problems = Vec::new();
@@ -185,6 +190,7 @@ fn override_policy(domain: &str, taken: &mut BTreeSet<String>) -> OutPolicy {
         shadow: false,
         deny: false,
         replaces: Vec::new(),
+        envoy_stand_in: Some(StandIn::Override.as_str()),
     }
 }
 
@@ -213,7 +219,8 @@ pub(super) fn overlaps(a: Option<&str>, b: Option<&str>) -> bool {
 
 /// The `rate_limit.name` when it is a valid policy name not yet taken (and not a no-op's
 /// prefix), else one made from the domain and path (shortened with a hash when long or taken).
-/// A no-op's name starts with its kind's prefix, which is how the gRPC answer recognises it.
+/// A stand-in's name starts with its kind's prefix (for the reader; its kind is its
+/// `envoy_stand_in`), and a limit's never does: such names are reserved.
 pub(super) fn unique_name(
     leaf: &Leaf,
     kind: Option<StandIn>,
@@ -226,11 +233,9 @@ pub(super) fn unique_name(
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
     };
     let prefix = kind.map_or("", StandIn::prefix);
-    if let Some(name) = leaf
-        .name
-        .as_deref()
-        .filter(|n| kind.is_none() && valid(n) && !taken.contains(*n) && StandIn::of(n).is_none())
-    {
+    if let Some(name) = leaf.name.as_deref().filter(|n| {
+        kind.is_none() && valid(n) && !taken.contains(*n) && StandIn::reserving(n).is_none()
+    }) {
         taken.insert(name.to_owned());
         return name.to_owned();
     }
@@ -256,7 +261,7 @@ pub(super) fn unique_name(
         let room = 48 - prefix.len();
         name = format!("{prefix}{}_{}", &slug[..slug.len().min(room)], &digest[..8]);
     }
-    if kind.is_none() && StandIn::of(&name).is_some() {
+    if kind.is_none() && StandIn::reserving(&name).is_some() {
         // A limit never looks like a no-op.
         name.insert(0, 'x');
     }
@@ -295,7 +300,7 @@ mod tests {
         let named: Vec<&str> = set
             .iter()
             .filter(|p| p.name() != replacer.name())
-            .filter(|p| StandIn::of(p.name()) != Some(StandIn::Override))
+            .filter(|p| p.stand_in() != Some(StandIn::Override))
             .map(|p| p.name())
             .collect();
         assert_eq!(replacer.replaces(), named.as_slice(), "{converted}");
@@ -335,8 +340,12 @@ mod tests {
         assert!(long.len() <= crate::limit::MAX_POLICY_NAME, "{long}");
         // A no-op is named by its kind; a limit never looks like one, whatever its name.
         let exempt = unique_name(&leaf(Some("mine"), "b"), Some(StandIn::Exempt), &mut taken);
-        assert_eq!(StandIn::of(&exempt), Some(StandIn::Exempt), "{exempt}");
+        assert_eq!(
+            StandIn::reserving(&exempt),
+            Some(StandIn::Exempt),
+            "{exempt}"
+        );
         let posing = unique_name(&leaf(Some("rls-unlimited-x"), "c"), None, &mut taken);
-        assert_eq!(StandIn::of(&posing), None, "{posing}");
+        assert_eq!(StandIn::reserving(&posing), None, "{posing}");
     }
 }

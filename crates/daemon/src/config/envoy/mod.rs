@@ -77,70 +77,9 @@ pub fn entry_name(key: &str, occurrence: usize) -> Cow<'_, str> {
     }
 }
 
-/// A converted policy that stands for a rule sluice's limits cannot say: a policy that never
-/// limits by itself (a shadow one that wins its group, or the override one no request selects
-/// without an override); the check's group and the gRPC answer give it upstream's meaning.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StandIn {
-    /// `unlimited: true`: OK, no `current_limit`, the largest `limit_remaining`.
-    Unlimited,
-    /// A node without `rate_limit`: OK, no `current_limit`, `limit_remaining` 0.
-    Exempt,
-    /// `requests_per_unit: 0` (or no `requests_per_unit`, which upstream reads as 0): every
-    /// request is over the limit (`current_limit` 0 per unit).
-    Blocked,
-    /// [`StandIn::Blocked`] with `shadow_mode`: OK with `current_limit` 0 per unit, a shadow
-    /// denial in the metrics and the shadow log.
-    ShadowBlocked,
-    /// A domain's limit overrides: selected only by a descriptor with a `limit`, whose quota it
-    /// takes (enforced, a counter per descriptor); the descriptor's other policies take no part.
-    Override,
-}
-
-impl StandIn {
-    /// Every kind.
-    pub const ALL: [Self; 5] = [
-        Self::Unlimited,
-        Self::Exempt,
-        Self::Blocked,
-        Self::ShadowBlocked,
-        Self::Override,
-    ];
-
-    /// The kind's name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Unlimited => "unlimited",
-            Self::Exempt => "exempt",
-            Self::Blocked => "blocked",
-            Self::ShadowBlocked => "shadow_blocked",
-            Self::Override => "limit_override",
-        }
-    }
-
-    /// The prefix of its policies' names (a limit's name never has it).
-    pub fn prefix(self) -> &'static str {
-        match self {
-            Self::Unlimited => "rls-unlimited-",
-            Self::Exempt => "rls-exempt-",
-            Self::Blocked => "rls-blocked-",
-            Self::ShadowBlocked => "rls-shadow-blocked-",
-            Self::Override => "rls-override-",
-        }
-    }
-
-    /// Whether it stands for no limit (`Unlimited`, `Exempt`).
-    pub fn is_no_limit(self) -> bool {
-        matches!(self, Self::Unlimited | Self::Exempt)
-    }
-
-    /// The kind of a policy, by its name.
-    pub fn of(policy_name: &str) -> Option<Self> {
-        Self::ALL
-            .into_iter()
-            .find(|kind| policy_name.starts_with(kind.prefix()))
-    }
-}
+/// The kinds of converted policy that stand for a rule sluice's limits cannot say; the
+/// converter writes each one's kind on it (`envoy_stand_in`, or `deny: true` for a block list).
+pub use crate::limit::StandIn;
 
 /// Whether one domain split over several files is merged (upstream's `MERGE_DOMAIN_CONFIG`)
 /// or refused.

@@ -11,6 +11,7 @@ pub mod policy_dir;
 mod policy_fields;
 pub(super) mod policy_quota;
 mod policy_replaces;
+mod policy_stand_in;
 pub(super) mod yaml_budget;
 mod yaml_lines;
 
@@ -316,6 +317,7 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
     if raw.lease {
         problems.extend(lease_problems(&raw));
     }
+    problems.extend(policy_stand_in::problems(&raw));
     let written = if raw.deny {
         problems.extend(deny_problems(&raw));
         // A placeholder quota, never sent to a store: its period is the wait a denial tells.
@@ -422,6 +424,7 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
         replaces: raw.replaces,
         deny: raw.deny,
         lease: raw.lease,
+        stand_in: raw.envoy_stand_in,
     })
     .map_err(|e| vec![(e.field, e.reason).into()])
 }

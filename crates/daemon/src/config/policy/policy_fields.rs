@@ -11,7 +11,7 @@ use serde_yaml::Value;
 
 use super::policy_quota::{AlgorithmName, RawTiers, RawWindow};
 use super::HumanDuration;
-use crate::limit::{FailureMode, PathCase};
+use crate::limit::{FailureMode, PathCase, StandIn};
 
 /// A policy as written.
 #[derive(Deserialize)]
@@ -64,6 +64,9 @@ pub(super) struct RawPolicy {
     /// Quota leases: admit from blocks of units taken from the store (token bucket, fixed window).
     #[serde(default)]
     pub lease: bool,
+    /// A converted envoyproxy/ratelimit rule sluice's limits cannot say (see
+    /// `policy_stand_in`).
+    pub envoy_stand_in: Option<StandIn>,
 }
 
 fn yes() -> bool {
@@ -153,6 +156,7 @@ fn read_field(name: &str, value: Value) -> Result<(), String> {
         "enforce_percent" => read::<u8>(value),
         "tiers" => read::<RawTiers>(value),
         "cost" => read::<RawCost>(value),
+        "envoy_stand_in" => read::<StandIn>(value),
         _ => Err("unknown field".to_owned()),
     }
 }

@@ -30,6 +30,7 @@ pub(crate) fn parts(name: &str) -> PolicyParts {
         replaces: Vec::new(),
         deny: false,
         lease: false,
+        stand_in: None,
     }
 }
 

@@ -15,8 +15,7 @@ use hyper::header::{HeaderMap, CACHE_CONTROL};
 use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
 
 use crate::check::{GroupVerdict, Mode, Outcome, PolicyDecision, Verdict};
-use crate::config::envoy::StandIn;
-use crate::limit::Micros;
+use crate::limit::{Micros, StandIn};
 use crate::transport::wire;
 
 use super::proto::envoy::service::ratelimit::v3::rate_limit_response::{rate_limit::Unit, Code};
@@ -38,7 +37,7 @@ pub(super) fn encode(verdict: &GroupVerdict, with_headers: bool, buf: &mut impl 
     let no_limit = verdict
         .overall
         .deciding()
-        .and_then(|part| StandIn::of(part.policy.name()))
+        .and_then(|part| part.policy.stand_in())
         .is_some_and(StandIn::is_no_limit);
     let headers = if with_headers && !no_limit {
         wire::headers(&verdict.overall)
@@ -88,7 +87,7 @@ fn status(item: &Verdict) -> Status<'_> {
     let no_limit = item
         .evaluated
         .iter()
-        .find_map(|part| StandIn::of(part.policy.name()));
+        .find_map(|part| part.policy.stand_in());
     if let (Some(kind), Outcome::Allowed) = (no_limit.filter(|k| k.is_no_limit()), item.outcome) {
         status.limit_remaining = match kind {
             StandIn::Unlimited => u32::MAX,
