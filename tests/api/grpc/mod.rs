@@ -4,6 +4,7 @@
 mod check;
 mod envoy_config;
 mod envoy_example;
+mod envoy_stand_in;
 mod fd_limit;
 mod hardening;
 mod raw_frames;

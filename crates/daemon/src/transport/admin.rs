@@ -193,6 +193,9 @@ fn dump(policy: &Policy) -> Value {
     if !parts.replaces.is_empty() {
         value["replaces"] = json!(parts.replaces);
     }
+    if let Some(kind) = parts.stand_in {
+        value["envoy_stand_in"] = json!(kind.as_str());
+    }
     if parts.deny {
         // A block list has no quota: its placeholder's period is the wait it tells.
         value["deny"] = json!(true);
