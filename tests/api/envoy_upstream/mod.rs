@@ -221,6 +221,32 @@ async fn upstream_config_lookups_on_the_embedded_store() {
     assert_eq!(cases, 67);
 }
 
+/// `sluice config convert`'s output loaded as a sluice policy file, with every stand-in renamed
+/// as an operator may (what it stands for is its `envoy_stand_in`, not its name), gives
+/// upstream's answer to every lookup.
+#[tokio::test]
+async fn upstream_config_lookups_on_the_converted_files_renamed() {
+    let mut cases = 0;
+    let mut renamed_any = false;
+    for (name, text, lookups) in loaded() {
+        // The merged pair is converted already.
+        let mut converted = if name.contains('*') {
+            text
+        } else {
+            convert(&text).unwrap_or_else(|e| panic!("{name}: {e:?}"))
+        };
+        for kind in ["unlimited", "exempt", "shadow-blocked", "override"] {
+            let prefix = format!("rls-{kind}-");
+            renamed_any |= converted.contains(&prefix);
+            converted = converted.replace(&prefix, &format!("renamed-{kind}-"));
+        }
+        parse_policies(Path::new(&name), &converted).unwrap_or_else(|e| panic!("{name}: {e}"));
+        cases += replay(&daemon(&converted, None, &lookups).await, &lookups).await;
+    }
+    assert!(renamed_any);
+    assert_eq!(cases, 67);
+}
+
 #[tokio::test]
 async fn upstream_config_lookups_on_redis() {
     let redis = RedisServer::start();

@@ -7,7 +7,7 @@
 //! remaining before the cost (nothing was spent), and when the local layer answered with the
 //! denials only, the other items' figures are read from the store without spending. A probe
 //! (Envoy's `hits_addend: 0`) reports what is left, spends nothing and never denies. A converted
-//! `requests_per_unit: 0` ([`StandIn::Blocked`]) denies its group without the store spending;
+//! `requests_per_unit: 0` (a `deny: true` block list) denies its group without the store spending;
 //! in shadow mode, or asked by a probe, it has a fixed answer (a limit of 0) and no counter.
 //! A policy that applies to one descriptor drops the policies it `replaces` from every other
 //! (an overridden descriptor takes no part), before anything is planned. A descriptor with a

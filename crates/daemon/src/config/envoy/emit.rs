@@ -308,6 +308,35 @@ mod tests {
     }
 
     #[test]
+    fn every_stand_in_carries_its_kind_and_no_limit_does() {
+        let file = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  - key: k\n    value: a\n    rate_limit: {unlimited: true}\n  - key: k\n    value: b\n  - key: k\n    value: c\n    rate_limit: {unit: hour, requests_per_unit: 0}\n  - key: k\n    value: e\n    shadow_mode: true\n    rate_limit: {unit: hour, requests_per_unit: 0}\n";
+        let converted = crate::config::envoy::convert(file).expect("converts");
+        let set = crate::config::parse_policies(std::path::Path::new("t.yaml"), &converted)
+            .expect("valid");
+        let mut kinds: Vec<Option<StandIn>> = Vec::new();
+        for policy in set.iter() {
+            // The name's prefix is the reader's; the kind is the field (a block list's, `deny`).
+            let by_name = StandIn::reserving(policy.name());
+            let by_kind = policy
+                .stand_in()
+                .or(policy.is_deny().then_some(StandIn::Blocked));
+            assert_eq!(by_kind, by_name, "{}: {converted}", policy.name());
+            kinds.push(by_kind);
+        }
+        let mut expected: Vec<Option<StandIn>> = StandIn::ALL.into_iter().map(Some).collect();
+        expected.push(None);
+        kinds.sort_by_key(|k| k.map(StandIn::as_str));
+        expected.sort_by_key(|k| k.map(StandIn::as_str));
+        assert_eq!(kinds, expected, "{converted}");
+        // Renamed, the converted policies keep their kinds.
+        let renamed = converted.replace("name: rls-", "name: mine-");
+        let set = crate::config::parse_policies(std::path::Path::new("t.yaml"), &renamed)
+            .expect("valid renamed");
+        let stand_ins = set.iter().filter_map(|p| p.stand_in()).count();
+        assert_eq!(stand_ins, 4, "{renamed}");
+    }
+
+    #[test]
     fn names_are_valid_unique_and_prefer_the_configured_one() {
         let leaf = |name: Option<&str>, value: &str| Leaf {
             domain: "Edge.Proxy".into(),
