@@ -127,7 +127,7 @@ async fn converted_stand_ins_renamed_keep_their_meaning_over_grpc() {
 }
 
 /// The check API and explain read the same policies: the renamed stand-ins answer as the
-/// converted ones, names aside.
+/// converted ones, names aside; `/v1/policies` shows their kinds.
 #[tokio::test]
 async fn converted_stand_ins_renamed_answer_the_check_api_and_explain_alike() {
     let converted = sluice::config::envoy::convert(FILE).expect("converts");
@@ -149,7 +149,22 @@ async fn converted_stand_ins_renamed_answer_the_check_api_and_explain_alike() {
         seen
     };
     let before = ask_both(spawn_grpc(&converted).await).await;
-    let after = ask_both(spawn_grpc(&renamed).await).await;
+    let daemon = spawn_grpc(&renamed).await;
+    // `/v1/policies` shows each stand-in's kind.
+    let dumped = json_of(&daemon.app.admin_get("/v1/policies").await);
+    let mut kinds: Vec<&str> = dumped["policies"]
+        .as_array()
+        .expect("policies")
+        .iter()
+        .filter_map(|p| p["envoy_stand_in"].as_str())
+        .collect();
+    kinds.sort_unstable();
+    assert_eq!(
+        kinds,
+        ["exempt", "limit_override", "shadow_blocked", "unlimited"],
+        "{dumped}"
+    );
+    let after = ask_both(daemon).await;
     assert_eq!(before, after);
     assert!(
         before.iter().all(|(status, ..)| *status == 200),
