@@ -1,0 +1,337 @@
+//! Request header blocks: HEADERS and CONTINUATION joined under the block bound, HPACK-decoded,
+//! checked (RFC 9113 section 8.2-8.3: lower-case names, pseudo-headers first and once, no
+//! connection-specific headers), and a new stream opened: a unary call gathered on the
+//! connection, anything else handed to a task.
+
+use super::*;
+
+/// A request's trace context, the only headers a unary call reads.
+#[derive(Debug, Default)]
+pub(crate) struct Trace {
+    pub(super) parent: Option<String>,
+    pub(super) state: Option<String>,
+}
+
+impl Carrier for Trace {
+    fn value(&self, name: &str) -> Option<&str> {
+        match name {
+            "traceparent" => self.parent.as_deref(),
+            "tracestate" => self.state.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+/// A request's head as decoded. A unary call's pseudo-headers are checked, not kept.
+#[derive(Default)]
+pub(super) struct RequestHead {
+    pub(super) method: Option<Bytes>,
+    /// Kept only for calls served on a task.
+    pub(super) path: Option<Bytes>,
+    pub(super) scheme: bool,
+    pub(super) authority: Option<Bytes>,
+    /// Decided by `:path`.
+    pub(super) unary: Option<bool>,
+    pub(super) regular: bool,
+    /// Kept only for calls served on a task.
+    pub(super) headers: Vec<(Bytes, Bytes)>,
+    pub(super) trace: Trace,
+    pub(super) malformed: Option<&'static str>,
+}
+
+impl RequestHead {
+    fn field(&mut self, name: &[u8], value: &[u8], service: &dyn IsUnary) {
+        if self.malformed.is_some() {
+            return;
+        }
+        if name.iter().any(u8::is_ascii_uppercase) {
+            self.malformed = Some("an upper-case header name");
+            return;
+        }
+        if let Some(pseudo) = name.strip_prefix(b":") {
+            if self.regular {
+                self.malformed = Some("a pseudo-header after a regular header");
+                return;
+            }
+            let repeated = match pseudo {
+                b"method" => {
+                    let method = if value == b"POST" {
+                        Bytes::from_static(b"POST")
+                    } else {
+                        Bytes::copy_from_slice(value)
+                    };
+                    self.method.replace(method).is_some()
+                }
+                b"path" => {
+                    let unary = service.is_unary(value);
+                    if !unary {
+                        self.path = Some(Bytes::copy_from_slice(value));
+                    }
+                    self.unary.replace(unary).is_some()
+                }
+                // Any authority is taken (an Istio cluster name, a socket path).
+                b"authority" => {
+                    let copy = (self.unary != Some(true)).then(|| Bytes::copy_from_slice(value));
+                    std::mem::replace(&mut self.authority, copy.or(Some(Bytes::new()))).is_some()
+                }
+                b"scheme" => std::mem::replace(&mut self.scheme, true),
+                _ => {
+                    self.malformed = Some("an unknown pseudo-header");
+                    return;
+                }
+            };
+            if repeated {
+                self.malformed = Some("a repeated pseudo-header");
+            }
+            return;
+        }
+        self.regular = true;
+        match name {
+            b"connection" | b"keep-alive" | b"proxy-connection" | b"transfer-encoding"
+            | b"upgrade" => {
+                self.malformed = Some("a connection-specific header");
+                return;
+            }
+            b"te" if value != b"trailers" => {
+                self.malformed = Some("te other than trailers");
+                return;
+            }
+            b"traceparent" => {
+                self.trace.parent = std::str::from_utf8(value).ok().map(str::to_owned)
+            }
+            b"tracestate" => self.trace.state = std::str::from_utf8(value).ok().map(str::to_owned),
+            _ => {}
+        }
+        if self.unary != Some(true) {
+            self.headers
+                .push((Bytes::copy_from_slice(name), Bytes::copy_from_slice(value)));
+        }
+    }
+}
+
+/// The part of a [`Service`] header decoding asks (object safe).
+pub(super) trait IsUnary {
+    fn is_unary(&self, path: &[u8]) -> bool;
+}
+
+impl<S: Service> IsUnary for S {
+    fn is_unary(&self, path: &[u8]) -> bool {
+        Service::is_unary(self, path)
+    }
+}
+
+/// A header block arriving in HEADERS and CONTINUATION frames.
+pub(super) struct Continuing {
+    pub(super) stream: u32,
+    pub(super) end_stream: bool,
+    pub(super) block: BytesMut,
+}
+
+/// The request a task's service sees.
+pub(super) fn http_request(
+    method: &Bytes,
+    path: &Bytes,
+    authority: Option<&Bytes>,
+    headers: &[(Bytes, Bytes)],
+) -> std::result::Result<hyper::Request<()>, ()> {
+    let uri = match authority {
+        Some(authority) => hyper::Uri::builder()
+            .scheme("http")
+            .authority(authority.as_ref())
+            .path_and_query(path.as_ref())
+            .build(),
+        None => hyper::Uri::builder().path_and_query(path.as_ref()).build(),
+    }
+    // An authority `http::Uri` does not take (an Istio cluster name) is not needed here.
+    .or_else(|_| hyper::Uri::builder().path_and_query(path.as_ref()).build())
+    .map_err(|_| ())?;
+    let mut request = hyper::Request::builder()
+        .method(hyper::Method::from_bytes(method).map_err(|_| ())?)
+        .uri(uri)
+        .version(hyper::Version::HTTP_2)
+        .body(())
+        .map_err(|_| ())?;
+    let map = request.headers_mut();
+    for (name, value) in headers {
+        let name = HeaderName::from_bytes(name).map_err(|_| ())?;
+        let value = HeaderValue::from_maybe_shared(value.clone()).map_err(|_| ())?;
+        map.append(name, value);
+    }
+    Ok(request)
+}
+
+pub(super) static EMPTY: Bytes = Bytes::from_static(b"");
+
+impl<IO, S> Connection<IO, S>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+    S: Service,
+{
+    pub(super) fn headers(&mut self, head: Head, payload: &[u8]) -> Result<()> {
+        if head.stream == 0 {
+            return Err(protocol("HEADERS on stream 0"));
+        }
+        let mut fragment = frame::unpad(payload, head.flags)
+            .ok_or_else(|| protocol("padding longer than the frame"))?;
+        if head.flags & frame::PRIORITY_FLAG != 0 {
+            fragment = fragment
+                .get(5..)
+                .ok_or_else(|| protocol("HEADERS too short for its priority"))?;
+        }
+        let end_stream = head.flags & frame::END_STREAM != 0;
+        if head.flags & frame::END_HEADERS != 0 {
+            return self.header_block(head.stream, end_stream, fragment);
+        }
+        self.check_block_size(fragment.len())?;
+        self.continuing = Some(Continuing {
+            stream: head.stream,
+            end_stream,
+            block: BytesMut::from(fragment),
+        });
+        Ok(())
+    }
+
+    pub(super) fn continuation(&mut self, head: Head, payload: &[u8]) -> Result<()> {
+        let Some(mut continuing) = self.continuing.take() else {
+            return Err(protocol("CONTINUATION without HEADERS"));
+        };
+        self.check_block_size(continuing.block.len() + payload.len())?;
+        continuing.block.extend_from_slice(payload);
+        if head.flags & frame::END_HEADERS != 0 {
+            return self.header_block(continuing.stream, continuing.end_stream, &continuing.block);
+        }
+        self.continuing = Some(continuing);
+        Ok(())
+    }
+
+    /// A header block's encoded size is bounded before it is decoded: past the list's bound
+    /// (and a margin for HPACK's framing), the connection goes (its HPACK state could not be
+    /// kept without decoding the whole block).
+    pub(super) fn check_block_size(&self, len: usize) -> Result<()> {
+        if len > self.config.max_header_list + 1024 {
+            return Err(Fail::Goaway(
+                Code::EnhanceYourCalm,
+                "a header block over the header list size",
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) fn header_block(&mut self, id: u32, end_stream: bool, block: &[u8]) -> Result<()> {
+        let mut request = RequestHead::default();
+        let service = Arc::clone(&self.service);
+        let decoded = self
+            .decoder
+            .decode(block, self.config.max_header_list, |name, value| {
+                request.field(name, value, service.as_ref());
+            })
+            .map_err(|error| Fail::Goaway(Code::Compression, error.0))?;
+        if let Some(stream) = self.streams.get_mut(&id) {
+            // Trailers: they must end the stream; their content is not used.
+            if !stream.recv_open || !end_stream {
+                return self.reset(id, Code::Protocol);
+            }
+            stream.recv_open = false;
+            if let Kind::Gathering { .. } = stream.kind {
+                self.start_unary(id);
+            } else if let Kind::Task { body, .. } = &mut stream.kind {
+                body.take();
+            }
+            self.finish_if_done(id);
+            return Ok(());
+        }
+        if id <= self.last_stream {
+            // Trailers on a stream we reset: the client may not know yet. Anything else opens
+            // a stream below one already opened.
+            if self.reset_by_us.contains(&id) {
+                return Ok(());
+            }
+            return Err(protocol("a new stream id not above the last one"));
+        }
+        if id.is_multiple_of(2) {
+            return Err(protocol("a client stream with an even id"));
+        }
+        self.last_stream = id;
+        if self.going {
+            // Not processed: the GOAWAY's last stream id tells the client to retry it; what
+            // it sends there meanwhile is ignored.
+            self.reset_by_us.push_back(id);
+            if self.reset_by_us.len() > RESET_MEMORY {
+                self.reset_by_us.pop_front();
+            }
+            return Ok(());
+        }
+        if self.streams.len() >= self.config.max_concurrent_streams as usize {
+            self.send_rst(id, Code::RefusedStream);
+            return self.count_reset();
+        }
+        if let Some(reason) = request.malformed {
+            tracing::debug!(reason, "malformed gRPC request headers; stream reset");
+            self.send_rst(id, Code::Protocol);
+            return self.count_reset();
+        }
+        let (Some(method), Some(unary), true) = (&request.method, request.unary, request.scheme)
+        else {
+            self.send_rst(id, Code::Protocol);
+            return self.count_reset();
+        };
+        let mut stream = Stream {
+            recv_open: !end_stream,
+            recv_window: i64::from(self.config.stream_window),
+            recv_unreleased: 0,
+            send_window: self.peer_initial_window,
+            kind: Kind::Answering,
+            out: VecDeque::new(),
+            out_bytes: 0,
+            done: false,
+            _open: self.service.opened(),
+        };
+        if decoded.oversized {
+            self.streams.insert(id, stream);
+            let status = Status::resource_exhausted(format!(
+                "request headers over {} bytes",
+                self.config.max_header_list
+            ));
+            return self.refuse(id, status);
+        }
+        if unary {
+            stream.kind = Kind::Gathering {
+                body: BytesMut::new(),
+                trace: std::mem::take(&mut request.trace),
+                by: later(Instant::now(), self.config.body_read_timeout),
+            };
+            self.streams.insert(id, stream);
+            if end_stream {
+                self.start_unary(id);
+            } else {
+                self.partial = true;
+            }
+            return Ok(());
+        }
+        let path = request.path.as_ref().unwrap_or(&EMPTY);
+        let http = match http_request(method, path, request.authority.as_ref(), &request.headers) {
+            Ok(http) => http,
+            Err(()) => {
+                drop(stream);
+                self.send_rst(id, Code::Protocol);
+                return self.count_reset();
+            }
+        };
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let cancel = self.ended.child_token();
+        let body = RecvBody {
+            receiver,
+            queued: Arc::clone(&queued),
+        };
+        stream.kind = Kind::Task {
+            body: (!end_stream).then_some(sender),
+            queued,
+            cancel: cancel.clone(),
+        };
+        self.streams.insert(id, stream);
+        let future = self.service.stream(http.map(|()| body));
+        tokio::spawn(drive(id, future, self.events.clone(), cancel));
+        Ok(())
+    }
+}

@@ -1,0 +1,308 @@
+//! What a connection writes: a unary call's answer (constant header blocks around one DATA
+//! frame), a task's answer as its events come, DATA within the client's windows, a stream's end;
+//! and its timers (a stalled body, the keepalive PING).
+
+use super::*;
+
+/// `grpc-status` and, when there is one, `grpc-message` (percent-encoded as gRPC asks).
+pub(super) fn grpc_status(block: &mut BytesMut, code: i32, message: &str) {
+    hpack::encode_literal(b"grpc-status", code.to_string().as_bytes(), block);
+    if !message.is_empty() {
+        hpack::encode_literal(b"grpc-message", percent_encode(message).as_bytes(), block);
+    }
+}
+
+/// gRPC's percent-encoding of `grpc-message`: bytes outside printable ASCII, and `%`.
+pub(super) fn percent_encode(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    for &b in message.as_bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+pub(super) fn encode_headers(headers: &HeaderMap, block: &mut BytesMut) {
+    for (name, value) in headers {
+        hpack::encode_literal(name.as_str().as_bytes(), value.as_bytes(), block);
+    }
+}
+
+/// Writes a header block as HEADERS and, past the client's frame size, CONTINUATION frames.
+pub(super) fn write_block(
+    out: &mut BytesMut,
+    id: u32,
+    block: &[u8],
+    end_stream: bool,
+    max_frame: usize,
+) {
+    let mut chunks = block.chunks(max_frame.max(1));
+    let first = chunks.next().unwrap_or(&[]);
+    let rest = chunks.len();
+    let mut flags = if end_stream { frame::END_STREAM } else { 0 };
+    if rest == 0 {
+        flags |= frame::END_HEADERS;
+    }
+    frame::head(out, first.len(), frame::HEADERS, flags, id);
+    out.put_slice(first);
+    for (i, chunk) in chunks.enumerate() {
+        let flags = if i + 1 == rest { frame::END_HEADERS } else { 0 };
+        frame::head(out, chunk.len(), frame::CONTINUATION, flags, id);
+        out.put_slice(chunk);
+    }
+}
+
+/// `:status` (RFC 7541 Appendix A: static-table entry 8, `200` is entry 8 whole).
+pub(super) const STATUS_200: u8 = 0x88;
+
+pub(super) const STATUS_NAME: usize = 8;
+
+/// A gRPC answer's head: `:status: 200` (indexed) and `content-type: application/grpc` (a
+/// literal without indexing whose name is static-table entry 31, prefix 15 + 16).
+pub(super) const GRPC_HEAD: &[u8] = b"\x88\x0f\x10\x10application/grpc";
+
+/// `grpc-status: 0`, a literal without indexing with a literal name.
+pub(super) const GRPC_OK: &[u8] = b"\x00\x0bgrpc-status\x010";
+
+impl<IO, S> Connection<IO, S>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+    S: Service,
+{
+    /// A unary call's answer, written (or queued for the client's window).
+    pub(super) fn answer(&mut self, id: u32, answer: Result<BytesMut, Status>) {
+        let Some(stream) = self.streams.get_mut(&id) else {
+            return;
+        };
+        stream.kind = Kind::Answered;
+        if stream.done {
+            // Reset while it was being answered: its place is free now.
+            self.streams.remove(&id);
+            return;
+        }
+        match answer {
+            Ok(message) => {
+                write_block(&mut self.wbuf, id, GRPC_HEAD, false, self.peer_max_frame);
+                let room = self.send_window.min(stream.send_window);
+                if stream.out.is_empty()
+                    && message.len() <= self.peer_max_frame
+                    && i64::try_from(message.len()).is_ok_and(|len| len <= room)
+                {
+                    // The usual case, written at once: nothing queued, nothing allocated.
+                    let len = message.len();
+                    frame::head(&mut self.wbuf, len, frame::DATA, 0, id);
+                    self.wbuf.put_slice(&message);
+                    self.send_window -= len as i64;
+                    stream.send_window -= len as i64;
+                    write_block(&mut self.wbuf, id, GRPC_OK, true, self.peer_max_frame);
+                    stream.done = true;
+                } else {
+                    let message = message.freeze();
+                    stream.out_bytes += message.len();
+                    stream.out.push_back(Out::Data(message));
+                    stream
+                        .out
+                        .push_back(Out::Trailers(Bytes::from_static(GRPC_OK)));
+                }
+            }
+            Err(status) => {
+                let mut block = BytesMut::with_capacity(64);
+                block.put_slice(GRPC_HEAD);
+                grpc_status(&mut block, status.code() as i32, status.message());
+                write_block(&mut self.wbuf, id, &block, true, self.peer_max_frame);
+                stream.done = true;
+            }
+        }
+        self.flush(id);
+    }
+
+    pub(super) fn event(&mut self, event: Event) {
+        let id = match &event {
+            Event::Head(id, ..) | Event::Data(id, _) | Event::Trailers(id, _) | Event::End(id) => {
+                *id
+            }
+        };
+        let Some(stream) = self.streams.get_mut(&id) else {
+            return;
+        };
+        if stream.done {
+            return;
+        }
+        match event {
+            Event::Head(_, status, headers) => {
+                let mut block = BytesMut::with_capacity(64);
+                if status == StatusCode::OK {
+                    block.put_u8(STATUS_200);
+                } else {
+                    hpack::encode_literal_indexed_name(
+                        STATUS_NAME,
+                        status.as_str().as_bytes(),
+                        &mut block,
+                    );
+                }
+                encode_headers(&headers, &mut block);
+                write_block(&mut self.wbuf, id, &block, false, self.peer_max_frame);
+            }
+            Event::Data(_, data) => {
+                stream.out_bytes += data.len();
+                stream.out.push_back(Out::Data(data));
+                if stream.out_bytes > MAX_QUEUED_OUT {
+                    tracing::debug!(
+                        "a gRPC client left its window closed with 1 MiB queued; stream reset"
+                    );
+                    let _ = self.reset(id, Code::Cancel);
+                    return;
+                }
+            }
+            Event::Trailers(_, trailers) => {
+                let mut block = BytesMut::with_capacity(64);
+                encode_headers(&trailers, &mut block);
+                stream.out.push_back(Out::Trailers(block.freeze()));
+            }
+            Event::End(_) => stream.out.push_back(Out::End),
+        }
+        self.flush(id);
+    }
+
+    /// Writes what every stream has queued, as far as the windows allow.
+    pub(super) fn flush_all(&mut self) {
+        let ids: Vec<u32> = self
+            .streams
+            .iter()
+            .filter(|(_, s)| !s.out.is_empty())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in ids {
+            self.flush(id);
+        }
+    }
+
+    /// Writes what one stream has queued, as far as the windows allow.
+    pub(super) fn flush(&mut self, id: u32) {
+        let Some(stream) = self.streams.get_mut(&id) else {
+            return;
+        };
+        while let Some(out) = stream.out.front_mut() {
+            match out {
+                Out::Data(data) => {
+                    let room = self
+                        .send_window
+                        .min(stream.send_window)
+                        .min(self.peer_max_frame as i64);
+                    if room <= 0 && !data.is_empty() {
+                        return;
+                    }
+                    let n = data.len().min(usize::try_from(room).unwrap_or(0));
+                    frame::head(&mut self.wbuf, n, frame::DATA, 0, id);
+                    self.wbuf.put_slice(&data[..n]);
+                    data.advance(n);
+                    self.send_window -= n as i64;
+                    stream.send_window -= n as i64;
+                    stream.out_bytes -= n;
+                    if data.is_empty() {
+                        stream.out.pop_front();
+                    }
+                }
+                Out::Trailers(block) => {
+                    write_block(&mut self.wbuf, id, &block[..], true, self.peer_max_frame);
+                    stream.out.pop_front();
+                    stream.done = true;
+                }
+                Out::End => {
+                    frame::head(&mut self.wbuf, 0, frame::DATA, frame::END_STREAM, id);
+                    stream.out.pop_front();
+                    stream.done = true;
+                }
+            }
+        }
+        self.finish_if_done(id);
+    }
+
+    /// Drops a stream both sides are done with; tells a client still sending that its
+    /// answer is complete.
+    pub(super) fn finish_if_done(&mut self, id: u32) {
+        let Some(stream) = self.streams.get(&id) else {
+            return;
+        };
+        // A call still being answered keeps its place, reset or not.
+        if !stream.done || matches!(stream.kind, Kind::Answering) {
+            return;
+        }
+        if stream.recv_open {
+            // The client is still sending: tell it the answer is complete.
+            self.send_rst(id, Code::NoError);
+        }
+        if let Some(Stream {
+            kind: Kind::Task { cancel, .. },
+            ..
+        }) = self.streams.remove(&id)
+        {
+            cancel.cancel();
+        }
+    }
+
+    /// Arms the timer for the earliest body deadline of a stream still gathering its body.
+    pub(super) fn arm_stream_deadlines(&mut self) {
+        let earliest = self
+            .streams
+            .values()
+            .filter_map(|stream| match &stream.kind {
+                Kind::Gathering { by, .. } => Some(*by),
+                _ => None,
+            })
+            .min();
+        if let Some(by) = earliest {
+            self.arm(by);
+        }
+    }
+
+    pub(super) fn arm(&mut self, at: Instant) {
+        if at < self.timer_at {
+            self.timer_at = at;
+            self.timer.as_mut().reset(at);
+        }
+    }
+
+    pub(super) fn on_timer(&mut self) -> Result<()> {
+        let now = Instant::now();
+        let stalled: Vec<u32> = self
+            .streams
+            .iter()
+            .filter_map(|(&id, stream)| match &stream.kind {
+                Kind::Gathering { by, .. } if *by <= now => Some(id),
+                _ => None,
+            })
+            .collect();
+        for id in stalled {
+            let status = Status::deadline_exceeded(format!(
+                "the request message did not arrive within limits.body_read_timeout ({})",
+                crate::config::HumanDuration(
+                    u64::try_from(self.config.body_read_timeout.as_micros()).unwrap_or(u64::MAX)
+                )
+            ));
+            // Answered, then reset (the client is still sending).
+            self.refuse(id, status)?;
+        }
+        if let Some(sent) = self.ping_sent {
+            if now.duration_since(sent) >= self.config.keepalive_timeout {
+                tracing::debug!("gRPC client did not answer a keepalive PING; closed");
+                return Err(Fail::Gone);
+            }
+        } else if now.duration_since(self.last_read) >= self.config.keepalive_interval {
+            frame::ping(&mut self.wbuf, 0, KEEPALIVE_PING);
+            self.ping_sent = Some(now);
+        }
+        let next = match self.ping_sent {
+            Some(sent) => later(sent, self.config.keepalive_timeout),
+            None => later(self.last_read, self.config.keepalive_interval),
+        };
+        let next = next.max(now + Duration::from_millis(1));
+        self.timer_at = next;
+        self.timer.as_mut().reset(next);
+        self.arm_stream_deadlines();
+        Ok(())
+    }
+}

@@ -1,0 +1,91 @@
+//! What a connection keeps per stream.
+
+use super::*;
+
+/// A hasher for stream ids (odd integers the client picks in order; no attacker-chosen
+/// collisions beyond a bounded map).
+#[derive(Default)]
+pub(super) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+pub(super) type Streams<O> = HashMap<u32, Stream<O>, BuildHasherDefault<IdHasher>>;
+
+/// One stream the server still has work for.
+pub(super) struct Stream<O> {
+    /// The client may still send (no END_STREAM or reset yet).
+    pub(super) recv_open: bool,
+    /// What the client may still send before a WINDOW_UPDATE.
+    pub(super) recv_window: i64,
+    /// Received and not yet given back as window.
+    pub(super) recv_unreleased: u32,
+    /// What we may still send.
+    pub(super) send_window: i64,
+    pub(super) kind: Kind,
+    /// Waiting for the client's window, in order.
+    pub(super) out: VecDeque<Out>,
+    pub(super) out_bytes: usize,
+    /// The answer's end has been written (or the stream reset).
+    pub(super) done: bool,
+    /// The stream's work, counted as open until the stream goes.
+    pub(super) _open: O,
+}
+
+pub(super) enum Kind {
+    /// A unary call whose body is arriving.
+    Gathering {
+        body: BytesMut,
+        trace: Trace,
+        by: Instant,
+    },
+    /// A unary call being answered on the connection's task.
+    Answering,
+    /// A unary call answered (its answer may wait for the client's window).
+    Answered,
+    /// A call served on its own task.
+    Task {
+        body: Option<mpsc::UnboundedSender<Result<Bytes, Broken>>>,
+        queued: Arc<AtomicUsize>,
+        cancel: CancellationToken,
+    },
+}
+
+pub(super) enum Out {
+    Data(Bytes),
+    /// An encoded header block ending the stream (trailers).
+    Trailers(Bytes),
+    /// The end of the stream without trailers (an empty DATA with END_STREAM).
+    End,
+}
+
+/// A unary call's answer being worked out, tagged with its stream.
+pub(super) struct Answering {
+    pub(super) id: u32,
+    pub(super) future: UnaryFuture,
+}
+
+impl Future for Answering {
+    type Output = (u32, Result<BytesMut, Status>);
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let id = self.id;
+        // A panic in one call answers that call INTERNAL, not the connection's other calls.
+        match std::panic::catch_unwind(AssertUnwindSafe(|| self.future.as_mut().poll(cx))) {
+            Ok(Poll::Ready(answer)) => Poll::Ready((id, answer)),
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(_) => Poll::Ready((id, Err(Status::internal("the check failed")))),
+        }
+    }
+}
