@@ -77,12 +77,11 @@ impl super::http2::Service for Streams {
     }
 
     fn unary(self: &Arc<Self>, trace: Trace, body: Bytes) -> UnaryFuture {
+        if let Err(status) = check_framing(&body) {
+            return Box::pin(std::future::ready(Err(counted(&self.metrics, status))));
+        }
         let rls = Arc::clone(&self.rls);
-        let metrics = self.metrics.clone();
-        Box::pin(async move {
-            check_framing(&body).map_err(|status| counted(&metrics, status))?;
-            should_rate_limit(&rls, &trace, &body).await
-        })
+        Box::pin(async move { should_rate_limit(&rls, &trace, &body).await })
     }
 
     fn stream(self: &Arc<Self>, request: Request<RecvBody>) -> StreamFuture {

@@ -46,7 +46,7 @@ mod task;
 
 use self::headers::Continuing;
 pub(crate) use self::headers::Trace;
-use self::send::percent_encode;
+pub(crate) use self::send::status_trailers;
 use self::stream::{Answering, Kind, Out, Stream, Streams};
 pub(crate) use self::task::RecvBody;
 use self::task::{drive, Broken, Event};

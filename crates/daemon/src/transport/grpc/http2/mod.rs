@@ -8,4 +8,6 @@ mod frame;
 pub(super) mod hpack;
 mod huffman;
 
-pub(super) use conn::{Config, Connection, RecvBody, Service, StreamFuture, Trace, UnaryFuture};
+pub(super) use conn::{
+    status_trailers, Config, Connection, RecvBody, Service, StreamFuture, Trace, UnaryFuture,
+};

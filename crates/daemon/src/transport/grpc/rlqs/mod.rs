@@ -31,7 +31,7 @@ use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
 
 use super::http2::RecvBody;
-use hyper::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
+use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::Response;
 use prost::Message;
 use tokio::sync::mpsc;
@@ -144,13 +144,7 @@ pub(super) fn serve(
         if status.code() != tonic::Code::Ok {
             tracing::debug!(%status, "an RLQS stream ended");
         }
-        let mut trailers = HeaderMap::with_capacity(2);
-        trailers.insert("grpc-status", HeaderValue::from(status.code() as i32));
-        if let Ok(message) = HeaderValue::from_str(status.message()) {
-            if !status.message().is_empty() {
-                trailers.insert("grpc-message", message);
-            }
-        }
+        let trailers = super::http2::status_trailers(&status);
         let _ = answers.send(Frame::trailers(trailers)).await;
     });
     let frames = futures_util::stream::unfold(queued, |mut queued| async move {

@@ -40,7 +40,7 @@ pub(super) struct RequestHead {
 }
 
 impl RequestHead {
-    fn field(&mut self, name: &[u8], value: &[u8], service: &dyn IsUnary) {
+    fn field<S: Service>(&mut self, name: &[u8], value: &[u8], service: &S) {
         if self.malformed.is_some() {
             return;
         }
@@ -106,17 +106,6 @@ impl RequestHead {
             self.headers
                 .push((Bytes::copy_from_slice(name), Bytes::copy_from_slice(value)));
         }
-    }
-}
-
-/// The part of a [`Service`] header decoding asks (object safe).
-pub(super) trait IsUnary {
-    fn is_unary(&self, path: &[u8]) -> bool;
-}
-
-impl<S: Service> IsUnary for S {
-    fn is_unary(&self, path: &[u8]) -> bool {
-        Service::is_unary(self, path)
     }
 }
 
@@ -219,11 +208,11 @@ where
 
     pub(super) fn header_block(&mut self, id: u32, end_stream: bool, block: &[u8]) -> Result<()> {
         let mut request = RequestHead::default();
-        let service = Arc::clone(&self.service);
+        let service = &*self.service;
         let decoded = self
             .decoder
             .decode(block, self.config.max_header_list, |name, value| {
-                request.field(name, value, service.as_ref());
+                request.field(name, value, service);
             })
             .map_err(|error| Fail::Goaway(Code::Compression, error.0))?;
         if let Some(stream) = self.streams.get_mut(&id) {
@@ -255,10 +244,7 @@ where
         if self.going {
             // Not processed: the GOAWAY's last stream id tells the client to retry it; what
             // it sends there meanwhile is ignored.
-            self.reset_by_us.push_back(id);
-            if self.reset_by_us.len() > RESET_MEMORY {
-                self.reset_by_us.pop_front();
-            }
+            self.remember(id);
             return Ok(());
         }
         if self.streams.len() >= self.config.max_concurrent_streams as usize {
@@ -298,7 +284,8 @@ where
             stream.kind = Kind::Gathering {
                 body: BytesMut::new(),
                 trace: std::mem::take(&mut request.trace),
-                by: later(Instant::now(), self.config.body_read_timeout),
+                // From the read that brought the headers: no second look at the clock.
+                by: later(self.last_read, self.config.body_read_timeout),
             };
             self.streams.insert(id, stream);
             if end_stream {

@@ -125,23 +125,10 @@ where
             return Err(Fail::Goaway(Code::FrameSize, "RST_STREAM not 4 bytes"));
         }
         self.idle_check(head.stream)?;
-        let Some(stream) = self.streams.get_mut(&head.stream) else {
+        if !self.streams.contains_key(&head.stream) {
             return Ok(());
-        };
-        stream.recv_open = false;
-        stream.done = true;
-        stream.out.clear();
-        let answering = matches!(stream.kind, Kind::Answering);
-        if let Kind::Task { body, cancel, .. } = &mut stream.kind {
-            if let Some(body) = body.take() {
-                let _ = body.send(Err(Broken));
-            }
-            cancel.cancel();
         }
-        // A call being answered keeps its place until its check ends.
-        if !answering {
-            self.streams.remove(&head.stream);
-        }
+        self.close(head.stream);
         self.count_reset()
     }
 
@@ -166,31 +153,44 @@ where
     /// next is ignored.
     pub(super) fn send_rst(&mut self, id: u32, code: Code) {
         frame::rst_stream(&mut self.wbuf, id, code);
+        self.remember(id);
+    }
+
+    /// Remembers a stream the client may still send on without knowing it is closed.
+    pub(super) fn remember(&mut self, id: u32) {
         if self.reset_by_us.len() == RESET_MEMORY {
             self.reset_by_us.pop_front();
         }
         self.reset_by_us.push_back(id);
     }
 
+    /// Closes a stream either side reset: nothing more is sent or received on it, a task's body
+    /// breaks off and the task is cancelled; a call being answered keeps its place until its
+    /// check ends.
+    fn close(&mut self, id: u32) {
+        let Some(stream) = self.streams.get_mut(&id) else {
+            return;
+        };
+        stream.recv_open = false;
+        stream.done = true;
+        stream.out.clear();
+        match &mut stream.kind {
+            Kind::Answering => return,
+            Kind::Task { cancel, body, .. } => {
+                if let Some(body) = body.take() {
+                    let _ = body.send(Err(Broken));
+                }
+                cancel.cancel();
+            }
+            Kind::Gathering { .. } | Kind::Answered => {}
+        }
+        self.streams.remove(&id);
+    }
+
     /// Resets one stream (a stream error).
     pub(super) fn reset(&mut self, id: u32, code: Code) -> Result<()> {
         self.send_rst(id, code);
-        if let Some(stream) = self.streams.get_mut(&id) {
-            stream.recv_open = false;
-            stream.done = true;
-            stream.out.clear();
-            match &mut stream.kind {
-                Kind::Answering => return Ok(()),
-                Kind::Task { cancel, body, .. } => {
-                    if let Some(body) = body.take() {
-                        let _ = body.send(Err(Broken));
-                    }
-                    cancel.cancel();
-                }
-                Kind::Gathering { .. } | Kind::Answered => {}
-            }
-            self.streams.remove(&id);
-        }
+        self.close(id);
         Ok(())
     }
 

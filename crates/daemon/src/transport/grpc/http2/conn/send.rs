@@ -4,25 +4,14 @@
 
 use super::*;
 
-/// `grpc-status` and, when there is one, `grpc-message` (percent-encoded as gRPC asks).
-pub(super) fn grpc_status(block: &mut BytesMut, code: i32, message: &str) {
-    hpack::encode_literal(b"grpc-status", code.to_string().as_bytes(), block);
-    if !message.is_empty() {
-        hpack::encode_literal(b"grpc-message", percent_encode(message).as_bytes(), block);
+/// A status as trailers: `grpc-status`, and `grpc-message` percent-encoded, as tonic writes them.
+pub(crate) fn status_trailers(status: &Status) -> HeaderMap {
+    let mut trailers = HeaderMap::with_capacity(2);
+    if status.add_header(&mut trailers).is_err() {
+        // A message no header can carry: the code alone.
+        trailers.insert("grpc-status", HeaderValue::from(status.code() as i32));
     }
-}
-
-/// gRPC's percent-encoding of `grpc-message`: bytes outside printable ASCII, and `%`.
-pub(super) fn percent_encode(message: &str) -> String {
-    let mut out = String::with_capacity(message.len());
-    for &b in message.as_bytes() {
-        if (0x20..=0x7e).contains(&b) && b != b'%' {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    trailers
 }
 
 pub(super) fn encode_headers(headers: &HeaderMap, block: &mut BytesMut) {
@@ -111,7 +100,7 @@ where
             Err(status) => {
                 let mut block = BytesMut::with_capacity(64);
                 block.put_slice(GRPC_HEAD);
-                grpc_status(&mut block, status.code() as i32, status.message());
+                encode_headers(&status_trailers(&status), &mut block);
                 write_block(&mut self.wbuf, id, &block, true, self.peer_max_frame);
                 stream.done = true;
             }

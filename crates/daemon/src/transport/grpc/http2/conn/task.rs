@@ -55,17 +55,6 @@ pub(super) async fn drive(
     }
 }
 
-pub(super) fn status_trailers(status: &Status) -> HeaderMap {
-    let mut trailers = HeaderMap::with_capacity(2);
-    trailers.insert("grpc-status", HeaderValue::from(status.code() as i32));
-    if let Ok(message) = HeaderValue::from_bytes(percent_encode(status.message()).as_bytes()) {
-        if !status.message().is_empty() {
-            trailers.insert("grpc-message", message);
-        }
-    }
-    trailers
-}
-
 /// A request body broke off (the stream was reset).
 #[derive(Debug)]
 pub(crate) struct Broken;
