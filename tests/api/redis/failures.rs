@@ -501,7 +501,17 @@ async fn sentinel_failover_moves_checks_to_the_new_primary() {
         RESYNC_WAIT,
         in_sync,
     );
-    let _ = sentinel_query(ports[0], &["FAILOVER", "mymaster"]);
+    // A Sentinel refuses the failover (`-NOGOODSLAVE`) until its INFO period has seen the old
+    // primary as a replica in sync; on a busy host that can take a few periods, so ask again
+    // (any Sentinel) until one accepts it. Once one has, the others answer `-INPROGRESS`.
+    wait_for(
+        || {
+            ports
+                .iter()
+                .any(|p| sentinel_query(*p, &["FAILOVER", "mymaster"]).is_some())
+        },
+        "a Sentinel accepted the planned failover",
+    );
     wait_for(
         || {
             info(&primary, "replication").contains("role:master")
