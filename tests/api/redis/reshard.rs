@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use crate::helpers::{json_of, spawn_app_in, test_settings, TestApp};
+use crate::helpers::{json_of, metric_value, spawn_app_in, test_settings, TestApp};
 use crate::redis_server::RedisCluster;
 
 /// Two windows: two keys in the partition's slot (one hash tag), so that a migration can hold
@@ -58,6 +58,44 @@ async fn checks(app: &Arc<TestApp>, ips: &[String], n: usize) -> usize {
     admitted
 }
 
+/// Eight partitions (`<net>.0` to `<net>.7`), the first the one that moves, and its hash slot.
+fn partitions(net: &str) -> (Vec<String>, u16) {
+    let ips: Vec<String> = (0..8).map(|i| format!("{net}.{i}")).collect();
+    let slot = sluice::store::redis::keys::slot(&format!("{{login:{}}}", ips[0]));
+    (ips, slot)
+}
+
+/// The resharding's refusals were counted as such, none as a missed deadline, and the circuit
+/// is closed.
+async fn assert_refused_not_unanswered(app: &TestApp) {
+    let metrics = app.metrics().await;
+    let errors = |kind| metric_value(&metrics, "sluice_redis_errors_total", &[("kind", kind)]);
+    let detail = redis_errors(app).await;
+    assert!(errors("reshard") > 0.0, "{detail}");
+    assert_eq!(errors("deadline"), 0.0, "{detail}");
+    assert_eq!(
+        metric_value(&metrics, "sluice_redis_circuit_state", &[]),
+        0.0
+    );
+}
+
+/// Waits (at most 10 s) until the daemon has seen a call refused by the resharding.
+async fn wait_for_refusal(app: &TestApp) {
+    for _ in 0..1000 {
+        let metrics = app.metrics().await;
+        if metric_value(
+            &metrics,
+            "sluice_redis_errors_total",
+            &[("kind", "reshard")],
+        ) > 0.0
+        {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("no call was refused by the split slot");
+}
+
 /// The daemon's `sluice_redis_errors_total` lines with a count.
 async fn redis_errors(app: &TestApp) -> String {
     let metrics = app.metrics().await;
@@ -85,24 +123,26 @@ async fn checks_through_a_slot_migration_are_answered_by_redis_and_stay_exact() 
         let app = daemon(&cluster, node_calls).await;
         // The moving partition, and others (other slots, some on the same nodes) in the same
         // batches.
-        let ips: Vec<String> = (0..8).map(|i| format!("10.1.0.{i}")).collect();
+        let (ips, slot) = partitions("10.1.0");
         let moving = ips[0].clone();
-        let slot = sluice::store::redis::keys::slot(&format!("{{login:{moving}}}"));
         assert_eq!(checks(&app, &ips, 2).await, 16);
         let migration = cluster.begin_migration(slot);
         // MIGRATING, nothing moved: the source still answers.
         assert_eq!(checks(&app, &ips, 2).await, 16);
         // One window's key moved, the other not: Redis refuses a call naming both (TRYAGAIN)
-        // until the rest follows, which a resharding does within moments.
+        // until the rest follows. The split is held past the deadline (100 ms) while only the
+        // moving partition is checked: its calls are refused, not unanswered, so the circuit
+        // stays closed and the checks wait for the rest of the keys.
         let keys = migration.keys_left(&cluster);
         assert_eq!(keys.len(), 2, "two windows, two keys: {keys:?}");
         migration.migrate(&cluster, &keys[..1]);
-        let app_during = Arc::clone(&app);
-        let ips_during = ips.clone();
-        let during = tokio::spawn(async move { checks(&app_during, &ips_during, 2).await });
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        migration.migrate(&cluster, &keys[1..]);
-        assert_eq!(during.await.expect("checks"), 16);
+        let (app_during, moving_during) = (Arc::clone(&app), [moving.clone()]);
+        let during = tokio::spawn(async move { checks(&app_during, &moving_during, 2).await });
+        wait_for_refusal(&app).await;
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        tokio::task::block_in_place(|| migration.migrate(&cluster, &keys[1..]));
+        assert_eq!(during.await.expect("checks"), 2);
+        assert_refused_not_unanswered(&app).await;
         // Every key moved, the slot still MIGRATING: the source answers ASK.
         assert_eq!(checks(&app, &ips, 2).await, 16);
         // The new owner announced: MOVED for a stale map.
@@ -116,4 +156,28 @@ async fn checks_through_a_slot_migration_are_answered_by_redis_and_stay_exact() 
         );
         eprintln!("node calls {node_calls}: {}", redis_errors(&app).await);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_left_split_fails_its_own_checks_and_no_others() {
+    let cluster = RedisCluster::start();
+    let app = daemon(&cluster, true).await;
+    let (ips, slot) = partitions("10.2.0");
+    let moving = ips[0].clone();
+    assert_eq!(checks(&app, &ips, 1).await, 8);
+    // A resharding that stopped with the partition's keys split (a resharder killed mid-slot):
+    // its checks are resent for a while, then get the failure mode; nothing is spent.
+    let migration = cluster.begin_migration(slot);
+    let keys = migration.keys_left(&cluster);
+    migration.migrate(&cluster, &keys[..1]);
+    let body = json!({"policy": "login", "descriptors": {"ip": moving}});
+    let reply = json_of(&app.check_tcp(&body).await);
+    assert_eq!(reply["mode"], "fail_closed", "{reply}");
+    assert_eq!(reply["allowed"], false, "{reply}");
+    // Other partitions, on the same nodes, are answered by Redis; the circuit stays closed.
+    assert_eq!(checks(&app, &ips[1..], 1).await, 7);
+    assert_refused_not_unanswered(&app).await;
+    // The resharding resumes: the partition is answered again, its count exact (1 + 1 spent).
+    tokio::task::block_in_place(|| migration.complete(&cluster));
+    assert_eq!(remaining(&app, &moving).await, 1000 - 2);
 }

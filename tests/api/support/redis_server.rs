@@ -393,14 +393,14 @@ impl RedisCluster {
 
     /// A synchronous connection to each node, for inspecting state.
     pub fn connections(&self) -> Vec<redis::Connection> {
-        self.ports
-            .iter()
-            .map(|p| {
-                redis::Client::open(format!("redis://127.0.0.1:{p}"))
-                    .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
-                    .expect("connect to cluster node")
-            })
-            .collect()
+        (0..self.ports.len()).map(|i| self.connection(i)).collect()
+    }
+
+    /// A synchronous connection to node `i`.
+    pub fn connection(&self, i: usize) -> redis::Connection {
+        redis::Client::open(format!("redis://127.0.0.1:{}", self.ports[i]))
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
+            .expect("connect to cluster node")
     }
 }
 
@@ -458,7 +458,7 @@ impl Migration {
             .arg(5000)
             .arg("KEYS")
             .arg(keys)
-            .query(&mut cluster.connections()[self.from])
+            .query(&mut cluster.connection(self.from))
             .expect("MIGRATE");
     }
 

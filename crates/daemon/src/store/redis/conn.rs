@@ -249,13 +249,14 @@ fn tls_mode(access: &Access) -> TlsMode {
     }
 }
 
-/// How often a Cluster call is retried on TRYAGAIN (a slot's keys split by a resharding) or
-/// a redirection: with waits of at most 10 ms, about 0.3-0.6 s of retrying, past the default
-/// deadline (100 ms), which then ends the retrying first; with a `redis.timeout` longer than
-/// that, a call still split after its retries fails before its deadline. Below 64: redis-rs computes each wait from
-/// `2.pow(retry)` in a u64, which overflows at the 64th retry (a panic of the connection's task
-/// in a debug build, seen with every node gone; a wrapped wait in a release build).
-const CLUSTER_RETRIES: u32 = 60;
+/// How often redis-rs retries a Cluster call inside one send: it follows `MOVED`/`ASK` at once and
+/// waits 1-5 ms before resending on `TRYAGAIN` (a slot's keys split by a resharding) or
+/// `CLUSTERDOWN`. Few, so that it gives a refusal back well within a deadline (at most about
+/// 30 ms of waiting): a refusal is Redis answering, which the call's deadline must see (the
+/// batcher resends a resharding's refusal itself, each send with its deadline; see
+/// `batcher/call.rs`). Hidden retries past the deadline made a split longer than 100 ms look
+/// like a silent Redis, which opened the circuit for every check.
+const CLUSTER_RETRIES: u32 = 6;
 
 /// Connects (for Sentinel: asks the Sentinels for the primary, which must say it is one).
 pub async fn connect(
@@ -277,16 +278,15 @@ pub async fn connect(
         }
         RedisTarget::Cluster(nodes) => {
             // A resharding answers MOVED and ASK (followed at once) and, while a slot's keys are
-            // split between two nodes, TRYAGAIN for a call naming several of them: redis-rs
-            // waits between such retries, by default at least 1.28 s, far past any check's
-            // deadline, so a moment of resharding failed checks. Here it retries within
-            // milliseconds (1 ms, then up to 2, 4, 8, 10 ms apart) until the check's deadline.
+            // split between two nodes, TRYAGAIN for a call naming several of them: redis-rs'
+            // default waits (at least 1.28 s) are far past any check's deadline; here a few
+            // retries 1-5 ms apart, then the refusal comes back to the batcher.
             let builder = cluster_builder(nodes, access)
                 .connection_timeout(timeouts.connect)
                 .response_timeout(timeouts.response)
                 .retries(CLUSTER_RETRIES)
                 .min_retry_wait(1)
-                .max_retry_wait(10)
+                .max_retry_wait(5)
                 .retry_wait_formula(1, 2)
                 .tcp_settings(tcp_settings());
             let client = builder.build()?;

@@ -32,7 +32,12 @@ pub enum ErrorKind {
     /// TLS handshake or certificate verification failed (wrong CA, wrong name, client
     /// certificate refused).
     Tls,
-    /// Slot errors (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, `CROSSSLOT`).
+    /// A slot moving between Cluster nodes: `TRYAGAIN` (the keys of one call split between the
+    /// two nodes for the moment), or `MOVED`/`ASK` still answered after the client library's
+    /// redirections. Nothing ran; the call is resent while Redis keeps answering (up to 1 s), and
+    /// a slot stuck that long fails its own checks only: not a Redis failure.
+    Reshard,
+    /// Other slot errors (`CLUSTERDOWN`, `CROSSSLOT`).
     Cluster,
     /// A Cluster node call refused because one of its keys is not served by that node: sluice's
     /// slot map is stale (a resharding). Resent one call per slot; not a Redis failure.
@@ -51,7 +56,7 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// Every kind, for pre-registering metric series.
-    pub const ALL: [ErrorKind; 17] = [
+    pub const ALL: [ErrorKind; 18] = [
         Self::Deadline,
         Self::Timeout,
         Self::Connection,
@@ -63,6 +68,7 @@ impl ErrorKind {
         Self::Oom,
         Self::Auth,
         Self::Tls,
+        Self::Reshard,
         Self::Cluster,
         Self::SlotMap,
         Self::BadKey,
@@ -85,6 +91,7 @@ impl ErrorKind {
             Self::Oom => "oom",
             Self::Auth => "auth",
             Self::Tls => "tls",
+            Self::Reshard => "reshard",
             Self::Cluster => "cluster",
             Self::SlotMap => "slot_map",
             Self::BadKey => "bad_key",
@@ -111,7 +118,10 @@ impl ErrorKind {
     /// Whether the error says something about Redis' health (a bad key, or a check that waited
     /// too long inside sluice, does not).
     pub fn is_redis_failure(self) -> bool {
-        !matches!(self, Self::BadKey | Self::Overloaded | Self::SlotMap)
+        !matches!(
+            self,
+            Self::BadKey | Self::Overloaded | Self::SlotMap | Self::Reshard
+        )
     }
 
     /// The kind of a Redis error reply's code (`READONLY`, `OOM`, ...).
@@ -123,7 +133,8 @@ impl ErrorKind {
             "BUSY" => Self::Busy,
             "OOM" => Self::Oom,
             "NOAUTH" | "WRONGPASS" | "NOPERM" => Self::Auth,
-            "MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN" | "CROSSSLOT" => Self::Cluster,
+            "TRYAGAIN" | "MOVED" | "ASK" => Self::Reshard,
+            "CLUSTERDOWN" | "CROSSSLOT" => Self::Cluster,
             "WRONGTYPE" | "BADSTATE" => Self::BadKey,
             // The node script's own refusal (see lua/batch.lua).
             "NONLOCAL" => Self::SlotMap,
@@ -242,7 +253,10 @@ mod tests {
         assert_eq!(labels.len(), ErrorKind::ALL.len());
         assert_eq!(ErrorKind::of_code("WRONGTYPE"), ErrorKind::BadKey);
         assert_eq!(ErrorKind::of_code("READONLY"), ErrorKind::Readonly);
-        assert_eq!(ErrorKind::of_code("MOVED"), ErrorKind::Cluster);
+        assert_eq!(ErrorKind::of_code("MOVED"), ErrorKind::Reshard);
+        assert_eq!(ErrorKind::of_code("TRYAGAIN"), ErrorKind::Reshard);
+        assert!(!ErrorKind::Reshard.is_redis_failure());
+        assert_eq!(ErrorKind::of_code("CLUSTERDOWN"), ErrorKind::Cluster);
         assert_eq!(ErrorKind::of_code("WHATEVER"), ErrorKind::Other);
         assert!(ErrorKind::Readonly.opens_at_once() && !ErrorKind::Timeout.opens_at_once());
         assert!(!ErrorKind::BadKey.is_redis_failure());

@@ -22,8 +22,12 @@ use crate::store::redis::scripts::{
 };
 use crate::store::StoreError;
 
-/// Longest a call past its deadline keeps waiting while Redis answers other calls (see `send`).
+/// Longest a call past its deadline keeps waiting while Redis answers other calls (see `send`),
+/// and longest a call refused by a resharding is resent.
 const OVERDUE_BACKSTOP: Duration = Duration::from_secs(1);
+
+/// The pause before resending a call a resharding refused (after redis-rs' own few retries).
+const RESHARD_PAUSE: Duration = Duration::from_millis(2);
 
 impl Dispatch {
     /// One script call for `jobs`; answers every job, except when a node refused a node call
@@ -50,15 +54,25 @@ impl Dispatch {
             .tracing
             .store_span(jobs.iter().filter_map(|job| job.trace.as_ref()), jobs.len());
         self.metrics.calls.with_label_values(&[via.scope()]).inc();
-        let mut reply = self
-            .send(&mut conn, &jobs, ScriptRef::Sha, via, deadline)
-            .await;
-        if matches!(&reply, Err(error) if error.kind() == Some(ErrorKind::Noscript)) {
-            self.metrics.count(ErrorKind::Noscript);
-            tracing::debug!(checks = jobs.len(), "NOSCRIPT: resending with EVAL");
-            reply = self
-                .send(&mut conn, &jobs, ScriptRef::Source, via, deadline)
-                .await;
+        let mut by = ScriptRef::Sha;
+        let mut reply = self.send(&mut conn, &jobs, by, via, deadline).await;
+        loop {
+            match reply.as_ref().err().and_then(StoreError::kind) {
+                Some(ErrorKind::Noscript) if by == ScriptRef::Sha => {
+                    self.metrics.count(ErrorKind::Noscript);
+                    tracing::debug!(checks = jobs.len(), "NOSCRIPT: resending with EVAL");
+                    by = ScriptRef::Source;
+                }
+                // A slot moving under the call: nothing ran, and Redis is answering. Resent,
+                // each send with its own deadline, until the keys are on one node again or
+                // the call has been refused for `OVERDUE_BACKSTOP`.
+                Some(ErrorKind::Reshard) if started.elapsed() < OVERDUE_BACKSTOP => {
+                    self.metrics.count(ErrorKind::Reshard);
+                    tokio::time::sleep(RESHARD_PAUSE).await;
+                }
+                _ => break,
+            }
+            reply = self.send(&mut conn, &jobs, by, via, deadline).await;
         }
         self.metrics
             .call_duration
@@ -193,7 +207,13 @@ impl Dispatch {
                 None
             }
         };
-        if reply.as_ref().is_some_and(|r| r.is_ok()) {
+        // Redis answered: a reply, or a resharding's refusal (which redis-rs gives back as an
+        // error).
+        let answered = |r: &redis::RedisResult<Value>| {
+            r.as_ref()
+                .map_or_else(|e| ErrorKind::of(e) == ErrorKind::Reshard, |_| true)
+        };
+        if reply.as_ref().is_some_and(answered) {
             self.progress.fetch_add(1, Ordering::Relaxed);
         }
         match reply {
