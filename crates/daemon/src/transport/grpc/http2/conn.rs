@@ -142,6 +142,9 @@ pub(crate) struct Connection<IO, S: Service> {
     streams: Streams<S::Open>,
     /// The highest stream id the client opened.
     last_stream: u32,
+    /// The highest stream id taken on (answered, or reset by us): what a GOAWAY names. Streams
+    /// opened after the last GOAWAY are ignored and never named, so the client retries them.
+    taken: u32,
     /// The client's SETTINGS.
     peer_initial_window: i64,
     peer_max_frame: usize,
@@ -165,7 +168,7 @@ pub(crate) struct Connection<IO, S: Service> {
     reset_by_us: VecDeque<u32>,
     /// Asked to go: the first GOAWAY and the drain PING sent.
     draining: bool,
-    /// The last GOAWAY sent (or the client's received): no new streams.
+    /// The last GOAWAY sent (on a drain's PING ACK, or answering the client's): no new streams.
     going: bool,
     shutdown_asked: bool,
     failed: bool,
@@ -214,6 +217,7 @@ where
             continuing: None,
             streams: Streams::default(),
             last_stream: 0,
+            taken: 0,
             peer_initial_window: frame::DEFAULT_WINDOW,
             peer_max_frame: frame::MAX_FRAME_BYTES,
             send_window: frame::DEFAULT_WINDOW,
@@ -339,11 +343,19 @@ where
         Poll::Ready(Ok(wrote))
     }
 
+    /// The last GOAWAY (once): no new streams; the open ones are served to their end.
+    fn go(&mut self) {
+        if !self.going {
+            self.going = true;
+            frame::goaway(&mut self.wbuf, self.taken, Code::NoError, "");
+        }
+    }
+
     /// A connection error: GOAWAY, every stream's work dropped, then close once written.
     fn fail(&mut self, fail: Fail) {
         if let Fail::Goaway(code, reason) = fail {
             tracing::debug!(?code, reason, "gRPC connection error; GOAWAY");
-            frame::goaway(&mut self.wbuf, self.last_stream, code, reason);
+            frame::goaway(&mut self.wbuf, self.taken, code, reason);
         }
         self.failed = true;
         self.streams.clear();
@@ -438,9 +450,8 @@ where
                     .try_into()
                     .map_err(|_| Fail::Goaway(Code::FrameSize, "PING not 8 bytes"))?;
                 if head.flags & frame::ACK != 0 {
-                    if payload == DRAIN_PING && self.draining && !self.going {
-                        self.going = true;
-                        frame::goaway(&mut self.wbuf, self.last_stream, Code::NoError, "");
+                    if payload == DRAIN_PING && self.draining {
+                        self.go();
                     } else {
                         self.ping_sent = None;
                     }
@@ -453,8 +464,9 @@ where
                 if head.stream != 0 {
                     return Err(protocol("GOAWAY on a stream"));
                 }
-                // The client goes: no new streams; the open ones are answered.
-                self.going = true;
+                // The client goes: the open streams are answered, and the last GOAWAY tells
+                // it which of its streams were taken.
+                self.go();
                 Ok(())
             }
             frame::WINDOW_UPDATE => self.window_update(head, payload),

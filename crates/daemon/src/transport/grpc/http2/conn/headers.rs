@@ -247,6 +247,7 @@ where
             self.remember(id);
             return Ok(());
         }
+        self.taken = id;
         if self.streams.len() >= self.config.max_concurrent_streams as usize {
             self.send_rst(id, Code::RefusedStream);
             return self.count_reset();
