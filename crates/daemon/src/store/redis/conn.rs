@@ -252,7 +252,7 @@ fn tls_mode(access: &Access) -> TlsMode {
 /// How often redis-rs retries a Cluster call inside one send: it follows `MOVED`/`ASK` at once and
 /// waits 1-5 ms before resending on `TRYAGAIN` (a slot's keys split by a resharding) or
 /// `CLUSTERDOWN`. Few, so that it gives a refusal back well within a deadline (at most about
-/// 30 ms of waiting): a refusal is Redis answering, which the call's deadline must see (the
+/// 20 ms of waiting): a refusal is Redis answering, which the call's deadline must see (the
 /// batcher resends a resharding's refusal itself, each send with its deadline; see
 /// `batcher/call.rs`). Hidden retries past the deadline made a split longer than 100 ms look
 /// like a silent Redis, which opened the circuit for every check.
