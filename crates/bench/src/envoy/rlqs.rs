@@ -84,8 +84,8 @@ const WARM_UP_LIMIT: Duration = Duration::from_secs(30);
 /// [`WARM_UP_ROUND`], until a round in which every request passed, once the load has run for
 /// more than two report intervals: by then a report of a whole interval under this load has
 /// sized (or replaced) the assignment that holds. After one interval only, the report that sized
-/// it could cover the load's first moments and an idle rest, and the assignment ran out within
-/// the measurement (a row 27-28% denied, twice in 24 rows). At most [`WARM_UP_ROUNDS`] rounds
+/// it could cover the load's first moments and an idle rest, so that the assignment could run
+/// out within the measurement. At most [`WARM_UP_ROUNDS`] rounds
 /// and [`WARM_UP_LIMIT`]. `Ok(None)` when it passed, else why not. The measurement follows at
 /// once, with no warm-up of its own: the assignment lasts until the next report and is renewed
 /// there.
