@@ -3,6 +3,8 @@
 //! every check on Redis and with quota leases (`lease: true`: pods admit from blocks of units
 //! taken from the counter first).
 
+use std::time::Duration;
+
 use serde_json::json;
 
 use crate::grpc_client::{grpc_settings, spawn_grpc_in, GrpcApp};
@@ -10,6 +12,7 @@ use crate::helpers::metric_value;
 use crate::proxy::{self, count, Envoy};
 use crate::rls::{rls_example, Via};
 use crate::stores::{Backend, Store};
+use crate::wait::within_one_window;
 
 const POLICIES: &str = "
 policies:
@@ -111,6 +114,8 @@ async fn with_leases(backend: Backend, prefix: &str) {
     if proxy::binary().is_none() {
         return;
     }
+    // Redis counts in real time: the run stays inside one hour's window.
+    within_one_window(Duration::from_secs(3600), Duration::from_secs(60)).await;
     // Held to the end: the last holder of a shared store stops it.
     let store = Store::shared(backend);
     let pods = pods(&store, prefix, LEASED, true).await;
@@ -130,7 +135,7 @@ async fn with_leases(backend: Backend, prefix: &str) {
     }
     assert!(leased > 0.0, "no check was admitted from a lease");
     // Past leases.idle (0.5 s) every pod has given its lease back.
-    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let envoy = &pods[0].1;
     let mut after = Vec::new();
     for _ in 0..LIMIT {

@@ -4,11 +4,13 @@
 //! failure mode, with the production deadline), and the counts stay exact across the move.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::json;
 
 use crate::helpers::{json_of, metric_value, spawn_app_in, test_settings, TestApp};
 use crate::redis_server::RedisCluster;
+use crate::wait::within_one_window;
 
 /// Two windows: two keys in the partition's slot (one hash tag), so that a migration can hold
 /// them on two nodes at once. Fail closed: a failure-mode answer is a 503.
@@ -24,6 +26,8 @@ policies:
 ";
 
 async fn daemon(cluster: &RedisCluster, node_calls: bool) -> Arc<TestApp> {
+    // Redis counts in real time: a scenario stays inside one hour's window.
+    within_one_window(Duration::from_secs(3600), Duration::from_secs(60)).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let mut settings = test_settings(dir.path());
     settings.redis.cluster = cluster.urls();

@@ -2,11 +2,12 @@
 //! condition a bounded number of times within a bounded time ([`eventually_blocking`] off the
 //! async runtime), and [`wait_for_store`] waits until
 //! a daemon's store takes calls (the Redis connection is made in the background, after start),
-//! [`wait_enforced`] until a check is decided by it.
+//! [`wait_enforced`] until a check is decided by it; [`within_one_window`] keeps a real-time
+//! scenario clear of a fixed window's end.
 
 use std::fmt::Debug;
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::http::Method;
 use serde_json::Value;
@@ -176,5 +177,29 @@ impl TestApp {
     /// [`wait_for_store`] for this daemon.
     pub async fn wait_for_store(&self) {
         wait_for_store(&Target::Tcp(self.admin)).await;
+    }
+}
+
+/// Waits, when the fixed window of `period` running now ends within `needed`, until it has
+/// ended (and a second more): a scenario that spends a window's limit in real time (on Redis,
+/// whose clock is this host's) and asserts its exact bound then runs inside one window, instead
+/// of failing when it happens to cross a boundary (a second window's limit is rightly admitted
+/// there). sluice aligns a window to multiples of its period since the Unix epoch. Waits at most
+/// `needed` and a second.
+pub async fn within_one_window(period: Duration, needed: Duration) {
+    let since_epoch = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("the clock is after 1970");
+    let into = Duration::from_micros(
+        u64::try_from(since_epoch.as_micros() % period.as_micros().max(1)).unwrap_or(0),
+    );
+    let left = period.saturating_sub(into);
+    if left < needed {
+        eprintln!(
+            "waiting {:.1} s for the next {} s window",
+            left.as_secs_f64() + 1.0,
+            period.as_secs()
+        );
+        tokio::time::sleep(left + Duration::from_secs(1)).await;
     }
 }
