@@ -95,7 +95,7 @@ async fn wait_for_refusal(app: &TestApp) {
         {
             return;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("no call was refused by the split slot");
 }
@@ -143,7 +143,7 @@ async fn checks_through_a_slot_migration_are_answered_by_redis_and_stay_exact() 
         let (app_during, moving_during) = (Arc::clone(&app), [moving.clone()]);
         let during = tokio::spawn(async move { checks(&app_during, &moving_during, 2).await });
         wait_for_refusal(&app).await;
-        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        tokio::time::sleep(Duration::from_millis(150)).await;
         tokio::task::block_in_place(|| migration.migrate(&cluster, &keys[1..]));
         assert_eq!(during.await.expect("checks"), 2);
         assert_refused_not_unanswered(&app).await;
