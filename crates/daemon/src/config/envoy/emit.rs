@@ -10,7 +10,8 @@ use serde::Serialize;
 
 use super::schema::Rule;
 use super::walk::{shown, Leaf};
-use super::{entry_name, StandIn, ENTRIES_DESCRIPTOR, OVERRIDE_DESCRIPTOR};
+use super::{entry_name, ENTRIES_DESCRIPTOR, OVERRIDE_DESCRIPTOR};
+use crate::limit::StandIn;
 
 /// A converted policy, in the policy file's own syntax.
 #[derive(Serialize)]

@@ -77,10 +77,6 @@ pub fn entry_name(key: &str, occurrence: usize) -> Cow<'_, str> {
     }
 }
 
-/// The kinds of converted policy that stand for a rule sluice's limits cannot say; the
-/// converter writes each one's kind on it (`envoy_stand_in`, or `deny: true` for a block list).
-pub use crate::limit::StandIn;
-
 /// Whether one domain split over several files is merged (upstream's `MERGE_DOMAIN_CONFIG`)
 /// or refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

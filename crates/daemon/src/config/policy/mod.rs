@@ -249,7 +249,6 @@ pub const DEFAULT_REPORT_DEBT_PERIODS: u64 = 1;
 /// The largest `report_debt_periods` accepted.
 pub const MAX_REPORT_DEBT_PERIODS: u64 = 1000;
 
-/// Builds one policy, or every problem found in it (each field checked on its own).
 /// What a block list (`deny: true`) may not say: it has no quota, and it is enforced.
 fn deny_problems(raw: &RawPolicy) -> Vec<FieldProblem> {
     let mut problems: Vec<FieldProblem> = Vec::new();
@@ -301,6 +300,7 @@ fn lease_problems(raw: &RawPolicy) -> Vec<FieldProblem> {
     problems
 }
 
+/// Builds one policy, or every problem found in it (each field checked on its own).
 fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
     let mut problems: Vec<FieldProblem> = Vec::new();
     if let Some(timeout) = raw.timeout {
