@@ -84,12 +84,16 @@ impl GrpcListeners {
             metrics.clone(),
             self.with_headers,
         ));
+        // One budget for both listeners: what the pod's memory limit allows gRPC as a whole.
+        let budget = bounds.budget();
+        grpc::register_budget_metrics(budget.clone(), &metrics);
         let served = |routes| connection::Served {
             rls: rls.clone(),
             routes,
             metrics: metrics.clone(),
             drain: drain.clone(),
             bounds,
+            budget: budget.clone(),
         };
         if let Some((listener, addr)) = self.tcp {
             tracing::info!(%addr, "Envoy rate limit service (gRPC) listening on TCP");

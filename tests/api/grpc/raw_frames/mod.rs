@@ -52,7 +52,6 @@ const FLOW_CONTROL_ERROR: u32 = 0x3;
 const FRAME_SIZE_ERROR: u32 = 0x6;
 const STREAM_CLOSED: u32 = 0x5;
 const REFUSED_STREAM: u32 = 0x7;
-const CANCEL: u32 = 0x8;
 const COMPRESSION_ERROR: u32 = 0x9;
 
 const SETTINGS_MAX_CONCURRENT_STREAMS: u16 = 0x3;
@@ -429,6 +428,6 @@ impl Conn {
     }
 }
 
-mod abuse;
 mod conformance;
 mod errors;
+mod malformed;

@@ -294,6 +294,11 @@ pub struct RequestLimits {
     pub body_read_timeout: HumanDuration,
     /// Most connections open at once on each check listener; past it, accepting waits.
     pub max_connections: usize,
+    /// The memory budget of every gRPC connection together (both gRPC listeners, RLQS
+    /// included): each connection reserves its base when accepted (about 1 MiB at the
+    /// defaults); past the budget, new streams of the heaviest connections and then new
+    /// connections are refused.
+    pub grpc_memory_bytes: usize,
 }
 
 impl Default for RequestLimits {
@@ -306,6 +311,7 @@ impl Default for RequestLimits {
             max_cost: 1_000_000,
             body_read_timeout: HumanDuration(10_000_000),
             max_connections: 1024,
+            grpc_memory_bytes: 32 * 1024 * 1024,
         }
     }
 }
@@ -431,6 +437,7 @@ impl Settings {
             ("limits.max_batch", l.max_batch),
             ("limits.max_descriptors", l.max_descriptors),
             ("limits.max_value_bytes", l.max_value_bytes),
+            ("limits.grpc_memory_bytes", l.grpc_memory_bytes),
             ("memory.max_keys", self.memory.max_keys),
             ("memory.max_bytes", self.memory.max_bytes),
             ("redis.max_batch", redis.max_batch),

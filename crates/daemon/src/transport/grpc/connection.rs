@@ -16,7 +16,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::http2;
+use super::http2::{self, Budget};
 use super::stream::{StreamLimits, Streams};
 use super::Rls;
 use crate::config::Settings;
@@ -27,8 +27,9 @@ use crate::transport::serve::{accept_loop, Bounds};
 /// Flow-control window of one stream: far above a rate limit request, bounds what a stalled
 /// stream buffers.
 const STREAM_WINDOW: u32 = 64 * 1024;
-/// Flow-control window of a connection: what all its streams buffer together.
-const CONNECTION_WINDOW: u32 = 1024 * 1024;
+/// Flow-control window of a connection: what all its streams' bodies hold together (given back
+/// as their calls take them).
+const CONNECTION_WINDOW: u32 = 256 * 1024;
 /// A deadline far enough to be never (durations beyond `Instant`'s range).
 const NEVER: Duration = Duration::from_secs(30 * 365 * 86_400);
 
@@ -51,6 +52,8 @@ pub struct ConnectionBounds {
     pub max_connection_age: Duration,
     /// Each stream's request bounds.
     pub stream: StreamLimits,
+    /// The memory budget of every gRPC connection together.
+    pub memory_bytes: usize,
 }
 
 impl ConnectionBounds {
@@ -72,7 +75,18 @@ impl ConnectionBounds {
                 body_read_timeout: settings.limits.body_read_timeout.as_std(),
                 max_message_bytes: settings.limits.max_body_bytes,
             },
+            memory_bytes: settings.limits.grpc_memory_bytes,
         }
+    }
+
+    /// The budget every connection of the gRPC listeners draws from (one for both).
+    pub(crate) fn budget(&self) -> Arc<Budget> {
+        let base = http2::connection_base(
+            CONNECTION_WINDOW,
+            self.max_concurrent_streams,
+            http2::PER_STREAM_BYTES,
+        );
+        Budget::new(self.memory_bytes, base)
     }
 }
 
@@ -88,6 +102,8 @@ pub struct Served {
     pub drain: CancellationToken,
     /// Every bound.
     pub bounds: ConnectionBounds,
+    /// The memory budget the connections draw from ([`ConnectionBounds::budget`]).
+    pub budget: Arc<Budget>,
 }
 
 /// Serves on `listener` until the drain, every connection under the bounds.
@@ -98,11 +114,19 @@ pub async fn serve<L: Listener>(listener: L, served: Served) {
         metrics,
         drain,
         bounds,
+        budget,
     } = served;
     accept_loop(listener, drain, bounds.accept, move |io, _, drain| {
         let (rls, routes, metrics) = (rls.clone(), routes.clone(), metrics.clone());
+        // Reserved now, so that a refused connection costs nothing but its socket.
+        let charge = budget.admit();
         let service = move |activity| Streams::new(rls, routes, activity, bounds.stream, metrics);
-        connection(io, service, bounds, drain)
+        async move {
+            match charge {
+                Some(charge) => connection(io, service, bounds, drain, charge).await,
+                None => drop(io),
+            }
+        }
     })
     .await;
 }
@@ -130,6 +154,7 @@ async fn connection<IO>(
     service: impl FnOnce(Arc<Activity>) -> Streams + Send + 'static,
     bounds: ConnectionBounds,
     drain: CancellationToken,
+    charge: http2::Charge,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -146,7 +171,7 @@ async fn connection<IO>(
         body_read_timeout: bounds.stream.body_read_timeout,
         max_message_bytes: bounds.stream.max_message_bytes,
     };
-    let mut conn = http2::Connection::new(io, service, config);
+    let mut conn = http2::Connection::new(io, service, config, charge);
     let handshake_by = after(started, bounds.handshake_timeout);
     let age_by = after(started, bounds.max_connection_age);
     let close = loop {

@@ -2,13 +2,15 @@
 //! over gRPC on TCP and on a Unix socket (Envoy's `pipe` address), with the standard gRPC health
 //! service: a thin adapter that turns each request into one all-or-nothing group of checks
 //! ([`question`]) and the group's verdict into Envoy's answer ([`answer`]). Connections are
-//! served by hyper's HTTP/2 server under the check listeners' bounds ([`connection`]), each
-//! stream's request read whole and checked, then `ShouldRateLimit` answered directly (prost in,
-//! the answer encoded straight from the verdict) and anything else (health) by tonic's routes ([`stream`]). Any `:authority` is
-//! accepted ([`authority`]): an Istio cluster name or a socket path must not turn every check
+//! served by sluice's own HTTP/2 server ([`http2`]) under the check listeners' bounds and one
+//! memory budget for every gRPC connection ([`connection`]), each stream's request read whole
+//! and checked, then `ShouldRateLimit` answered directly (prost in, the answer encoded straight
+//! from the verdict) and anything else (health, RLQS) on a task of its own ([`stream`]). Any
+//! `:authority` is accepted: an Istio cluster name or a socket path must not turn every check
 //! into a reset stream.
 
 mod answer;
+mod budget_metrics;
 mod code;
 pub mod connection;
 mod http2;
@@ -29,6 +31,11 @@ use crate::telemetry::Metrics;
 use proto::envoy::service::ratelimit::v3::RateLimitRequest;
 
 pub use code::GrpcCode;
+
+/// Registers the gRPC listeners' memory budget metrics on `metrics`' registry.
+pub(crate) fn register_budget_metrics(budget: std::sync::Arc<http2::Budget>, metrics: &Metrics) {
+    budget_metrics::BudgetMetrics::register(budget, metrics.registry());
+}
 
 use tokio_util::sync::CancellationToken;
 

@@ -34,6 +34,7 @@ use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
+use super::budget::{Charge, Refusal};
 use super::frame::{self, Code, Head};
 use super::hpack::{self, Decoder};
 use crate::telemetry::Carrier;
@@ -49,17 +50,31 @@ pub(crate) use self::headers::Trace;
 pub(crate) use self::send::status_trailers;
 use self::stream::{Answering, Kind, Out, Stream, Streams};
 pub(crate) use self::task::RecvBody;
-use self::task::{drive, Broken, Event};
+use self::task::{drive, Broken, Event, Taken};
 
 /// Read at most this much per read call.
 const READ_BYTES: usize = 16 * 1024;
 /// Stop reading while this much waits to be written (a client that does not read).
-const WRITE_HIGH: usize = 256 * 1024;
-/// What one stream may have queued to send, waiting for the client's window.
-const MAX_QUEUED_OUT: usize = 1024 * 1024;
-/// Client resets and refused streams allowed per [`RESET_PERIOD`].
+const WRITE_HIGH: usize = 64 * 1024;
+/// What a connection's streams may have queued to send, waiting for the client's window.
+const MAX_QUEUED_OUT: usize = 256 * 1024;
+/// Resets (the client's, and ours for its errors) and refused streams allowed per
+/// [`RESET_PERIOD`].
 const MAX_RESETS: u32 = 2_000;
 const RESET_PERIOD: Duration = Duration::from_secs(10);
+/// Frames that make no progress allowed per [`IDLE_PERIOD`].
+const MAX_IDLE_FRAMES: u32 = 10_000;
+const IDLE_PERIOD: Duration = Duration::from_secs(10);
+/// CONTINUATION frames allowed in one header block (a block within the header list bound
+/// needs two at the smallest frame size).
+const MAX_CONTINUATIONS: u32 = 16;
+/// Turns of the poll loop before the task yields to the runtime's other tasks.
+const MAX_TURNS: u32 = 16;
+/// What a stream and a call in progress hold besides their buffers (counted in the budget).
+const STREAM_BYTES: usize = 512;
+const CALL_BYTES: usize = 2 * 1024;
+/// What a stream with a call in progress is counted for, besides its body.
+pub(crate) const PER_STREAM_BYTES: usize = STREAM_BYTES + CALL_BYTES;
 /// Events queued from a connection's stream tasks.
 const EVENTS: usize = 64;
 /// The payloads of the keepalive PING and of the PING that ends a drain's first step.
@@ -76,7 +91,8 @@ pub(crate) struct Config {
     pub(crate) max_header_list: usize,
     /// SETTINGS_INITIAL_WINDOW_SIZE: what the client may send on a stream before we read it.
     pub(crate) stream_window: u32,
-    /// What the client may send on the connection before we read it.
+    /// What the client may send on the connection before its calls take it: what all its
+    /// streams' bodies hold together.
     pub(crate) connection_window: u32,
     pub(crate) keepalive_interval: Duration,
     pub(crate) keepalive_timeout: Duration,
@@ -127,6 +143,31 @@ fn protocol(reason: &'static str) -> Fail {
     Fail::Goaway(Code::Protocol, reason)
 }
 
+/// Events counted in periods (resets, frames that make no progress).
+struct Tally {
+    count: u32,
+    since: Instant,
+}
+
+impl Tally {
+    fn new(now: Instant) -> Self {
+        Self {
+            count: 0,
+            since: now,
+        }
+    }
+
+    /// Counts one at `now`: whether more than `max` came in this `period`.
+    fn over(&mut self, now: Instant, period: Duration, max: u32) -> bool {
+        if now.duration_since(self.since) > period {
+            self.since = now;
+            self.count = 0;
+        }
+        self.count += 1;
+        self.count > max
+    }
+}
+
 /// One connection, served when awaited.
 pub(crate) struct Connection<IO, S: Service> {
     io: IO,
@@ -150,7 +191,16 @@ pub(crate) struct Connection<IO, S: Service> {
     peer_max_frame: usize,
     send_window: i64,
     recv_window: i64,
+    /// Taken by the calls (or never held) and not yet given back as connection window.
     recv_unreleased: u32,
+    /// What every stream has queued to send.
+    out_total: usize,
+    /// Streams with something to send, blocked on the connection's send window, in order.
+    blocked: VecDeque<u32>,
+    /// Set by stream tasks as they take their bodies.
+    task_takes: Arc<Taken>,
+    /// This connection's share of the listeners' memory budget.
+    charge: Charge,
     answering: FuturesUnordered<Answering>,
     events: mpsc::Sender<Event>,
     event_rx: mpsc::Receiver<Event>,
@@ -160,8 +210,8 @@ pub(crate) struct Connection<IO, S: Service> {
     timer_at: Instant,
     last_read: Instant,
     ping_sent: Option<Instant>,
-    resets: u32,
-    resets_since: Instant,
+    resets: Tally,
+    idle_frames: Tally,
     /// A unary call's body is still on its way: its deadline is to be armed.
     partial: bool,
     /// The last streams reset by us, whose late frames are ignored.
@@ -179,7 +229,7 @@ where
     IO: AsyncRead + AsyncWrite + Unpin,
     S: Service,
 {
-    pub(crate) fn new(io: IO, service: Arc<S>, config: Config) -> Self {
+    pub(crate) fn new(io: IO, service: Arc<S>, config: Config, charge: Charge) -> Self {
         let now = Instant::now();
         let (events, event_rx) = mpsc::channel(EVENTS);
         let mut wbuf = BytesMut::with_capacity(READ_BYTES);
@@ -223,6 +273,10 @@ where
             send_window: frame::DEFAULT_WINDOW,
             recv_window: connection_window,
             recv_unreleased: 0,
+            out_total: 0,
+            blocked: VecDeque::new(),
+            task_takes: Arc::default(),
+            charge,
             answering: FuturesUnordered::new(),
             events,
             event_rx,
@@ -231,8 +285,8 @@ where
             timer_at: first,
             last_read: now,
             ping_sent: None,
-            resets: 0,
-            resets_since: now,
+            resets: Tally::new(now),
+            idle_frames: Tally::new(now),
             partial: false,
             reset_by_us: VecDeque::new(),
             draining: false,
@@ -248,6 +302,8 @@ where
     }
 
     fn poll_run(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        self.task_takes.waker.register(cx.waker());
+        let mut turns = 0;
         loop {
             if self.shutdown_asked && !self.draining {
                 // Two steps, so that no stream is lost on the way: a GOAWAY that still takes
@@ -280,6 +336,8 @@ where
                     self.event(event);
                     progress = true;
                 }
+                self.taken_by_tasks();
+                self.release_connection_window();
                 if self.timer.as_mut().poll(cx).is_ready() {
                     if let Err(fail) = self.on_timer() {
                         self.fail(fail);
@@ -300,9 +358,33 @@ where
                 return Poll::Ready(());
             }
             if !progress {
+                self.charge.set(self.held());
+                return Poll::Pending;
+            }
+            turns += 1;
+            if turns == MAX_TURNS {
+                // A client that keeps the socket full does not keep the runtime's worker.
+                self.charge.set(self.held());
+                cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
         }
+    }
+
+    /// What the connection holds: its buffers, the bodies its streams and calls hold (what the
+    /// client sent and the connection window has not had back), what waits to be sent, a
+    /// header block being joined, its streams and calls.
+    pub(super) fn held(&self) -> usize {
+        let bodies = i64::from(self.config.connection_window).max(frame::DEFAULT_WINDOW)
+            - self.recv_window
+            - i64::from(self.recv_unreleased);
+        self.rbuf.capacity()
+            + self.wbuf.capacity()
+            + usize::try_from(bodies).unwrap_or(0)
+            + self.out_total
+            + self.continuing.as_ref().map_or(0, |c| c.block.capacity())
+            + self.streams.len() * STREAM_BYTES
+            + self.answering.len() * CALL_BYTES
     }
 
     /// Reads once: `Ok` when bytes came (or the peer closed its side).
@@ -349,6 +431,12 @@ where
             self.going = true;
             frame::goaway(&mut self.wbuf, self.taken, Code::NoError, "");
         }
+    }
+
+    /// `GOAWAY(ENHANCE_YOUR_CALM)` for `reason`, counted.
+    fn calm(&self, reason: &'static str) -> Fail {
+        self.charge.budget().refuse(Refusal::Calm);
+        Fail::Goaway(Code::EnhanceYourCalm, reason)
     }
 
     /// A connection error: GOAWAY, every stream's work dropped, then close once written.
@@ -435,9 +523,16 @@ where
                     return Err(protocol("PRIORITY on stream 0"));
                 }
                 if payload.len() != 5 {
-                    self.reset(head.stream, Code::FrameSize)?;
+                    if head.stream > self.last_stream {
+                        // No RST_STREAM may name an idle stream: the stream error becomes
+                        // the connection's.
+                        return Err(Fail::Goaway(Code::FrameSize, "PRIORITY not 5 bytes"));
+                    }
+                    self.send_rst(head.stream, Code::FrameSize);
+                    self.close(head.stream);
+                    self.count_reset()?;
                 }
-                Ok(())
+                self.idle_frame()
             }
             frame::RST_STREAM => self.rst_stream(head, payload),
             frame::SETTINGS => self.settings(head, payload),
@@ -452,13 +547,15 @@ where
                 if head.flags & frame::ACK != 0 {
                     if payload == DRAIN_PING && self.draining {
                         self.go();
-                    } else {
-                        self.ping_sent = None;
+                        return Ok(());
+                    }
+                    if self.ping_sent.take().is_some() && payload == KEEPALIVE_PING {
+                        return Ok(());
                     }
                 } else {
                     frame::ping(&mut self.wbuf, frame::ACK, payload);
                 }
-                Ok(())
+                self.idle_frame()
             }
             frame::GOAWAY => {
                 if head.stream != 0 {
@@ -466,12 +563,17 @@ where
                 }
                 // The client goes: the open streams are answered, and the last GOAWAY tells
                 // it which of its streams were taken.
+                let first = !self.going;
                 self.go();
-                Ok(())
+                if first {
+                    Ok(())
+                } else {
+                    self.idle_frame()
+                }
             }
             frame::WINDOW_UPDATE => self.window_update(head, payload),
-            // Unknown frame types are ignored (RFC 9113 section 4.1).
-            _ => Ok(()),
+            // Unknown frame types are ignored (RFC 9113 section 4.1), and counted.
+            _ => self.idle_frame(),
         }
     }
 }

@@ -3,11 +3,14 @@
 //! bounds and keepalive of [`conn`]. What it costs per check against h2 and hyper is in
 //! docs/benchmarks.md.
 
+mod budget;
 mod conn;
 mod frame;
 pub(super) mod hpack;
 mod huffman;
 
+pub(crate) use budget::{connection_base, Budget, Charge, Refusal};
 pub(super) use conn::{
     status_trailers, Config, Connection, RecvBody, Service, StreamFuture, Trace, UnaryFuture,
+    PER_STREAM_BYTES,
 };

@@ -36,7 +36,33 @@ pub(super) struct RequestHead {
     /// Kept only for calls served on a task.
     pub(super) headers: Vec<(Bytes, Bytes)>,
     pub(super) trace: Trace,
+    /// A pseudo-header was seen (trailers must have none).
+    pub(super) pseudo: bool,
+    /// `content-length`, when sent.
+    pub(super) content_length: Option<u64>,
     pub(super) malformed: Option<&'static str>,
+}
+
+/// RFC 9113 section 8.2.1: a field name is lower-case token characters (a pseudo-header's
+/// leading colon aside); a value has no NUL, CR or LF and no leading or trailing space or tab.
+fn field_problem(name: &[u8], value: &[u8]) -> Option<&'static str> {
+    let bare = name.strip_prefix(b":").unwrap_or(name);
+    if bare.is_empty() {
+        return Some("an empty header name");
+    }
+    if bare.iter().any(u8::is_ascii_uppercase) {
+        return Some("an upper-case header name");
+    }
+    if bare.iter().any(|&b| b <= 0x20 || b >= 0x7f || b == b':') {
+        return Some("a header name with a character it may not have");
+    }
+    if value.iter().any(|&b| matches!(b, 0 | b'\r' | b'\n')) {
+        return Some("a header value with NUL, CR or LF");
+    }
+    if matches!(value.first(), Some(b' ' | b'\t')) || matches!(value.last(), Some(b' ' | b'\t')) {
+        return Some("a header value with leading or trailing white space");
+    }
+    None
 }
 
 impl RequestHead {
@@ -44,25 +70,31 @@ impl RequestHead {
         if self.malformed.is_some() {
             return;
         }
-        if name.iter().any(u8::is_ascii_uppercase) {
-            self.malformed = Some("an upper-case header name");
+        if let Some(problem) = field_problem(name, value) {
+            self.malformed = Some(problem);
             return;
         }
         if let Some(pseudo) = name.strip_prefix(b":") {
+            self.pseudo = true;
             if self.regular {
                 self.malformed = Some("a pseudo-header after a regular header");
                 return;
             }
             let repeated = match pseudo {
                 b"method" => {
-                    let method = if value == b"POST" {
-                        Bytes::from_static(b"POST")
-                    } else {
-                        Bytes::copy_from_slice(value)
-                    };
-                    self.method.replace(method).is_some()
+                    // gRPC is POST only: any other method (or a method that is not a token)
+                    // is no call this server answers.
+                    if value != b"POST" {
+                        self.malformed = Some("a :method other than POST");
+                        return;
+                    }
+                    self.method.replace(Bytes::from_static(b"POST")).is_some()
                 }
                 b"path" => {
+                    if value.is_empty() {
+                        self.malformed = Some("an empty :path");
+                        return;
+                    }
                     let unary = service.is_unary(value);
                     if !unary {
                         self.path = Some(Bytes::copy_from_slice(value));
@@ -96,6 +128,17 @@ impl RequestHead {
                 self.malformed = Some("te other than trailers");
                 return;
             }
+            b"content-length" => {
+                let length = std::str::from_utf8(value)
+                    .ok()
+                    .filter(|digits| digits.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|digits| digits.parse().ok());
+                if length.is_none() || self.content_length.is_some() {
+                    self.malformed = Some("a content-length that is not one number");
+                    return;
+                }
+                self.content_length = length;
+            }
             b"traceparent" => {
                 self.trace.parent = std::str::from_utf8(value).ok().map(str::to_owned)
             }
@@ -114,6 +157,8 @@ pub(super) struct Continuing {
     pub(super) stream: u32,
     pub(super) end_stream: bool,
     pub(super) block: BytesMut,
+    /// CONTINUATION frames so far.
+    pub(super) frames: u32,
 }
 
 /// The request a task's service sees.
@@ -176,6 +221,7 @@ where
             stream: head.stream,
             end_stream,
             block: BytesMut::from(fragment),
+            frames: 0,
         });
         Ok(())
     }
@@ -185,8 +231,17 @@ where
             return Err(protocol("CONTINUATION without HEADERS"));
         };
         self.check_block_size(continuing.block.len() + payload.len())?;
+        continuing.frames += 1;
+        if continuing.frames > MAX_CONTINUATIONS {
+            return Err(self.calm("a header block in too many CONTINUATION frames"));
+        }
+        let last = head.flags & frame::END_HEADERS != 0;
+        if payload.is_empty() && !last {
+            self.continuing = Some(continuing);
+            return self.idle_frame();
+        }
         continuing.block.extend_from_slice(payload);
-        if head.flags & frame::END_HEADERS != 0 {
+        if last {
             return self.header_block(continuing.stream, continuing.end_stream, &continuing.block);
         }
         self.continuing = Some(continuing);
@@ -216,8 +271,18 @@ where
             })
             .map_err(|error| Fail::Goaway(Code::Compression, error.0))?;
         if let Some(stream) = self.streams.get_mut(&id) {
-            // Trailers: they must end the stream; their content is not used.
-            if !stream.recv_open || !end_stream {
+            // Trailers: they must end the stream and carry no pseudo-header; their content is
+            // not used otherwise.
+            if !stream.recv_open {
+                return self.reset(id, Code::StreamClosed);
+            }
+            if !end_stream || request.pseudo || request.malformed.is_some() {
+                return self.reset(id, Code::Protocol);
+            }
+            if stream
+                .content_length
+                .is_some_and(|declared| declared != stream.received)
+            {
                 return self.reset(id, Code::Protocol);
             }
             stream.recv_open = false;
@@ -252,6 +317,12 @@ where
             self.send_rst(id, Code::RefusedStream);
             return self.count_reset();
         }
+        if !self.charge.room(self.held()) {
+            // The listeners are over their memory budget and this connection over its share.
+            self.charge.budget().refuse(Refusal::Stream);
+            self.send_rst(id, Code::RefusedStream);
+            return self.count_reset();
+        }
         if let Some(reason) = request.malformed {
             tracing::debug!(reason, "malformed gRPC request headers; stream reset");
             self.send_rst(id, Code::Protocol);
@@ -262,10 +333,18 @@ where
             self.send_rst(id, Code::Protocol);
             return self.count_reset();
         };
+        if end_stream && request.content_length.is_some_and(|declared| declared != 0) {
+            self.send_rst(id, Code::Protocol);
+            return self.count_reset();
+        }
         let mut stream = Stream {
             recv_open: !end_stream,
             recv_window: i64::from(self.config.stream_window),
             recv_unreleased: 0,
+            held: 0,
+            received: 0,
+            content_length: request.content_length,
+            conn_blocked: false,
             send_window: self.peer_initial_window,
             kind: Kind::Answering,
             out: VecDeque::new(),
@@ -275,6 +354,9 @@ where
         };
         if decoded.oversized {
             self.streams.insert(id, stream);
+            // Counted as a refusal: a client that keeps sending oversized lists (an HPACK
+            // bomb) costs a decode each and goes past the bound.
+            self.count_reset()?;
             let status = Status::resource_exhausted(format!(
                 "request headers over {} bytes",
                 self.config.max_header_list
@@ -311,6 +393,7 @@ where
         let body = RecvBody {
             receiver,
             queued: Arc::clone(&queued),
+            taken: Arc::clone(&self.task_takes),
         };
         stream.kind = Kind::Task {
             body: (!end_stream).then_some(sender),

@@ -20,7 +20,11 @@ where
                     "a SETTINGS ACK with a payload",
                 ));
             }
-            return Ok(());
+            return self.idle_frame();
+        }
+        if self.settings_seen {
+            // Every SETTINGS after the first costs an ACK and may touch every stream.
+            self.idle_frame()?;
         }
         if !payload.len().is_multiple_of(6) {
             return Err(Fail::Goaway(
@@ -28,6 +32,7 @@ where
                 "SETTINGS not a multiple of 6",
             ));
         }
+        let mut opened = false;
         for setting in payload.chunks_exact(6) {
             let id = u16::from_be_bytes([setting[0], setting[1]]);
             let value = u32::from_be_bytes([setting[2], setting[3], setting[4], setting[5]]);
@@ -45,14 +50,17 @@ where
                     }
                     let delta = value - self.peer_initial_window;
                     self.peer_initial_window = value;
-                    for stream in self.streams.values_mut() {
-                        stream.send_window += delta;
-                        if stream.send_window > frame::MAX_WINDOW {
-                            return Err(Fail::Goaway(
-                                Code::FlowControl,
-                                "a stream window above 2^31-1",
-                            ));
+                    if delta != 0 {
+                        for stream in self.streams.values_mut() {
+                            stream.send_window += delta;
+                            if stream.send_window > frame::MAX_WINDOW {
+                                return Err(Fail::Goaway(
+                                    Code::FlowControl,
+                                    "a stream window above 2^31-1",
+                                ));
+                            }
                         }
+                        opened |= delta > 0;
                     }
                 }
                 frame::SETTINGS_MAX_FRAME_SIZE => {
@@ -71,7 +79,10 @@ where
             self.settings_seen = true;
             self.service.shaken();
         }
-        self.flush_all();
+        if opened {
+            // A larger initial window may unblock any stream with something queued.
+            self.flush_all();
+        }
         Ok(())
     }
 
@@ -79,6 +90,7 @@ where
         let bytes: [u8; 4] = payload
             .try_into()
             .map_err(|_| Fail::Goaway(Code::FrameSize, "WINDOW_UPDATE not 4 bytes"))?;
+        self.idle_frame()?;
         let increment = i64::from(u32::from_be_bytes(bytes) & 0x7fff_ffff);
         if head.stream == 0 {
             if increment == 0 {
@@ -91,7 +103,7 @@ where
                     "the connection window above 2^31-1",
                 ));
             }
-            self.flush_all();
+            self.flush_blocked();
             return Ok(());
         }
         self.idle_check(head.stream)?;
@@ -134,17 +146,8 @@ where
 
     /// Counts a client reset or a refused stream; past the bound, the connection goes.
     pub(super) fn count_reset(&mut self) -> Result<()> {
-        let now = Instant::now();
-        if now.duration_since(self.resets_since) > RESET_PERIOD {
-            self.resets_since = now;
-            self.resets = 0;
-        }
-        self.resets += 1;
-        if self.resets > MAX_RESETS {
-            return Err(Fail::Goaway(
-                Code::EnhanceYourCalm,
-                "too many streams reset or refused",
-            ));
+        if self.resets.over(self.last_read, RESET_PERIOD, MAX_RESETS) {
+            return Err(self.calm("too many streams reset or refused"));
         }
         Ok(())
     }
@@ -165,17 +168,24 @@ where
     }
 
     /// Closes a stream either side reset: nothing more is sent or received on it, a task's body
-    /// breaks off and the task is cancelled; a call being answered keeps its place until its
-    /// check ends.
-    fn close(&mut self, id: u32) {
+    /// breaks off and the task is cancelled; a call being answered is dropped (a check not yet
+    /// sent to the store is not sent) and the stream goes once the call is.
+    pub(super) fn close(&mut self, id: u32) {
         let Some(stream) = self.streams.get_mut(&id) else {
             return;
         };
         stream.recv_open = false;
         stream.done = true;
+        self.out_total -= stream.out_bytes;
+        stream.out_bytes = 0;
         stream.out.clear();
         match &mut stream.kind {
-            Kind::Answering => return,
+            Kind::Answering => {
+                if let Some(call) = self.answering.iter_mut().find(|call| call.id == id) {
+                    call.cancel();
+                }
+                return;
+            }
             Kind::Task { cancel, body, .. } => {
                 if let Some(body) = body.take() {
                     let _ = body.send(Err(Broken));
@@ -184,13 +194,37 @@ where
             }
             Kind::Gathering { .. } | Kind::Answered => {}
         }
-        self.streams.remove(&id);
+        self.remove(id);
     }
 
-    /// Resets one stream (a stream error).
+    /// Drops a stream: the body bytes it held give their connection window back.
+    pub(super) fn remove(&mut self, id: u32) -> Option<Stream<S::Open>> {
+        let stream = self.streams.remove(&id)?;
+        if stream.conn_blocked {
+            self.blocked.retain(|&blocked| blocked != id);
+        }
+        self.recv_unreleased += stream.held;
+        self.out_total -= stream.out_bytes;
+        Some(stream)
+    }
+
+    /// Resets one stream for the client's error (a stream error), counted against the reset
+    /// bound as the client's own resets are.
     pub(super) fn reset(&mut self, id: u32, code: Code) -> Result<()> {
         self.send_rst(id, code);
         self.close(id);
+        self.count_reset()
+    }
+
+    /// Counts a frame that makes no progress (an empty DATA or CONTINUATION, PRIORITY, PING,
+    /// SETTINGS, WINDOW_UPDATE, an unknown type); past the bound, the connection goes.
+    pub(super) fn idle_frame(&mut self) -> Result<()> {
+        if self
+            .idle_frames
+            .over(self.last_read, IDLE_PERIOD, MAX_IDLE_FRAMES)
+        {
+            return Err(self.calm("too many frames that make no progress"));
+        }
         Ok(())
     }
 
@@ -209,71 +243,89 @@ where
                 "DATA past the connection window",
             ));
         }
-        self.recv_unreleased += len;
         let data = frame::unpad(payload, head.flags)
             .ok_or_else(|| protocol("padding longer than the frame"))?;
         let end = head.flags & frame::END_STREAM != 0;
+        if data.is_empty() && !end {
+            self.idle_frame()?;
+        }
+        // Padding is never held: its window goes back at once; the data's when it is taken.
+        let size = data.len() as u32;
+        self.recv_unreleased += len - size;
         let max_body = self.config.max_message_bytes.saturating_add(5);
         let window = self.config.stream_window;
         let Some(stream) = self.streams.get_mut(&id) else {
             // A stream already closed (reset, refused, answered): the client may not know yet.
+            self.recv_unreleased += size;
             return Ok(());
         };
         if !stream.recv_open {
+            self.recv_unreleased += size;
             return self.reset(id, Code::StreamClosed);
         }
         stream.recv_window -= i64::from(len);
         if stream.recv_window < 0 {
+            self.recv_unreleased += size;
             return self.reset(id, Code::FlowControl);
         }
-        stream.recv_unreleased += len;
+        stream.received += u64::from(size);
+        if let Some(declared) = stream.content_length {
+            if stream.received > declared || (end && stream.received != declared) {
+                self.recv_unreleased += size;
+                tracing::debug!("gRPC request body disagrees with its content-length; reset");
+                return self.reset(id, Code::Protocol);
+            }
+        }
         if end {
             stream.recv_open = false;
         }
-        let mut over = None;
-        let mut release = false;
+        let mut over = false;
+        let mut taken = size;
         match &mut stream.kind {
             Kind::Gathering { body, .. } => {
                 if body.len() + data.len() > max_body {
-                    over = Some(Code::NoError);
+                    over = true;
                 } else {
                     body.extend_from_slice(data);
-                    release = !end;
+                    stream.held += size;
+                    taken = 0;
+                    // The stream's window is given back as the body comes: the body itself is
+                    // bounded (`limits.max_body_bytes`), and the connection's window is not
+                    // given back until the call is answered.
+                    stream.recv_unreleased += len;
                 }
             }
             Kind::Task { body, queued, .. } => {
-                let total = queued.fetch_add(data.len(), Ordering::AcqRel) + data.len();
-                if total > max_body.saturating_add(window as usize) {
-                    // The task does not take its body as fast as it comes.
-                    over = Some(Code::EnhanceYourCalm);
-                } else {
-                    if let Some(sender) = body.as_ref().filter(|_| !data.is_empty()) {
-                        let _ = sender.send(Ok(Bytes::copy_from_slice(data)));
+                // The stream's window, as the connection's, is given back as the task takes
+                // its body: a client that keeps to its window is held back, never reset.
+                stream.recv_unreleased += len - size;
+                if let Some(sender) = body.as_ref().filter(|_| !data.is_empty()) {
+                    queued.fetch_add(data.len(), Ordering::AcqRel);
+                    if sender.send(Ok(Bytes::copy_from_slice(data))).is_ok() {
+                        stream.held += size;
+                        taken = 0;
+                    } else {
+                        queued.fetch_sub(data.len(), Ordering::AcqRel);
                     }
-                    if end {
-                        body.take();
-                    }
-                    release = !end;
+                }
+                if end {
+                    body.take();
                 }
             }
             Kind::Answering | Kind::Answered => {}
         }
-        // The window is given back as the body is taken (it is bounded above).
-        if release && stream.recv_unreleased >= window / 2 {
+        self.recv_unreleased += taken;
+        if !end && stream.recv_unreleased >= window / 2 {
             let more = std::mem::take(&mut stream.recv_unreleased);
             stream.recv_window += i64::from(more);
             frame::window_update(&mut self.wbuf, id, more);
         }
-        match over {
-            Some(Code::NoError) => {
-                let status = Status::resource_exhausted(format!(
-                    "request message over limits.max_body_bytes ({} bytes)",
-                    self.config.max_message_bytes
-                ));
-                return self.refuse(id, status);
-            }
-            Some(code) => return self.reset(id, code),
-            None => {}
+        if over {
+            let status = Status::resource_exhausted(format!(
+                "request message over limits.max_body_bytes ({} bytes)",
+                self.config.max_message_bytes
+            ));
+            return self.refuse(id, status);
         }
         if end {
             self.start_unary(id);
@@ -282,7 +334,34 @@ where
         Ok(())
     }
 
-    /// Gives the connection's window back once half of it has been read.
+    /// Gives back the window of what the streams' tasks took since last asked.
+    pub(super) fn taken_by_tasks(&mut self) {
+        if !self.task_takes.any.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let window = self.config.stream_window;
+        for (&id, stream) in self.streams.iter_mut() {
+            let Kind::Task { queued, .. } = &stream.kind else {
+                continue;
+            };
+            let waiting = u32::try_from(queued.load(Ordering::Acquire)).unwrap_or(u32::MAX);
+            let taken = stream.held.saturating_sub(waiting);
+            if taken == 0 {
+                continue;
+            }
+            stream.held -= taken;
+            self.recv_unreleased += taken;
+            stream.recv_unreleased += taken;
+            if stream.recv_open && stream.recv_unreleased >= window / 2 {
+                let more = std::mem::take(&mut stream.recv_unreleased);
+                stream.recv_window += i64::from(more);
+                frame::window_update(&mut self.wbuf, id, more);
+            }
+        }
+    }
+
+    /// Gives the connection's window back once half of it has been taken (never what the
+    /// streams and their calls still hold).
     pub(super) fn release_connection_window(&mut self) {
         if self.recv_unreleased >= self.config.connection_window / 2 {
             let more = std::mem::take(&mut self.recv_unreleased);
@@ -312,6 +391,6 @@ where
             return;
         };
         let future = self.service.unary(trace, body.freeze());
-        self.answering.push(Answering { id, future });
+        self.answering.push(Answering::new(id, future));
     }
 }

@@ -67,9 +67,11 @@ where
             return;
         };
         stream.kind = Kind::Answered;
+        // The call is over: the body it held gives its connection window back.
+        self.recv_unreleased += std::mem::take(&mut stream.held);
         if stream.done {
             // Reset while it was being answered: its place is free now.
-            self.streams.remove(&id);
+            self.remove(id);
             return;
         }
         match answer {
@@ -91,6 +93,7 @@ where
                 } else {
                     let message = message.freeze();
                     stream.out_bytes += message.len();
+                    self.out_total += message.len();
                     stream.out.push_back(Out::Data(message));
                     stream
                         .out
@@ -137,12 +140,14 @@ where
             }
             Event::Data(_, data) => {
                 stream.out_bytes += data.len();
+                self.out_total += data.len();
                 stream.out.push_back(Out::Data(data));
-                if stream.out_bytes > MAX_QUEUED_OUT {
+                if self.out_total > MAX_QUEUED_OUT {
                     tracing::debug!(
-                        "a gRPC client left its window closed with 1 MiB queued; stream reset"
+                        "a gRPC client left its window closed with 256 KiB queued; stream reset"
                     );
-                    let _ = self.reset(id, Code::Cancel);
+                    self.send_rst(id, Code::Cancel);
+                    self.close(id);
                     return;
                 }
             }
@@ -156,7 +161,23 @@ where
         self.flush(id);
     }
 
-    /// Writes what every stream has queued, as far as the windows allow.
+    /// Writes what the streams blocked on the connection's window have queued, in the order
+    /// they were blocked, while the window lasts: a WINDOW_UPDATE visits only the streams it
+    /// unblocks.
+    pub(super) fn flush_blocked(&mut self) {
+        while self.send_window > 0 {
+            let Some(id) = self.blocked.pop_front() else {
+                return;
+            };
+            if let Some(stream) = self.streams.get_mut(&id) {
+                stream.conn_blocked = false;
+                self.flush(id);
+            }
+        }
+    }
+
+    /// Writes what every stream has queued, as far as the windows allow (a larger initial
+    /// window: every stream's window changed).
     pub(super) fn flush_all(&mut self) {
         let ids: Vec<u32> = self
             .streams
@@ -182,6 +203,10 @@ where
                         .min(stream.send_window)
                         .min(self.peer_max_frame as i64);
                     if room <= 0 && !data.is_empty() {
+                        if self.send_window <= 0 && !stream.conn_blocked {
+                            stream.conn_blocked = true;
+                            self.blocked.push_back(id);
+                        }
                         return;
                     }
                     let n = data.len().min(usize::try_from(room).unwrap_or(0));
@@ -191,6 +216,7 @@ where
                     self.send_window -= n as i64;
                     stream.send_window -= n as i64;
                     stream.out_bytes -= n;
+                    self.out_total -= n;
                     if data.is_empty() {
                         stream.out.pop_front();
                     }
@@ -227,7 +253,7 @@ where
         if let Some(Stream {
             kind: Kind::Task { cancel, .. },
             ..
-        }) = self.streams.remove(&id)
+        }) = self.remove(id)
         {
             cancel.cancel();
         }

@@ -29,8 +29,18 @@ pub(super) struct Stream<O> {
     pub(super) recv_open: bool,
     /// What the client may still send before a WINDOW_UPDATE.
     pub(super) recv_window: i64,
-    /// Received and not yet given back as window.
+    /// Received and not yet given back as stream window.
     pub(super) recv_unreleased: u32,
+    /// Received bytes still held here or by the stream's call (a unary body until its answer, a
+    /// task's body until the task takes it): the connection window they took is given back
+    /// only when they go, so what a connection holds stays within its window.
+    pub(super) held: u32,
+    /// Body bytes received (for `content-length`).
+    pub(super) received: u64,
+    /// The request's `content-length`, if it sent one.
+    pub(super) content_length: Option<u64>,
+    /// Waits in the queue of streams blocked on the connection's send window.
+    pub(super) conn_blocked: bool,
     /// What we may still send.
     pub(super) send_window: i64,
     pub(super) kind: Kind,
@@ -57,6 +67,7 @@ pub(super) enum Kind {
     /// A call served on its own task.
     Task {
         body: Option<mpsc::UnboundedSender<Result<Bytes, Broken>>>,
+        /// Body bytes sent to the task and not yet taken by it.
         queued: Arc<AtomicUsize>,
         cancel: CancellationToken,
     },
@@ -74,6 +85,27 @@ pub(super) enum Out {
 pub(super) struct Answering {
     pub(super) id: u32,
     pub(super) future: UnaryFuture,
+    /// The waker of the task polling it, so that a client's reset can drop the call at once.
+    pub(super) waker: Option<std::task::Waker>,
+}
+
+impl Answering {
+    pub(super) fn new(id: u32, future: UnaryFuture) -> Self {
+        Self {
+            id,
+            future,
+            waker: None,
+        }
+    }
+
+    /// The client reset the stream: the call is dropped (a check not yet sent to the store is
+    /// never sent), and the stream's answer is a cancellation nobody reads.
+    pub(super) fn cancel(&mut self) {
+        self.future = Box::pin(async { Err(Status::cancelled("the client reset the stream")) });
+        if let Some(waker) = self.waker.take() {
+            waker.wake();
+        }
+    }
 }
 
 impl Future for Answering {
@@ -81,6 +113,13 @@ impl Future for Answering {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let id = self.id;
+        if self
+            .waker
+            .as_ref()
+            .is_none_or(|waker| !waker.will_wake(cx.waker()))
+        {
+            self.waker = Some(cx.waker().clone());
+        }
         // A panic in one call answers that call INTERNAL, not the connection's other calls.
         match std::panic::catch_unwind(AssertUnwindSafe(|| self.future.as_mut().poll(cx))) {
             Ok(Poll::Ready(answer)) => Poll::Ready((id, answer)),

@@ -67,10 +67,18 @@ impl std::fmt::Display for Broken {
 
 impl std::error::Error for Broken {}
 
+/// Tells a connection that a stream's task took body bytes (their window can go back).
+#[derive(Default)]
+pub(super) struct Taken {
+    pub(super) any: std::sync::atomic::AtomicBool,
+    pub(super) waker: futures_util::task::AtomicWaker,
+}
+
 /// The request body of a call served on its own task, as its DATA frames arrive.
 pub(crate) struct RecvBody {
     pub(super) receiver: mpsc::UnboundedReceiver<Result<Bytes, Broken>>,
     pub(super) queued: Arc<AtomicUsize>,
+    pub(super) taken: Arc<Taken>,
 }
 
 impl hyper::body::Body for RecvBody {
@@ -84,6 +92,8 @@ impl hyper::body::Body for RecvBody {
         match ready!(self.receiver.poll_recv(cx)) {
             Some(Ok(data)) => {
                 self.queued.fetch_sub(data.len(), Ordering::AcqRel);
+                self.taken.any.store(true, Ordering::Release);
+                self.taken.waker.wake();
                 Poll::Ready(Some(Ok(hyper::body::Frame::data(data))))
             }
             Some(Err(broken)) => Poll::Ready(Some(Err(broken))),
