@@ -426,8 +426,16 @@ impl Conn {
         self.send(&request_frames(stream)).await;
         self.reader.outcome(stream).await
     }
+
+    /// `frames`, a whole request on the next stream (`self.next`), and how it ended.
+    async fn check_with(&mut self, frames: &[u8]) -> Outcome {
+        let stream = self.stream();
+        self.send(frames).await;
+        self.reader.outcome(stream).await
+    }
 }
 
 mod conformance;
 mod errors;
 mod malformed;
+mod reset_before_store;
