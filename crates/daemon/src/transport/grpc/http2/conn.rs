@@ -44,6 +44,8 @@ mod recv;
 mod send;
 mod stream;
 mod task;
+#[cfg(test)]
+mod tests;
 
 use self::headers::Continuing;
 pub(crate) use self::headers::Trace;
