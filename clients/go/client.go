@@ -115,7 +115,10 @@ func NewClient(opts Options) (*Client, error) {
 		}
 		base = "http://" + host
 	}
-	return &Client{http: &http.Client{Transport: transport, Timeout: opts.Timeout}, base: base}, nil
+	// A redirect is never followed: the daemon does not send one, and a check answered by
+	// another address could let a request through (the 3xx is a rejected check, a 500).
+	noRedirects := func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return &Client{http: &http.Client{Transport: transport, Timeout: opts.Timeout, CheckRedirect: noRedirects}, base: base}, nil
 }
 
 // ParseURL accepts http://127.0.0.1:7070, 127.0.0.1:7070 or localhost:7070 and returns host:port.
