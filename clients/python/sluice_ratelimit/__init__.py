@@ -1,6 +1,6 @@
 """sluice-ratelimit: a client of the sluice rate-limit sidecar (Unix socket or TCP, kept-alive
-connections, a deadline per call), ASGI and WSGI middleware answering the documented 429 and 503,
-the client's real address behind proxies, and the flags of `sluice check` for programs built on it. Standard library only."""
+connections, one deadline per call), ASGI and WSGI middleware answering the documented 429 and
+503, and the client's real address behind proxies. Standard library only."""
 
 from .address import TrustedProxies
 from .asgi import SluiceASGI

@@ -1,6 +1,7 @@
 // Package sluice is a client of the sluice rate-limit sidecar (Unix socket or TCP, kept-alive
-// connections, a deadline per call), net/http middleware answering the documented 429 and 503,
-// and the flags of `sluice check` for programs built on it. Standard library only.
+// connections, one deadline per call), net/http middleware answering the documented 429 and 503,
+// and the client's address behind proxies (ClientIP). Standard library only. Import it as
+// github.com/sluice-rs/sluice/clients/go/sluice: the import path ends in the package's name.
 package sluice
 
 import (
