@@ -20,6 +20,7 @@ mod client_packages;
 mod clients;
 mod dockerfile;
 mod examples;
+mod fingerprint_recipe;
 mod image;
 mod image_name;
 mod injector_manifests;
