@@ -23,6 +23,7 @@ mod examples;
 mod fingerprint_recipe;
 mod image;
 mod image_name;
+mod inject_fingerprint;
 mod injector_manifests;
 mod k8s;
 mod k8s_grpc;
