@@ -128,3 +128,38 @@ test('a denial can be shaped by the onDenied hook', async () => {
     await daemon.close();
   }
 });
+
+test('an interim 100 Continue is skipped; an oversized header, a trickle and garbage are SluiceErrors', async () => {
+  const cases = [
+    ['continue', (socket) => socket.write(`HTTP/1.1 100 Continue\r\n\r\n${OK}`), 200],
+    ['oversized header', (socket) => socket.write(`HTTP/1.1 200 OK\r\nx-pad: ${'a'.repeat(70 * 1024)}\r\ncontent-length: 2\r\n\r\n{}`), null],
+    ['garbage', (socket) => socket.end('SMTP ready\r\n\r\n'), null],
+    ['short body', (socket) => socket.end('HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\n{}'), null],
+    ['trickle', (socket) => {
+      let at = 0;
+      const timer = setInterval(() => {
+        if (at >= OK.length || socket.destroyed) return clearInterval(timer);
+        socket.write(OK[at]);
+        at += 1;
+      }, 200);
+      socket.on('close', () => clearInterval(timer));
+    }, null],
+  ];
+  for (const [name, answer, status] of cases) {
+    const daemon = await fakeDaemon(answer);
+    const client = new Client({ url: daemon.url, timeoutMs: 1000 });
+    const started = performance.now();
+    try {
+      if (status) {
+        assert.equal((await client.check({ policy: 'login', descriptors: { ip: 'x' } })).status, status, name);
+      } else {
+        await assert.rejects(client.check({ policy: 'login', descriptors: { ip: 'x' } }), SluiceError, name);
+        // The trickle would take len(OK) * 200 ms (about 30 s): one deadline for the call.
+        assert.ok(performance.now() - started < 10000, `${name}: within its deadline`);
+      }
+    } finally {
+      client.close();
+      await daemon.close();
+    }
+  }
+});
