@@ -129,6 +129,43 @@ print(seen["status"], seen["headers"].get("x-ratelimit-remaining"), b"".join(bod
     )
     .await;
     assert_eq!(out.stdout.trim(), "200 OK 9 welcome", "{out:?}");
+    // The hints are read (py.typed): mypy --strict passes a typed use and catches a wrong one.
+    if !tools::required_python_module("mypy") {
+        return;
+    }
+    let fresh = scratch.path().join("fresh-app");
+    std::fs::write(
+        fresh.join("typed.py"),
+        "from sluice_ratelimit import Answer, Check, Client, TrustedProxies\n\n\n\
+         def ask(client: Client, peer: str) -> int:\n\
+         \x20   ip = TrustedProxies([\"10.0.0.0/8\"]).client_address(peer, {})\n\
+         \x20   answer: Answer = client.check(Check({\"ip\": ip or \"\"}, policy=\"login\"))\n\
+         \x20   return answer.status\n",
+    )
+    .expect("typed.py");
+    std::fs::write(
+        fresh.join("wrong.py"),
+        "from sluice_ratelimit import Client\n\nClient(timeout=\"soon\").check(42)\n",
+    )
+    .expect("wrong.py");
+    let mypy = |file: &'static str| {
+        let mut command = example(
+            "python3",
+            &["-m", "mypy", "--strict", "--no-incremental", file],
+        );
+        command.current_dir(&fresh).env("MYPYPATH", &site_arg);
+        run_async(command)
+    };
+    let typed = mypy("typed.py").await;
+    assert_eq!(typed.code, Some(0), "{typed:?}");
+    let wrong = mypy("wrong.py").await;
+    assert_eq!(wrong.code, Some(1), "{wrong:?}");
+    assert!(
+        wrong
+            .stdout
+            .contains("Argument \"timeout\" to \"Client\" has incompatible type \"str\""),
+        "{wrong:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -199,6 +236,58 @@ client.close();
     assert_eq!(first.stdout.trim(), "200 9", "CommonJS: {first:?}");
     let second = ok_in(&fresh, "node", &["app.mjs"], &[("URL", &url)]).await;
     assert_eq!(second.stdout.trim(), "200 8", "ESM: {second:?}");
+    type_check(&fresh, &npm_env).await;
+}
+
+/// tsc (TypeScript and @types/node installed globally, pinned in .ci/run) checks a typed use of
+/// the installed package, CommonJS-style and ESM, and catches a wrong one.
+async fn type_check(fresh: &Path, npm_env: &[(&str, &str)]) {
+    let root = ok_in(fresh, "npm", &["root", "-g"], npm_env).await;
+    let root = PathBuf::from(root.stdout.trim());
+    let tsc = root.join("typescript/bin/tsc");
+    if !tsc.is_file() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "typescript is not installed globally; .ci/run installs it"
+        );
+        eprintln!("SKIPPED: the type check (npm install -g typescript @types/node)");
+        return;
+    }
+    let config = serde_json::json!({
+        "compilerOptions": {
+            "strict": true, "noEmit": true, "module": "nodenext", "moduleResolution": "nodenext",
+            "target": "es2022", "types": ["node"],
+            "typeRoots": [root.join("@types").display().to_string()],
+        },
+        "files": ["typed.ts", "typed.mts"],
+    });
+    std::fs::write(fresh.join("tsconfig.json"), config.to_string()).expect("tsconfig");
+    let typed = r#"
+import { Client, sluice, trustedProxies, clientAddress, CLOSED, withSluice, type Check } from 'sluice-ratelimit';
+const client = new Client({ url: 'http://127.0.0.1:7070', timeoutMs: 500 });
+const proxies = trustedProxies({ trusted: ['10.0.0.0/8'] });
+const middleware = sluice({
+  client,
+  route: (req): Check | null => (req.url === '/login'
+    ? { policy: 'login', descriptors: { ip: clientAddress(req, proxies) ?? '' }, onUnreachable: CLOSED } : null),
+  onFallback: (check, error) => console.log(check.policy, error.message),
+  onDenied: (_check, answer) => ({ status: 429, headers: { 'retry-after': answer.headers['retry-after'] ?? '1' }, body: '' }),
+});
+export const count: number = middleware.watch.count;
+export const handler = withSluice(async () => new Response('ok'), { route: () => null });
+"#;
+    std::fs::write(fresh.join("typed.ts"), typed).expect("typed.ts");
+    let esm = "import { Client } from 'sluice-ratelimit';\nexport const n: number = new Client().timeoutMs;\n";
+    std::fs::write(fresh.join("typed.mts"), esm).expect("typed.mts");
+    let tsc_arg = tsc.display().to_string();
+    ok_in(fresh, "node", &[&tsc_arg, "-p", "."], &[]).await;
+    let wrong = "import { Client } from 'sluice-ratelimit';\nnew Client({ timeoutMs: 'soon' });\n";
+    std::fs::write(fresh.join("typed.mts"), wrong).expect("typed.mts");
+    let mut command = example("node", &[&tsc_arg, "-p", "."]);
+    command.current_dir(fresh);
+    let out = run_async(command).await;
+    assert_eq!(out.code, Some(2), "a wrong use is a type error: {out:?}");
+    assert!(out.stdout.contains("TS2322"), "{out:?}");
 }
 
 /// Module zip, .mod and .info of `clients/go` as v0.1.0 under `proxy`, in a module proxy's layout.

@@ -34,6 +34,13 @@ def _target(socket_path: Optional[str], url: Union[str, Tuple[str, int], None]
     return None, parse_url(os.environ.get("SLUICE_URL") or "http://127.0.0.1:7070")
 
 
+def _address(address: Optional[Tuple[str, int]]) -> Tuple[str, int]:
+    """The (host, port) `_target` gave when it gave no socket."""
+    if address is None:
+        raise ValueError("no socket and no address")
+    return address
+
+
 def _as_check(check: Union[Check, Mapping[str, str], None], kwargs: Dict[str, Any]) -> Check:
     if isinstance(check, Check):
         return check
@@ -97,7 +104,8 @@ class Client:
         answer = self.call("/v1/check/batch", {"checks": [c.body() for c in checks]})
         if answer.status != 200:
             return answer
-        return answer.body.get("results", [])
+        results: List[Dict[str, Any]] = answer.body.get("results", [])
+        return results
 
     def call(self, path: str, body: Any) -> Answer:
         """POST `body` as JSON to `path`; an `Answer`, or `SluiceError` (within `timeout`)."""
@@ -180,7 +188,8 @@ class Client:
                     sock.close()
                     raise
             else:
-                sock = socket.create_connection(self.address, _remaining(deadline, self.timeout))
+                host, port = _address(self.address)
+                sock = socket.create_connection((host, port), _remaining(deadline, self.timeout))
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except (socket.timeout, TimeoutError):
             raise SluiceError(f"no answer within {self.timeout} s") from None
@@ -241,7 +250,8 @@ class AsyncClient:
         answer = await self.call("/v1/check/batch", {"checks": [c.body() for c in checks]})
         if answer.status != 200:
             return answer
-        return answer.body.get("results", [])
+        results: List[Dict[str, Any]] = answer.body.get("results", [])
+        return results
 
     async def call(self, path: str, body: Any) -> Answer:
         """POST `body` as JSON to `path`; an `Answer`, or `SluiceError` (within `timeout`)."""
@@ -264,7 +274,7 @@ class AsyncClient:
     async def _open(self) -> Tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self.socket_path:
             return await asyncio.open_unix_connection(self.socket_path)
-        return await asyncio.open_connection(*self.address)
+        return await asyncio.open_connection(*_address(self.address))
 
     def _take_idle(self) -> Optional[Tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
         # A kept-alive stream the daemon closed (or wrote to) meanwhile is dropped before any of

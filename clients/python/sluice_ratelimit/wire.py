@@ -98,10 +98,10 @@ class AnswerParser:
             self._state = "until_close"
 
     def _fixed(self, eof: bool) -> None:
-        need = self._length - len(self.body)
+        need = (self._length or 0) - len(self.body)
         self.body += self._buf[:need]
         del self._buf[:need]
-        if len(self.body) == self._length:
+        if len(self.body) == (self._length or 0):
             self._finish()
 
     def _until_close(self, eof: bool) -> None:
