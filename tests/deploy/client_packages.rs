@@ -6,10 +6,12 @@
 //! and CommonJS entries, an installed package that is a directory (not a link to a checkout).
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use sluice::client::Target;
 
-use crate::helpers::{repo_root, run_async, spawn_app, Outcome, TestApp};
+use crate::clients;
+use crate::helpers::{repo_root, spawn_app, Outcome, TestApp};
 use crate::tools::{self, example};
 
 fn tcp_url(app: &TestApp) -> String {
@@ -19,6 +21,14 @@ fn tcp_url(app: &TestApp) -> String {
     }
 }
 
+/// Runs `command` off the runtime, for as long as a client suite may take (a cold `go vet`, tsc
+/// and mypy on a busy machine take more than the helpers' 10 s).
+async fn run_long(command: Command) -> Outcome {
+    tokio::task::spawn_blocking(move || clients::run_long(command))
+        .await
+        .expect("join")
+}
+
 /// Runs `program args` in `dir`; fails the test with its output unless it exits 0.
 async fn ok_in(dir: &Path, program: &str, args: &[&str], env: &[(&str, &str)]) -> Outcome {
     let mut command = example(program, args);
@@ -26,7 +36,7 @@ async fn ok_in(dir: &Path, program: &str, args: &[&str], env: &[(&str, &str)]) -
     for (name, value) in env {
         command.env(name, value);
     }
-    let out = run_async(command).await;
+    let out = run_long(command).await;
     assert_eq!(out.code, Some(0), "{program} {args:?} in {dir:?}: {out:?}");
     out
 }
@@ -154,7 +164,7 @@ print(seen["status"], seen["headers"].get("x-ratelimit-remaining"), b"".join(bod
             &["-m", "mypy", "--strict", "--no-incremental", file],
         );
         command.current_dir(&fresh).env("MYPYPATH", &site_arg);
-        run_async(command)
+        run_long(command)
     };
     let typed = mypy("typed.py").await;
     assert_eq!(typed.code, Some(0), "{typed:?}");
@@ -285,7 +295,7 @@ export const handler = withSluice(async () => new Response('ok'), { route: () =>
     std::fs::write(fresh.join("typed.mts"), wrong).expect("typed.mts");
     let mut command = example("node", &[&tsc_arg, "-p", "."]);
     command.current_dir(fresh);
-    let out = run_async(command).await;
+    let out = run_long(command).await;
     assert_eq!(out.code, Some(2), "a wrong use is a type error: {out:?}");
     assert!(out.stdout.contains("TS2322"), "{out:?}");
 }

@@ -37,7 +37,7 @@ fn run_token(store: &str) -> String {
 }
 
 /// Runs `command` to completion (at most [`SUITE_TIMEOUT`]), output captured in files.
-fn run_long(mut command: Command) -> Outcome {
+pub fn run_long(mut command: Command) -> Outcome {
     let out_dir = tempfile::tempdir().expect("tempdir");
     let (out_path, err_path) = (out_dir.path().join("out"), out_dir.path().join("err"));
     command

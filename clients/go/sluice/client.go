@@ -25,6 +25,9 @@ const DefaultTimeout = 500 * time.Millisecond
 // maxAnswerBytes bounds an answer read from the daemon (its answers are a few hundred bytes).
 const maxAnswerBytes = 1 << 20
 
+// maxHeaderBytes bounds the status line and headers of an answer.
+const maxHeaderBytes = 64 << 10
+
 // RateLimitHeaders are the headers the daemon sets, copied onto the application's answers.
 var RateLimitHeaders = []string{
 	"Retry-After", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset",
@@ -101,7 +104,8 @@ func NewClient(opts Options) (*Client, error) {
 	if opts.Timeout == 0 {
 		opts.Timeout = DefaultTimeout
 	}
-	transport := &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: 90 * time.Second}
+	// The daemon's headers are a few hundred bytes: a head over maxHeaderBytes is an error.
+	transport := &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: 90 * time.Second, MaxResponseHeaderBytes: maxHeaderBytes}
 	base := "http://sluice"
 	if opts.Socket != "" {
 		socket := opts.Socket

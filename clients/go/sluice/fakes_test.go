@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -87,5 +88,59 @@ func TestADenialCanBeShaped(t *testing.T) {
 		ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
 	if rec.Code != 429 || rec.Header().Get("Content-Type") != "text/html" || rec.Header().Get("Retry-After") != "7" || rec.Body.String() != "<p>slow down</p>" {
 		t.Fatalf("%d %v %q", rec.Code, rec.Header(), rec.Body.String())
+	}
+}
+
+// rawDaemon answers every connection with raw bytes, then closes it.
+func rawDaemon(t *testing.T, raw string) string {
+	t.Helper()
+	listener, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { listener.Close() })
+	go func() {
+		for n := 0; n < 100; n++ {
+			conn, err := listener.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+				buf := make([]byte, 4096)
+				_, _ = conn.Read(buf)
+				_, _ = io.WriteString(conn, raw)
+			}()
+		}
+	}()
+	return "http://" + listener.Addr().String()
+}
+
+func TestEveryUnreadableAnswerIsTheRoutesFailureMode(t *testing.T) {
+	answers := map[string]string{
+		"garbage":          "SMTP ready\r\n\r\n",
+		"short body":       "HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n{}",
+		"not JSON":         "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
+		"oversized header": "HTTP/1.1 200 OK\r\nX-Pad: " + strings.Repeat("a", 2<<20) + "\r\nContent-Length: 2\r\n\r\n{}",
+	}
+	for name, raw := range answers {
+		url := rawDaemon(t, raw)
+		for _, mode := range []Unreachable{FailOpen, FailClosed} {
+			var fallbacks int32
+			c := client(t, Options{URL: url, Timeout: 2 * time.Second})
+			route := func(*http.Request) *RouteCheck { return &RouteCheck{Check: login("x"), OnUnreachable: mode} }
+			app := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "served") })
+			rec := httptest.NewRecorder()
+			MiddlewareWith(c, route, MiddlewareOptions{Logger: quiet, OnFallback: func(*RouteCheck, error) { atomic.AddInt32(&fallbacks, 1) }})(app).
+				ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/login", nil))
+			want := http.StatusOK
+			if mode == FailClosed {
+				want = http.StatusServiceUnavailable
+			}
+			if rec.Code != want || atomic.LoadInt32(&fallbacks) != 1 {
+				t.Errorf("%s, mode %d: %d (want %d), %d fallbacks", name, mode, rec.Code, want, fallbacks)
+			}
+		}
 	}
 }
