@@ -108,6 +108,9 @@ class Client {
           } catch (error) {
             return fail(new SluiceError(`the daemon's answer is not JSON: ${error.message}`));
           }
+          if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) {
+            return fail(new SluiceError("the daemon's answer is not a JSON object"));
+          }
           const headers = {};
           for (const name of RATE_LIMIT_HEADERS) {
             if (response.headers[name] !== undefined) headers[name] = response.headers[name];

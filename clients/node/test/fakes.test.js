@@ -135,6 +135,7 @@ test('an interim 100 Continue is skipped; an oversized header, a trickle and gar
     ['oversized header', (socket) => socket.write(`HTTP/1.1 200 OK\r\nx-pad: ${'a'.repeat(70 * 1024)}\r\ncontent-length: 2\r\n\r\n{}`), null],
     ['garbage', (socket) => socket.end('SMTP ready\r\n\r\n'), null],
     ['short body', (socket) => socket.end('HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\n{}'), null],
+    ['not an object', (socket) => socket.end('HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n[]'), null],
     ['trickle', (socket) => {
       let at = 0;
       const timer = setInterval(() => {

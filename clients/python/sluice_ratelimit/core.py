@@ -84,7 +84,7 @@ def decode(status: int, raw: bytes, headers: Sequence[Tuple[str, str]]) -> Answe
     """An Answer from a status, the raw body and (name, value) header pairs."""
     try:
         body = json.loads(raw) if raw else {}
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:  # RecursionError: JSON nested too deep
         raise SluiceError(f"the daemon's answer is not JSON: {error}") from None
     if not isinstance(body, dict):
         raise SluiceError("the daemon's answer is not a JSON object")

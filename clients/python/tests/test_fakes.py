@@ -273,8 +273,10 @@ class UnreadableAnswerTest(unittest.TestCase):
             self.assertEqual(client.check({"ip": "x"}).status, 200)
 
     def test_garbage_and_a_short_body_are_errors(self):
+        nested = b"[" * 200_000 + b"]" * 200_000
         for raw in (b"SMTP ready\r\n\r\n", b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\n{}",
-                    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n"):
+                    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
+                    b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(nested) + nested):
             def answer(conn, n, raw=raw):
                 conn.sendall(raw)
                 conn.shutdown(socket.SHUT_WR)
