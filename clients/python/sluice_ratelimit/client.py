@@ -266,29 +266,30 @@ class AsyncClient:
             raise SluiceError(str(error) or type(error).__name__) from None
 
     async def close(self) -> None:
-        """Closes the idle connections."""
+        """Closes the idle connections (and waits until they are: none is left to the garbage
+        collector when the event loop ends)."""
         idle, self._idle = self._idle, []
         for _, writer in idle:
-            writer.close()
+            await _closed(writer)
 
     async def _open(self) -> Tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self.socket_path:
             return await asyncio.open_unix_connection(self.socket_path)
         return await asyncio.open_connection(*_address(self.address))
 
-    def _take_idle(self) -> Optional[Tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    async def _take_idle(self) -> Optional[Tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
         # A kept-alive stream the daemon closed (or wrote to) meanwhile is dropped before any of
         # this check is written on it: a check is never resent once written.
         while self._idle:
             reader, writer = self._idle.pop()
             if reader.at_eof() or writer.is_closing() or reader._buffer:  # type: ignore[attr-defined]
-                writer.close()
+                await _closed(writer)
                 continue
             return reader, writer
         return None
 
     async def _ask(self, request: bytes) -> Answer:
-        stream = self._take_idle() or await self._open()
+        stream = await self._take_idle() or await self._open()
         reader, writer = stream
         try:
             writer.write(request)
@@ -303,5 +304,14 @@ class AsyncClient:
         if parser.reusable and len(self._idle) < MAX_IDLE:
             self._idle.append((reader, writer))
         else:
-            writer.close()
+            await _closed(writer)
         return answer
+
+
+async def _closed(writer: asyncio.StreamWriter) -> None:
+    """Closes `writer` and waits until its socket is closed (an error then is of no interest)."""
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except (OSError, asyncio.IncompleteReadError):
+        pass

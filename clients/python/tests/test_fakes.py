@@ -149,8 +149,11 @@ def run_asgi(middleware, path="/login"):
         async def send(message):
             sent.append(message)
 
-        await middleware(app)({"type": "http", "method": "GET", "path": path, "headers": [],
-                               "client": ("192.0.2.1", 1)}, receive, send)
+        limited = middleware(app)
+        await limited({"type": "http", "method": "GET", "path": path, "headers": [],
+                       "client": ("192.0.2.1", 1)}, receive, send)
+        client = getattr(limited, "client", None) or limited.middleware.client
+        await client.close()
         return sent[0]["status"], dict(sent[0]["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
 
     return asyncio.run(go())

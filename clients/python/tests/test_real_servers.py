@@ -85,9 +85,24 @@ class UvicornTest(Scenarios, unittest.TestCase):
             await send({"type": "http.response.start", "status": 200, "headers": []})
             await send({"type": "http.response.body", "body": b"welcome"})
 
-        limited = SluiceASGI(app, route_for(proxies), client=AsyncClient(url=URL, timeout=T))
+        client = AsyncClient(url=URL, timeout=T)
+        limited = SluiceASGI(app, route_for(proxies), client=client)
+
+        async def with_lifespan(scope, receive, send):
+            # The client's connections belong to the server's event loop: closed at its shutdown.
+            if scope["type"] != "lifespan":
+                return await limited(scope, receive, send)
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await client.close()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+
         sock = socket.create_server(("127.0.0.1", 0))
-        config = uvicorn.Config(limited, log_level="warning", lifespan="off", proxy_headers=False)
+        config = uvicorn.Config(with_lifespan, log_level="warning", lifespan="on", proxy_headers=False)
         server = uvicorn.Server(config)
         thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
         thread.start()
