@@ -22,6 +22,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from sluice_ratelimit import (  # noqa: E402
     CLOSED, AsyncClient, Check, Client, Reply, SluiceASGI, SluiceError, SluiceWSGI)
 
+# The library's warnings stay out of the runner's lines (the Rust side reads them).
+logging.getLogger("sluice_ratelimit").addHandler(logging.NullHandler())
+
 OK_BODY = b'{"allowed":true,"policy":"login","limit":10,"remaining":9}'
 OK = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-ratelimit-remaining: 9\r\n"
       b"content-length: %d\r\n\r\n" % len(OK_BODY)) + OK_BODY

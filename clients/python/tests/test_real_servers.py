@@ -6,6 +6,7 @@ connect from their own loopback addresses (127.48.x.y) so each scenario has its 
 """
 
 import http.client
+import logging
 import os
 import socket
 import sys
@@ -18,6 +19,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from sluice_ratelimit import (  # noqa: E402
     CLOSED, AsyncClient, Check, Client, SluiceASGI, SluiceWSGI, TrustedProxies)
+
+# The library's warnings stay out of the runner's lines (the Rust side reads them).
+logging.getLogger("sluice_ratelimit").addHandler(logging.NullHandler())
 
 URL = os.environ.get("SLUICE_TEST_URL")
 T = 5.0
