@@ -1,5 +1,5 @@
 // Command sluice-check asks a sluice daemon whether a request may go through, with the
-// github.com/sluice-rs/sluice/clients/go package (standard library only).
+// github.com/sluice-rs/sluice/clients/go/sluice package (standard library only).
 //
 //	go run . --socket /var/run/sluice/sluice.sock -p login -d ip=203.0.113.7
 //	go run . --url http://127.0.0.1:7070 -d tenant=acme -d api_key=k1 --cost 5
@@ -15,7 +15,7 @@ import (
 	"fmt"
 	"os"
 
-	sluice "github.com/sluice-rs/sluice/clients/go"
+	sluice "github.com/sluice-rs/sluice/clients/go/sluice"
 )
 
 func main() {
@@ -23,26 +23,26 @@ func main() {
 }
 
 func run(args []string) int {
-	flags, err := sluice.ParseCheckFlags(args)
-	if errors.Is(err, sluice.ErrHelp) {
-		fmt.Printf("Usage: sluice-check [options]\nAsk a sluice daemon whether a request may go through.\n\n%s\n", sluice.CheckFlagsHelp)
-		return sluice.ExitAllowed
+	flags, err := ParseCheckFlags(args)
+	if errors.Is(err, ErrHelp) {
+		fmt.Printf("Usage: sluice-check [options]\nAsk a sluice daemon whether a request may go through.\n\n%s\n", CheckFlagsHelp)
+		return ExitAllowed
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "usage error: %v\n", err)
-		return sluice.ExitUsage
+		return ExitUsage
 	}
 	// Explicit flags first, then SLUICE_SOCKET, then SLUICE_URL (the client's own defaults).
 	client, err := sluice.NewClient(flags.Options)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "usage error: %v\n", err)
-		return sluice.ExitUsage
+		return ExitUsage
 	}
 	answer, err := client.Check(context.Background(), flags.Check)
 	if err != nil {
 		// A middleware chooses here per route: fail open (serve the request) or closed (503).
 		fmt.Fprintf(os.Stderr, "sluice unreachable: %v\n", err)
-		return sluice.ExitUnreachable
+		return ExitUnreachable
 	}
 	result := answer.Result
 	switch {
@@ -61,13 +61,13 @@ func run(args []string) int {
 	}
 	switch answer.Status {
 	case 200:
-		return sluice.ExitAllowed
+		return ExitAllowed
 	case 429:
-		return sluice.ExitDenied
+		return ExitDenied
 	case 503:
-		return sluice.ExitUnavailable
+		return ExitUnavailable
 	}
-	return sluice.ExitUsage
+	return ExitUsage
 }
 
 func str(p *string) string {

@@ -15,7 +15,8 @@ try {
 } catch {
   sluice = require('../../clients/node'); // run from a checkout of the repository
 }
-const { Client, parseCheckArgs, UsageError, HELP, EXIT } = sluice;
+const { Client } = sluice;
+const { parseCheckArgs, UsageError, HELP, EXIT } = require('./flags');
 
 async function main(argv) {
   let options;

@@ -19,7 +19,7 @@ except ImportError:  # run from a checkout of the repository
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "clients", "python"))
 
 from sluice_ratelimit import Client, SluiceError  # noqa: E402
-from sluice_ratelimit.cli import Help, UsageError, parse_check_args  # noqa: E402
+from check_flags import Help, UsageError, parse_check_args  # noqa: E402  (beside this file)
 
 
 def main(argv):

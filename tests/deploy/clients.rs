@@ -37,7 +37,7 @@ fn run_token(store: &str) -> String {
 }
 
 /// Runs `command` to completion (at most [`SUITE_TIMEOUT`]), output captured in files.
-fn run_long(mut command: Command) -> Outcome {
+pub fn run_long(mut command: Command) -> Outcome {
     let out_dir = tempfile::tempdir().expect("tempdir");
     let (out_path, err_path) = (out_dir.path().join("out"), out_dir.path().join("err"));
     command
@@ -100,6 +100,16 @@ impl Suite {
         }
     }
 
+    /// The name shared by the scenarios through real servers (uvicorn and wsgiref; Express;
+    /// net/http) and how many of them must pass: a client's address taken as docs/api.md says.
+    fn real_servers(self) -> (&'static str, usize) {
+        match self {
+            Self::Python => ("test_real_server_", 4),
+            Self::Node => ("real Express server:", 2),
+            Self::Go => ("TestRealServer", 2),
+        }
+    }
+
     /// How many middlewares run each scenario (ASGI and WSGI; Express and fetch; net/http).
     fn middlewares(self) -> usize {
         match self {
@@ -128,7 +138,7 @@ impl Suite {
                 "python",
                 &["-m", "unittest", "discover", "-s", "tests", "-v"],
             ),
-            Self::Node => ("node", &["--test", "test/sluice.test.js"]),
+            Self::Node => ("node", &["--test", "test/"]),
             Self::Go => ("go", &["test", "-count=1", "-v", "./..."]),
         };
         let mut command = example(self.tool(), args);
@@ -184,6 +194,8 @@ async fn run_suite(suite: Suite, store: &str, a: &TestApp, b: Option<&TestApp>) 
     );
     let shared_runs = if b.is_some() { suite.middlewares() } else { 0 };
     assert_eq!(suite.passed(&all, shared), shared_runs, "{shared}: {all}");
+    let (real, runs) = suite.real_servers();
+    assert_eq!(suite.passed(&all, real), runs, "{real}: {all}");
 }
 
 async fn on_memory(suite: Suite) {

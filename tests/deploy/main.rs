@@ -1,6 +1,7 @@
 //! Checks of what ships beside the daemon: the Dockerfile and the image built from it (podman),
 //! the Kubernetes manifests and kustomize overlays (`kubectl kustomize`, kubernetes-validate), the
-//! injector's manifests, the client examples, the nginx example, the dashboards and alerts
+//! injector's manifests, the client examples, the client libraries (their suites, and as packages
+//! installed into a fresh app), the nginx example, the dashboards and alerts
 //! against a real Prometheus, and a short run of the bench's through-Envoy rows.
 
 // The API tests' support modules (each resolves its siblings as `crate::NAME`); this binary uses
@@ -15,11 +16,14 @@ use support::{
 };
 
 mod bench;
+mod client_packages;
 mod clients;
 mod dockerfile;
 mod examples;
+mod fingerprint_recipe;
 mod image;
 mod image_name;
+mod inject_fingerprint;
 mod injector_manifests;
 mod k8s;
 mod k8s_grpc;

@@ -24,5 +24,6 @@ mod local_in_front;
 mod lua;
 mod proxy;
 mod redis_down;
+mod replies;
 mod rlqs;
 mod rls;

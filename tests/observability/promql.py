@@ -4,11 +4,14 @@
   promql.py ports N                      print N free loopback TCP ports
   promql.py wait-targets PROM N SECONDS  wait until Prometheus has N healthy targets
   promql.py check PROM DASHBOARD RULES   evaluate every dashboard and alert expression
+  promql.py wait-alert PROM NAME LABEL=VALUE SECONDS
+                                         wait until alert NAME fires for a series with LABEL=VALUE
 
 `check` runs every PromQL expression of the Grafana dashboard (template variables substituted)
 and every alert rule Prometheus loaded from RULES through /api/v1/query, and fails unless each
 parses and returns data. Alert conditions (`expr > 0.002`) must parse as written and return data
-without their `>`/`<` thresholds. Metrics listed in $PENDING_METRICS (comma-separated) may have
+without their `>`/`<` thresholds; `absent(X)` must have data in X (so that it is not absent
+for a wrong selector) and a sidecar down (`up == 0`) must show the daemon killed. Metrics listed in $PENDING_METRICS (comma-separated) may have
 no data only while the daemons do not export them at all (registered, never incremented yet).
 """
 
@@ -197,7 +200,8 @@ def check(prom, dashboard_path, rules_path):
         if rule.get("health") not in ("ok", "unknown"):
             checker.fail(where, f"rule health {rule.get('health')}: {rule.get('lastError')}")
         expr = rule["query"]
-        checker.expect_data(where, expr, THRESHOLD.sub(r"\1", expr))
+        absent = re.fullmatch(r"\s*absent\((.*)\)\s*", expr, re.S)
+        checker.expect_data(where, expr, absent.group(1) if absent else THRESHOLD.sub(r"\1", expr))
         print(f"        state {rule.get('state')}")
 
     print(f"--- {checker.passed} passed, {len(checker.pending_hits)} pending, {len(checker.failures)} failed")
@@ -218,22 +222,44 @@ def free_ports(count):
     return ports
 
 
-def wait_targets(prom, count, seconds):
+def poll(seconds, interval, probe):
+    """Calls `probe()` until it returns (True, what) or `seconds` pass; (ok, last `what`)."""
     deadline = time.time() + seconds
     last = None
     while time.time() < deadline:
         try:
-            reply = get(prom, "/api/v1/targets", timeout=2)
-            active = reply["data"]["activeTargets"]
-            last = [(t["scrapeUrl"], t["health"], t.get("lastError")) for t in active]
-            if len(active) == count and all(t["health"] == "up" for t in active):
-                print(f"targets up: {[t[0] for t in last]}")
-                return 0
+            done, last = probe()
+            if done:
+                return True, last
         except (OSError, ValueError, KeyError):
             pass
-        time.sleep(0.5)
-    print(f"targets not up within {seconds}s: {last}")
-    return 1
+        time.sleep(interval)
+    return False, last
+
+
+def wait_targets(prom, count, seconds):
+    def probe():
+        active = get(prom, "/api/v1/targets", timeout=2)["data"]["activeTargets"]
+        seen = [(t["scrapeUrl"], t["health"], t.get("lastError")) for t in active]
+        return len(active) == count and all(t["health"] == "up" for t in active), seen
+
+    ok, last = poll(seconds, 0.5, probe)
+    print(f"targets up: {[t[0] for t in last]}" if ok else f"targets not up within {seconds}s: {last}")
+    return 0 if ok else 1
+
+
+def wait_alert(prom, name, label, seconds):
+    """Until alert `name` is firing for a series whose `label` is `key=value`."""
+    key, _, value = label.partition("=")
+
+    def probe():
+        alerts = get(prom, "/api/v1/alerts", timeout=2)["data"]["alerts"]
+        seen = [(a["labels"].get("alertname"), a["labels"].get(key), a["state"]) for a in alerts]
+        return (name, value, "firing") in seen, seen
+
+    ok, last = poll(seconds, 1, probe)
+    print(f"    {name} firing for {label}" if ok else f"{name} not firing for {label} within {seconds}s: {last}")
+    return 0 if ok else 1
 
 
 def main(argv):
@@ -242,6 +268,8 @@ def main(argv):
         return 0
     if len(argv) == 5 and argv[1] == "wait-targets":
         return wait_targets(argv[2], int(argv[3]), float(argv[4]))
+    if len(argv) == 6 and argv[1] == "wait-alert":
+        return wait_alert(argv[2], argv[3], argv[4], float(argv[5]))
     if len(argv) == 5 and argv[1] == "check":
         return check(argv[2], argv[3], argv[4])
     print(__doc__)

@@ -9,6 +9,8 @@
 #             quota leases
 #   daemon B: redis.url on a port where nothing listens: fail_open, fail_closed, local_*, circuit open
 #   the injector, on a 30-day certificate: its expiry metric and alert
+#   daemon C: on the embedded store, killed once scraped: SluiceSidecarDown must fire (and
+#             `promtool test rules` proves the sidecar rules on synthetic series, absence too)
 #
 # Installs nothing: needs prometheus, promtool, redis-server, curl and python3 on PATH (.ci/run
 # installs them). Everything runs on loopback, on free ports, in a temporary directory; every
@@ -66,13 +68,15 @@ wait_for() {
 
 echo "--- promtool check rules"
 promtool check rules deploy/prometheus/alerts.yaml
+(cd "$here" && promtool test rules sidecar_rules.test.yaml)
 
 echo "--- build"
 cargo build --locked --quiet --bin sluice
 target_dir="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
 sluice="$target_dir/debug/sluice"
 
-read -r redis_port a_http a_admin b_http b_admin dead_port prom_port inj_port inj_admin <<<"$(python3 "$here/promql.py" ports 9)"
+read -r redis_port a_http a_admin b_http b_admin dead_port prom_port inj_port inj_admin c_http c_admin \
+  <<<"$(python3 "$here/promql.py" ports 11)"
 password="obs-s3cret-pw"
 prom="http://127.0.0.1:$prom_port"
 
@@ -148,6 +152,24 @@ for d in a b; do
   env -u RUST_LOG "$sluice" serve --config "$work/$d.toml" >"$work/$d.log" 2>&1 &
   pids+=($!)
 done
+# Daemon C, the sidecar that dies: the embedded store, the shipped policies.
+cat >"$work/c.toml" <<EOF
+policies = "$repo/config/policies.yaml"
+shutdown_grace = "1s"
+worker_threads = 1
+
+[listen]
+http = "127.0.0.1:$c_http"
+socket = "$work/c.sock"
+admin = "127.0.0.1:$c_admin"
+
+[log]
+format = "json"
+level = "warn"
+EOF
+env -u RUST_LOG "$sluice" serve --config "$work/c.toml" >"$work/c.log" 2>&1 &
+c_pid=$!
+pids+=($c_pid)
 # The injector, for its certificate expiry metric (a 30-day certificate from `injector certs`).
 "$sluice" injector certs --out "$work/injector-tls" --days 30 >/dev/null
 env -u RUST_LOG "$sluice" injector --listen "127.0.0.1:$inj_port" --admin "127.0.0.1:$inj_admin" \
@@ -156,6 +178,7 @@ pids+=($!)
 wait_for "daemon A ready" 20 curl -sf "http://127.0.0.1:$a_admin/readyz"
 wait_for "injector ready" 20 curl -sf "http://127.0.0.1:$inj_admin/readyz"
 wait_for "daemon B ready" 20 curl -sf "http://127.0.0.1:$b_admin/readyz"
+wait_for "daemon C ready" 20 curl -sf "http://127.0.0.1:$c_admin/readyz"
 wait_for "daemon A connected to Redis" 20 \
   sh -c "curl -sf http://127.0.0.1:$a_admin/metrics | grep -qx 'sluice_redis_up 1'"
 
@@ -174,6 +197,8 @@ scrape_configs:
         labels: {namespace: observability, pod: sluice-a}
       - targets: ["127.0.0.1:$b_admin"]
         labels: {namespace: observability, pod: sluice-b}
+      - targets: ["127.0.0.1:$c_admin"]
+        labels: {namespace: observability, pod: sluice-c}
   - job_name: sluice-injector
     metrics_path: /metrics
     static_configs:
@@ -185,7 +210,11 @@ prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb"
   --web.listen-address="127.0.0.1:$prom_port" --log.level=warn >"$work/prometheus.log" 2>&1 &
 pids+=($!)
 wait_for "prometheus ready" 30 curl -sf "$prom/-/ready"
-python3 "$here/promql.py" wait-targets "$prom" 3 20
+python3 "$here/promql.py" wait-targets "$prom" 4 20
+
+echo "--- daemon C killed (SIGKILL: a sidecar that dies): SluiceSidecarDown must fire after its 1m"
+kill -9 "$c_pid"
+c_killed=$SECONDS
 
 echo "--- load: 60 rounds of 8 checks over TCP, the Unix socket and the CLI (bounded, ~15 s)"
 check() { # transport(tcp|uds) daemon(a|b) body -> status code
@@ -232,6 +261,9 @@ sleep 3 # the last scrapes
 
 echo "--- every dashboard and alert expression through $prom/api/v1/query"
 python3 "$here/promql.py" check "$prom" dashboards/sluice.json deploy/prometheus/alerts.yaml
+
+echo "--- SluiceSidecarDown fires for daemon C ($((SECONDS - c_killed)) s after the kill; its rule waits 1m)"
+python3 "$here/promql.py" wait-alert "$prom" SluiceSidecarDown pod=sluice-c 120
 
 echo "--- logs: JSON lines, no Redis password, no raw key, tenant or IP"
 python3 - "$work/a.log" "$work/b.log" "$password" <<'EOF'

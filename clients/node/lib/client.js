@@ -108,6 +108,9 @@ class Client {
           } catch (error) {
             return fail(new SluiceError(`the daemon's answer is not JSON: ${error.message}`));
           }
+          if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) {
+            return fail(new SluiceError("the daemon's answer is not a JSON object"));
+          }
           const headers = {};
           for (const name of RATE_LIMIT_HEADERS) {
             if (response.headers[name] !== undefined) headers[name] = response.headers[name];
@@ -118,11 +121,18 @@ class Client {
       });
       // One deadline for the whole call: connect, send, answer.
       const timer = setTimeout(() => request.destroy(new SluiceError(`no answer within ${this.timeoutMs} ms`)), this.timeoutMs);
+      // What the socket had written before this request: on an error, an unchanged count means
+      // none of this check left, so it may be asked once more. Once a byte is written the check
+      // may count (the daemon may have read it, then closed): never resent.
+      let writtenBefore = null;
+      request.on('socket', (socket) => {
+        writtenBefore = socket.bytesWritten;
+      });
       request.on('error', (error) => {
         clearTimeout(timer);
-        // A kept-alive connection the daemon closed before reading this request: once more on a
-        // fresh one (never after a timeout: that request may have counted).
-        if (mayRetry && request.reusedSocket && ['ECONNRESET', 'EPIPE'].includes(error.code)) {
+        const nothingWritten = request.reusedSocket && request.socket && writtenBefore !== null
+          && request.socket.bytesWritten === writtenBefore;
+        if (mayRetry && nothingWritten && !(error instanceof SluiceError)) {
           resolve(this.send(path, payload, false));
         } else {
           fail(error);

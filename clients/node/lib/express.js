@@ -2,23 +2,27 @@
 // Express/Connect middleware: `app.use(sluice({ client, route }))`.
 
 const { Client } = require('./client');
-const { decide } = require('./reply');
+const { decide, SidecarWatch } = require('./reply');
 
 /**
  * Middleware `(req, res, next)` asking sluice about every request `route(req)` returns a check for
  * (`{ descriptors, policy, cost, dryRun, onUnreachable }`, or null: not limited). `route` may be
  * async; it takes the cost from the request (a GraphQL query's, tokens), so put a body parser
  * before this middleware when the cost is in the body. Denied: 429 with the documented body and
- * headers; allowed: through with the rate-limit headers.
+ * headers; allowed: through with the rate-limit headers. `onFallback(check, error)` is called for
+ * every decision made without the sidecar (a warning is logged at most every `logIntervalMs`);
+ * `onDenied(check, answer)` may return `{ status, headers, body }` to answer a denial its own way.
+ * The middleware's `watch.count` counts the decisions made without the sidecar.
  */
-function sluice({ route, client = new Client(), log = console } = {}) {
+function sluice({ route, client = new Client(), log = console, onFallback = null, logIntervalMs, onDenied = null } = {}) {
   if (typeof route !== 'function') throw new TypeError('sluice({ route }) needs a route function');
-  return function sluiceMiddleware(req, res, next) {
+  const watch = new SidecarWatch({ onFallback, logIntervalMs, log });
+  function sluiceMiddleware(req, res, next) {
     Promise.resolve()
       .then(() => route(req))
       .then(async (check) => {
         if (!check) return next();
-        const reply = await decide(client, check, log);
+        const reply = await decide(client, check, log, { watch, onDenied });
         for (const [name, value] of Object.entries(reply.headers)) {
           if (reply.status !== null || name !== 'retry-after') res.setHeader(name, value);
         }
@@ -28,7 +32,9 @@ function sluice({ route, client = new Client(), log = console } = {}) {
         return res.end(reply.body);
       })
       .catch(next);
-  };
+  }
+  sluiceMiddleware.watch = watch;
+  return sluiceMiddleware;
 }
 
 module.exports = { sluice };

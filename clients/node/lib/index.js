@@ -1,15 +1,15 @@
 'use strict';
 // sluice-ratelimit: a client of the sluice rate-limit sidecar (Unix socket or TCP, kept-alive
 // connections, a deadline per call), Express/Connect middleware and a fetch-style handler wrapper
-// answering the documented 429 and 503, and the flags of `sluice check`. `node:http` only.
+// answering the documented 429 and 503, and the client's address behind proxies. `node:http` only.
 
 const { Client, SluiceError, parseUrl, RATE_LIMIT_HEADERS } = require('./client');
-const { OPEN, CLOSED, replyFor } = require('./reply');
+const { OPEN, CLOSED, replyFor, SidecarWatch } = require('./reply');
+const { trustedProxies, clientAddress, parseAddress } = require('./address');
 const { sluice } = require('./express');
 const { withSluice } = require('./fetch');
-const { parseCheckArgs, UsageError, HELP, EXIT } = require('./cli');
 
 module.exports = {
   Client, SluiceError, parseUrl, RATE_LIMIT_HEADERS, OPEN, CLOSED, replyFor, sluice, withSluice,
-  parseCheckArgs, UsageError, HELP, EXIT,
+  SidecarWatch, trustedProxies, clientAddress, parseAddress,
 };

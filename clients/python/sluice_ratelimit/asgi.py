@@ -2,10 +2,18 @@
 
 import inspect
 import json
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple, Union
 
 from .client import AsyncClient
-from .core import SluiceError, reply_for
+from .core import DEFAULT_LOG_INTERVAL, Check, DenyHook, FallbackHook, SidecarWatch, SluiceError, reply_for
 from .request import DEFAULT_MAX_BODY, Request
+
+Scope = Dict[str, Any]
+Message = Dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+Route = Callable[[Request], Union[Optional[Check], Awaitable[Optional[Check]]]]
 
 
 class SluiceASGI:
@@ -16,20 +24,34 @@ class SluiceASGI:
 
     Denied: 429 `{"error":"rate_limit","retry_after_sec":N}` with `Retry-After` and the rate-limit
     headers; a fail-closed policy whose store is down: 503 `{"error":"limiter_unavailable"}`;
-    sidecar unreachable: the route's `on_unreachable`. Allowed answers carry the rate-limit headers.
+    sidecar unreachable: the route's `on_unreachable` (503 with `Retry-After: 1` when closed).
+    Allowed answers carry the rate-limit headers.
+
+    `on_fallback(check, error)` is called for every decision made without the sidecar (wire it to
+    the application's metrics); a warning is logged at most every `log_interval` seconds.
+    `on_denied(check, answer)` may return a `Reply` of the application's own for a denial (a
+    JSON:API error, an HTML page); None keeps the documented 429.
     """
 
-    def __init__(self, app, route, client=None, read_body=None, max_body=DEFAULT_MAX_BODY):
+    def __init__(self, app: ASGIApp, route: Route, client: Optional[AsyncClient] = None,
+                 read_body: Optional[Callable[[Request], bool]] = None, max_body: int = DEFAULT_MAX_BODY,
+                 on_fallback: Optional[FallbackHook] = None, log_interval: float = DEFAULT_LOG_INTERVAL,
+                 on_denied: Optional[DenyHook] = None) -> None:
         self.app = app
         self.route = route
         self.client = client or AsyncClient()
         self.read_body = read_body
         self.max_body = max_body
+        self.watch = SidecarWatch(on_fallback, log_interval)
+        self.on_denied = on_denied
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        headers: Dict[str, str] = {}
+        for k, v in scope.get("headers", []):
+            name, value = k.decode("latin-1").lower(), v.decode("latin-1")
+            headers[name] = f"{headers[name]}, {value}" if name in headers else value
         client = scope.get("client")
         request = Request(scope["method"], scope.get("path", "/"),
                           scope.get("query_string", b"").decode("latin-1"), headers,
@@ -54,14 +76,16 @@ class SluiceASGI:
         if check is None:
             return await self.app(scope, receive, send)
         try:
-            reply = reply_for(check, answer=await self.client.check(check))
+            answer = await self.client.check(check)
         except SluiceError as error:
-            reply = reply_for(check, error=error)
+            reply = reply_for(check, error=error, watch=self.watch)
+        else:
+            reply = reply_for(check, answer=answer, on_denied=self.on_denied)
         if reply.status is not None:
             return await _send_raw(send, reply.status, reply.headers, reply.body)
         extra = [(k.encode(), v.encode()) for k, v in reply.headers if k != "retry-after"]
 
-        async def send_with_headers(message):
+        async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start" and extra:
                 message = dict(message)
                 message["headers"] = list(message.get("headers", [])) + extra
@@ -70,10 +94,10 @@ class SluiceASGI:
         return await self.app(scope, receive, send_with_headers)
 
 
-def _replay(messages, receive):
+def _replay(messages: List[Message], receive: Receive) -> Receive:
     pending = list(messages)
 
-    async def replayed():
+    async def replayed() -> Message:
         if pending:
             return pending.pop(0)
         return await receive()
@@ -81,13 +105,13 @@ def _replay(messages, receive):
     return replayed
 
 
-async def _send_raw(send, status, headers, body):
+async def _send_raw(send: Send, status: int, headers: List[Tuple[str, str]], body: bytes) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [(k.encode(), str(v).encode()) for k, v in headers]})
     await send({"type": "http.response.body", "body": body})
 
 
-async def _send_json(send, status, headers, value):
+async def _send_json(send: Send, status: int, headers: List[Tuple[str, str]], value: Any) -> None:
     body = json.dumps(value, separators=(",", ":")).encode()
     headers = list(headers) + [("content-type", "application/json"), ("content-length", str(len(body)))]
     await _send_raw(send, status, headers, body)

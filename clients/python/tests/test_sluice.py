@@ -12,6 +12,7 @@ tests/deploy/clients.rs starts it and sets:
 import asyncio
 import io
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -22,6 +23,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from sluice_ratelimit import (  # noqa: E402
     CLOSED, AsyncClient, Check, Client, SluiceASGI, SluiceError, SluiceWSGI)
+
+# The library's warnings stay out of the runner's lines (the Rust side reads them).
+logging.getLogger("sluice_ratelimit").addHandler(logging.NullHandler())
 
 URL = os.environ.get("SLUICE_TEST_URL")
 SOCKET = os.environ.get("SLUICE_TEST_SOCKET")

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
+use super::sidecar::{SecretKey, DEFAULT_FINGERPRINT_KEY};
 use super::{inject_str, Options};
 
 /// Exit code when the input cannot be injected (sysexits EX_USAGE / EX_DATAERR family: 64).
@@ -39,6 +40,43 @@ pub struct SidecarArgs {
     /// /var/run/sluice/rls.sock (a pod's `sluice.io/grpc: enabled|disabled` overrides it).
     #[arg(long)]
     pub grpc: bool,
+    /// Secret holding `shadow.fingerprint_key` (`NAME`, or `NAME:KEY`; the key defaults to
+    /// `fingerprint-key`): every pod then names a partition by the same fingerprint. Required
+    /// at run time: a pod without it does not start.
+    #[arg(long, value_name = "NAME[:KEY]", value_parser = parse_secret_key)]
+    pub fingerprint_secret: Option<SecretKey>,
+}
+
+/// `NAME` or `NAME:KEY`, each a non-empty Kubernetes name (a DNS subdomain; a key may also hold
+/// `_`), at most 253 bytes.
+fn parse_secret_key(text: &str) -> Result<SecretKey, String> {
+    let (name, key) = text
+        .split_once(':')
+        .unwrap_or((text, DEFAULT_FINGERPRINT_KEY));
+    let valid = |part: &str, extra: &[char]| {
+        !part.is_empty()
+            && part.len() <= 253
+            && part
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || extra.contains(&c))
+    };
+    if !valid(name, &[])
+        || name.starts_with(['-', '.'])
+        || name.chars().any(|c| c.is_ascii_uppercase())
+    {
+        return Err(format!(
+            "{name:?} is not a Secret name (lower case letters, digits, '-', '.')"
+        ));
+    }
+    if !valid(key, &['_']) {
+        return Err(format!(
+            "{key:?} is not a Secret key (letters, digits, '-', '_', '.')"
+        ));
+    }
+    Ok(SecretKey {
+        name: name.to_owned(),
+        key: key.to_owned(),
+    })
 }
 
 impl SidecarArgs {
@@ -51,6 +89,7 @@ impl SidecarArgs {
             require_redis_secret: self.require_redis_secret,
             replicas: self.replicas,
             grpc: self.grpc,
+            fingerprint_secret: self.fingerprint_secret.clone(),
             ..Options::default()
         }
     }

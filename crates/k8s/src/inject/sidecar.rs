@@ -55,6 +55,10 @@ pub struct Options {
     pub resources: Resources,
     /// Serve the gRPC rate limit service too ([`GRPC_ADDR`], [`GRPC_SOCKET_PATH`]).
     pub grpc: bool,
+    /// A Secret and its key holding `shadow.fingerprint_key` (the same on every pod, so a fleet
+    /// names a partition by one fingerprint): `SLUICE_SHADOW__FINGERPRINT_KEY` from a
+    /// `secretKeyRef`, required (a pod without it would key fingerprints at random).
+    pub fingerprint_secret: Option<SecretKey>,
     /// Replace a `sluice` container, volume, mount or variable whose settings differ.
     pub overwrite: bool,
     /// Copy documents of unknown kinds unchanged instead of refusing them.
@@ -71,11 +75,24 @@ impl Default for Options {
             replicas: None,
             resources: Resources::default(),
             grpc: false,
+            fingerprint_secret: None,
             overwrite: false,
             skip_unknown: false,
         }
     }
 }
+
+/// One key of a Secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretKey {
+    /// The Secret's name.
+    pub name: String,
+    /// The key in it.
+    pub key: String,
+}
+
+/// The key [`Options::fingerprint_secret`] reads when none is named.
+pub const DEFAULT_FINGERPRINT_KEY: &str = "fingerprint-key";
 
 /// The sidecar's resources. No CPU limit: CFS throttling would add milliseconds to a
 /// sub-millisecond check.
@@ -145,7 +162,7 @@ env:
   - {{name: SLUICE_POLICIES, value: /etc/sluice/policies}}
   - {{name: SLUICE_LOCAL__REPLICAS, value: "{replicas}"}}
   - {{name: SLUICE_LOG__FORMAT, value: json}}
-{grpc}envFrom:
+{grpc}{fingerprint}envFrom:
   - secretRef: {{name: {secret}, optional: {optional}}}
 ports:
   - {{name: sluice-admin, containerPort: {ADMIN_PORT}, protocol: TCP}}
@@ -187,6 +204,17 @@ volumeMounts:
         } else {
             String::new()
         },
+        fingerprint = options
+            .fingerprint_secret
+            .as_ref()
+            .map_or(String::new(), |secret| {
+                format!(
+                    "  - {{name: SLUICE_SHADOW__FINGERPRINT_KEY, valueFrom: {{secretKeyRef: \
+                 {{name: {}, key: {}, optional: false}}}}}}\n",
+                    quoted(&secret.name),
+                    quoted(&secret.key)
+                )
+            }),
         secret = quoted(&options.redis_secret),
         optional = !options.require_redis_secret,
         cpu = quoted(options.resources.cpu_request.as_str()),
@@ -265,5 +293,31 @@ mod tests {
             .any(|e| e["name"] == "SLUICE_LISTEN__GRPC"));
         assert_eq!(app_env()[1]["value"].as_str(), Some(CHECK_URL));
         assert_eq!(app_mount()["mountPath"].as_str(), Some(SOCKET_DIR));
+    }
+
+    #[test]
+    fn the_fingerprint_key_comes_from_its_secret_only_when_named() {
+        let fingerprint = |c: &Value| {
+            c["env"]
+                .as_sequence()
+                .expect("env")
+                .iter()
+                .find(|e| e["name"] == "SLUICE_SHADOW__FINGERPRINT_KEY")
+                .cloned()
+        };
+        assert_eq!(fingerprint(&container(&Options::default(), 1)), None);
+        let options = Options {
+            fingerprint_secret: Some(SecretKey {
+                name: "fleet: fp".into(),
+                key: DEFAULT_FINGERPRINT_KEY.into(),
+            }),
+            ..Options::default()
+        };
+        let var = fingerprint(&container(&options, 1)).expect("the variable");
+        let reference = &var["valueFrom"]["secretKeyRef"];
+        assert_eq!(reference["name"].as_str(), Some("fleet: fp"));
+        assert_eq!(reference["key"].as_str(), Some("fingerprint-key"));
+        assert_eq!(reference["optional"].as_bool(), Some(false));
+        assert!(var.get("value").is_none(), "{var:?}");
     }
 }

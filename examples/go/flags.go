@@ -1,10 +1,14 @@
-package sluice
+// The flags of `sluice check` for this program: the CLI's, so that the two take one flag set
+// (tests/deploy/clients.rs runs both with the same arguments).
+package main
 
 import (
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+
+	sluice "github.com/sluice-rs/sluice/clients/go/sluice"
 )
 
 // Exit codes shared with `sluice check`.
@@ -35,20 +39,20 @@ const CheckFlagsHelp = `Options:
       --json                   print the daemon's JSON answer as is
   -h, --help                   print this help`
 
-// CheckFlags are the options of `sluice check` that a program built on this package takes:
+// CheckFlags are the options of `sluice check` this program takes:
 // -p/--policy, -d/--descriptor (repeatable), --cost, --dry-run, --socket, --url/--http, --json,
 // -h/--help; each value as `--flag VALUE` or `--flag=VALUE`. -c/--config (the daemon's settings
 // file) is the CLI's alone.
 type CheckFlags struct {
-	Check
-	Options
+	sluice.Check
+	sluice.Options
 	JSON bool
 }
 
 // ParseCheckFlags parses args (without the program name): ErrHelp for -h/--help, a *UsageError
 // for anything else wrong.
 func ParseCheckFlags(args []string) (CheckFlags, error) {
-	flags := CheckFlags{Check: Check{Descriptors: map[string]string{}, Cost: 1}}
+	flags := CheckFlags{Check: sluice.Check{Descriptors: map[string]string{}, Cost: 1}}
 	usage := func(format string, a ...interface{}) (CheckFlags, error) {
 		return CheckFlags{}, &UsageError{fmt.Sprintf(format, a...)}
 	}
@@ -131,7 +135,7 @@ func ParseCheckFlags(args []string) (CheckFlags, error) {
 		flags.Socket = *socket
 	}
 	if url != nil {
-		host, err := ParseURL(*url)
+		host, err := sluice.ParseURL(*url)
 		if err != nil {
 			return usage("--url %v", err)
 		}

@@ -306,26 +306,6 @@ func TestRedisStateIsSharedBetweenDaemons(t *testing.T) {
 	}
 }
 
-func TestCheckFlagsAreTheCLIs(t *testing.T) {
-	flags, err := ParseCheckFlags([]string{"-p", "login", "--descriptor=ip=1", "-d", "x=a=b", "--cost", "5", "--dry-run", "--http", "localhost:7070", "--json"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if flags.Policy != "login" || flags.Descriptors["ip"] != "1" || flags.Descriptors["x"] != "a=b" || flags.Cost != 5 ||
-		!flags.DryRun || flags.URL != "http://localhost:7070" || !flags.JSON || flags.Socket != "" {
-		t.Fatalf("%+v", flags)
-	}
-	if _, err := ParseCheckFlags([]string{"--help"}); !errors.Is(err, ErrHelp) {
-		t.Fatalf("--help: %v", err)
-	}
-	for _, bad := range [][]string{{"-policy", "x"}, {"-d", "ip"}, {"--url"}, {"--cost", "x"}, {"--socket", "s", "--url", "h:1"}, {"extra"}} {
-		var usage *UsageError
-		if _, err := ParseCheckFlags(bad); !errors.As(err, &usage) {
-			t.Fatalf("%v: %v", bad, err)
-		}
-	}
-}
-
 // countingDial dials as transport would, counting the connections opened.
 func countingDial(transport *http.Transport, dials *int) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	inner := transport.DialContext

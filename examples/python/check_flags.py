@@ -1,4 +1,4 @@
-"""The flags of `sluice check`, for programs built on this library (examples/python/check.py):
+"""The flags of `sluice check` for check.py (the CLI's, so that the two take one flag set):
 `-p/--policy NAME`, `-d/--descriptor NAME=VALUE` (repeatable), `--cost N`, `--dry-run`,
 `--socket PATH`, `--url/--http ADDRESS`, `--json`, `-h/--help`. A usage error is `UsageError`
 (exit 64); help is `Help` (print it, exit 0). `-c/--config` (the daemon's settings file) is the
@@ -6,7 +6,7 @@ CLI's alone."""
 
 import argparse
 
-from .core import parse_url
+from sluice_ratelimit.core import parse_url
 
 #: Exit codes shared with `sluice check`.
 EXIT_ALLOWED, EXIT_DENIED, EXIT_UNAVAILABLE, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 64, 69

@@ -1,6 +1,7 @@
 // Package sluice is a client of the sluice rate-limit sidecar (Unix socket or TCP, kept-alive
-// connections, a deadline per call), net/http middleware answering the documented 429 and 503,
-// and the flags of `sluice check` for programs built on it. Standard library only.
+// connections, one deadline per call), net/http middleware answering the documented 429 and 503,
+// and the client's address behind proxies (ClientIP). Standard library only. Import it as
+// github.com/sluice-rs/sluice/clients/go/sluice: the import path ends in the package's name.
 package sluice
 
 import (
@@ -23,6 +24,9 @@ const DefaultTimeout = 500 * time.Millisecond
 
 // maxAnswerBytes bounds an answer read from the daemon (its answers are a few hundred bytes).
 const maxAnswerBytes = 1 << 20
+
+// maxHeaderBytes bounds the status line and headers of an answer.
+const maxHeaderBytes = 64 << 10
 
 // RateLimitHeaders are the headers the daemon sets, copied onto the application's answers.
 var RateLimitHeaders = []string{
@@ -100,7 +104,8 @@ func NewClient(opts Options) (*Client, error) {
 	if opts.Timeout == 0 {
 		opts.Timeout = DefaultTimeout
 	}
-	transport := &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: 90 * time.Second}
+	// The daemon's headers are a few hundred bytes: a head over maxHeaderBytes is an error.
+	transport := &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: 90 * time.Second, MaxResponseHeaderBytes: maxHeaderBytes}
 	base := "http://sluice"
 	if opts.Socket != "" {
 		socket := opts.Socket
@@ -115,7 +120,10 @@ func NewClient(opts Options) (*Client, error) {
 		}
 		base = "http://" + host
 	}
-	return &Client{http: &http.Client{Transport: transport, Timeout: opts.Timeout}, base: base}, nil
+	// A redirect is never followed: the daemon does not send one, and a check answered by
+	// another address could let a request through (the 3xx is a rejected check, a 500).
+	noRedirects := func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return &Client{http: &http.Client{Transport: transport, Timeout: opts.Timeout, CheckRedirect: noRedirects}, base: base}, nil
 }
 
 // ParseURL accepts http://127.0.0.1:7070, 127.0.0.1:7070 or localhost:7070 and returns host:port.

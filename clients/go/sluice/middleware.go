@@ -5,7 +5,17 @@ import (
 	"log"
 	"net/http"
 	"strconv"
+	"sync"
+	"time"
 )
+
+// UnreachableRetryAfter is the Retry-After (seconds) of the 503 a FailClosed route answers when
+// the sidecar cannot be reached.
+const UnreachableRetryAfter = "1"
+
+// DefaultLogInterval is the least time between two log lines about decisions made without the
+// sidecar.
+const DefaultLogInterval = 10 * time.Second
 
 // Unreachable says what a route does when the sidecar cannot be reached or does not answer in
 // time.
@@ -45,7 +55,8 @@ type Reply struct {
 //   - 200: through, with the daemon's rate-limit headers;
 //   - 429: {"error":"rate_limit","retry_after_sec":N} with Retry-After and the rate-limit headers;
 //   - 503 (a fail-closed policy whose store is down): {"error":"limiter_unavailable"};
-//   - unreachable or too slow: through (FailOpen) or that 503 (FailClosed), per route;
+//   - unreachable or too slow: through (FailOpen) or that 503 with Retry-After: 1 (FailClosed),
+//     per route;
 //   - any other status (the daemon rejected the check: the route asks wrongly): 500
 //     {"error":"limiter_rejected"}, the daemon's reason logged, never an open door.
 func ReplyFor(check *RouteCheck, answer Answer, err error, logger *log.Logger) Reply {
@@ -56,11 +67,10 @@ func ReplyFor(check *RouteCheck, answer Answer, err error, logger *log.Logger) R
 			return jsonReply(http.StatusInternalServerError, nil, `{"error":"limiter_rejected"}`)
 		}
 		if check.OnUnreachable == FailOpen {
-			logger.Printf("sluice unreachable (open): %v", err)
 			return Reply{Headers: http.Header{}}
 		}
-		logger.Printf("sluice unreachable (closed): %v", err)
-		return jsonReply(http.StatusServiceUnavailable, nil, `{"error":"limiter_unavailable"}`)
+		return jsonReply(http.StatusServiceUnavailable, http.Header{"Retry-After": {UnreachableRetryAfter}},
+			`{"error":"limiter_unavailable"}`)
 	}
 	switch answer.Status {
 	case http.StatusOK:
@@ -85,13 +95,70 @@ func jsonReply(status int, headers http.Header, body string) Reply {
 	return Reply{Status: status, Headers: out, Body: []byte(body)}
 }
 
+// MiddlewareOptions are the middleware's hooks.
+type MiddlewareOptions struct {
+	// Logger receives the middleware's lines; nil: log's default.
+	Logger *log.Logger
+	// OnFallback is called for every decision made without the sidecar (unreachable, too slow,
+	// an unreadable answer): wire it to the application's metrics.
+	OnFallback func(check *RouteCheck, err error)
+	// LogInterval is the least time between two log lines about such decisions (with how many
+	// the interval saw); DefaultLogInterval when 0.
+	LogInterval time.Duration
+	// OnDenied may answer a denial the application's own way (a JSON:API error, an HTML page):
+	// a Reply with a Status, or a zero Reply for the documented 429.
+	OnDenied func(check *RouteCheck, answer Answer) Reply
+}
+
+// sidecarWatch counts decisions made without the sidecar and logs at most once per interval.
+type sidecarWatch struct {
+	opts     MiddlewareOptions
+	mu       sync.Mutex
+	lastLog  time.Time
+	unlogged int
+}
+
+func (w *sidecarWatch) record(check *RouteCheck, err error) {
+	w.mu.Lock()
+	w.unlogged++
+	now := time.Now()
+	due := w.lastLog.IsZero() || now.Sub(w.lastLog) >= w.opts.LogInterval
+	unlogged := w.unlogged
+	if due {
+		w.lastLog, w.unlogged = now, 0
+	}
+	w.mu.Unlock()
+	if due {
+		mode := "open"
+		if check.OnUnreachable == FailClosed {
+			mode = "closed"
+		}
+		w.opts.Logger.Printf("sluice unreachable: %d decision(s) without the sidecar in the last %v (this one: %s): %v",
+			unlogged, w.opts.LogInterval, mode, err)
+	}
+	if w.opts.OnFallback != nil {
+		w.opts.OnFallback(check, err)
+	}
+}
+
 // Middleware asks client about every request route returns a check for, and answers denied ones
 // itself (429, or 503 for a fail-closed policy or an unreachable sidecar on a FailClosed route);
 // allowed requests reach next with the rate-limit headers set. A nil logger logs to log's default.
 func Middleware(client *Client, route Route, logger *log.Logger) func(http.Handler) http.Handler {
-	if logger == nil {
-		logger = log.Default()
+	return MiddlewareWith(client, route, MiddlewareOptions{Logger: logger})
+}
+
+// MiddlewareWith is Middleware with hooks: every decision made without the sidecar counted
+// (OnFallback) and logged at most once per LogInterval, and denials shaped (OnDenied).
+func MiddlewareWith(client *Client, route Route, opts MiddlewareOptions) func(http.Handler) http.Handler {
+	if opts.Logger == nil {
+		opts.Logger = log.Default()
 	}
+	if opts.LogInterval <= 0 {
+		opts.LogInterval = DefaultLogInterval
+	}
+	watch := &sidecarWatch{opts: opts}
+	logger := opts.Logger
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			check := route(r)
@@ -103,7 +170,16 @@ func Middleware(client *Client, route Route, logger *log.Logger) func(http.Handl
 			switch check.Refuse {
 			case 0:
 				answer, err := client.Check(r.Context(), check.Check)
+				var unreachable *Error
+				if errors.As(err, &unreachable) {
+					watch.record(check, err)
+				}
 				reply = ReplyFor(check, answer, err, logger)
+				if err == nil && answer.Status == http.StatusTooManyRequests && opts.OnDenied != nil {
+					if shaped := opts.OnDenied(check, answer); shaped.Status != 0 {
+						reply = shaped
+					}
+				}
 			case http.StatusRequestEntityTooLarge:
 				reply = jsonReply(check.Refuse, nil, `{"error":"payload_too_large"}`)
 			default:

@@ -1,11 +1,16 @@
 'use strict';
-// The flags of `sluice check`, for programs built on this library (examples/node/check.js):
+// The flags of `sluice check` for check.js (the CLI's, so that the two take one flag set):
 // -p/--policy NAME, -d/--descriptor NAME=VALUE (repeatable), --cost N, --dry-run, --socket PATH,
 // --url/--http ADDRESS, --json, -h/--help. `-c/--config` (the daemon's settings file) is the CLI's
 // alone.
 
 const { parseArgs } = require('node:util');
-const { parseUrl } = require('./client');
+let parseUrl;
+try {
+  ({ parseUrl } = require('sluice-ratelimit'));
+} catch {
+  ({ parseUrl } = require('../../clients/node')); // run from a checkout of the repository
+}
 
 /** Exit codes shared with `sluice check`. */
 const EXIT = { allowed: 0, denied: 1, unavailable: 2, usage: 64, unreachable: 69 };
