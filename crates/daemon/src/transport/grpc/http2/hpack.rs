@@ -30,6 +30,43 @@ impl std::error::Error for HpackError {}
 pub struct Decoded {
     /// True when the field list went over `max_list`: the fields after that were not passed on.
     pub oversized: bool,
+    /// The first field RFC 9113 section 8.2.1 calls malformed, if any ([`field_problem`]).
+    pub malformed: Option<&'static str>,
+}
+
+/// The bytes a field name may not have (RFC 9113 section 8.2.1): controls and space, upper
+/// case, DEL and above, and `:` (a pseudo-header's leading colon is taken off first).
+const NAME_REFUSES: [bool; 256] = {
+    let mut refuses = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        refuses[b] = b <= 0x20 || (b >= 0x41 && b <= 0x5a) || b >= 0x7f || b == 0x3a;
+        b += 1;
+    }
+    refuses
+};
+
+/// RFC 9113 section 8.2.1: a field name is lower-case and visible (a pseudo-header's leading
+/// colon aside); a value has no NUL, CR or LF and no leading or trailing space or tab. Checked
+/// once per literal field: a field from the static table is valid, and one from the dynamic
+/// table was checked when it entered.
+pub(super) fn field_problem(name: &[u8], value: &[u8]) -> Option<&'static str> {
+    let bare = name.strip_prefix(b":").unwrap_or(name);
+    if bare.is_empty() {
+        return Some("an empty header name");
+    }
+    if bare.iter().any(|&b| NAME_REFUSES[usize::from(b)]) {
+        return Some(
+            "a header name with a character it may not have (upper case, space, controls)",
+        );
+    }
+    if memchr::memchr3(0, b'\r', b'\n', value).is_some() {
+        return Some("a header value with NUL, CR or LF");
+    }
+    if matches!(value.first(), Some(b' ' | b'\t')) || matches!(value.last(), Some(b' ' | b'\t')) {
+        return Some("a header value with leading or trailing white space");
+    }
+    None
 }
 
 /// What an entry costs beyond its name and value, in the table (RFC 7541 4.1) and in a field list
@@ -108,20 +145,22 @@ static STATIC_TABLE: [(&str, &str); 61] = [
     ("www-authenticate", ""),
 ];
 
-/// One dynamic table entry: name and value in one allocation.
+/// One dynamic table entry: name and value in one allocation, and what is malformed in it.
 struct Entry {
     bytes: Box<[u8]>,
     name_len: usize,
+    problem: Option<&'static str>,
 }
 
 impl Entry {
-    fn new(name: &[u8], value: &[u8]) -> Self {
+    fn new(name: &[u8], value: &[u8], problem: Option<&'static str>) -> Self {
         let mut bytes = Vec::with_capacity(name.len() + value.len());
         bytes.extend_from_slice(name);
         bytes.extend_from_slice(value);
         Self {
             bytes: bytes.into_boxed_slice(),
             name_len: name.len(),
+            problem,
         }
     }
 
@@ -180,6 +219,7 @@ impl Decoder {
             total: 0,
             max: max_list,
             oversized: false,
+            malformed: None,
         };
         let result = self.decode_fields(block, &mut list, &mut field);
         if self.scratch.capacity() > SCRATCH_KEEP {
@@ -187,6 +227,7 @@ impl Decoder {
         }
         result.map(|()| Decoded {
             oversized: list.oversized,
+            malformed: list.malformed,
         })
     }
 
@@ -202,7 +243,8 @@ impl Decoder {
             if first & 0x80 != 0 {
                 // Indexed field (6.1).
                 let index = input.int(7)?;
-                let (name, value) = lookup(&self.dynamic, index)?;
+                let (name, value, problem) = lookup(&self.dynamic, index)?;
+                list.malformed = list.malformed.or(problem);
                 list.pass(name, value, field);
             } else if first & 0xe0 == 0x20 {
                 // Dynamic table size update (6.3): only before the block's first field (4.2).
@@ -232,11 +274,13 @@ impl Decoder {
                     None => lookup(&self.dynamic, index)?.0,
                 };
                 let value = value.bytes(&self.scratch);
+                let problem = field_problem(name, value);
+                list.malformed = list.malformed.or(problem);
                 list.pass(name, value, field);
                 if indexing {
                     // Copied before any eviction: the name may be an entry about to go (4.4).
                     let size = name.len() + value.len() + ENTRY_OVERHEAD;
-                    let entry = (size <= self.max_size).then(|| Entry::new(name, value));
+                    let entry = (size <= self.max_size).then(|| Entry::new(name, value, problem));
                     self.insert(size, entry);
                 }
             }
@@ -272,17 +316,20 @@ impl Decoder {
     }
 }
 
-/// The (name, value) at `index` of the static table followed by the dynamic table (2.3.3).
-fn lookup(dynamic: &VecDeque<Entry>, index: usize) -> Result<(&[u8], &[u8]), HpackError> {
+/// The field at `index` of the static table followed by the dynamic table (2.3.3), and what
+/// is malformed in it (nothing in the static table).
+type Field<'a> = (&'a [u8], &'a [u8], Option<&'static str>);
+
+fn lookup(dynamic: &VecDeque<Entry>, index: usize) -> Result<Field<'_>, HpackError> {
     let position = index
         .checked_sub(1)
         .ok_or(HpackError("header table index 0"))?;
     if let Some((name, value)) = STATIC_TABLE.get(position) {
-        return Ok((name.as_bytes(), value.as_bytes()));
+        return Ok((name.as_bytes(), value.as_bytes(), None));
     }
     dynamic
         .get(position - STATIC_TABLE.len())
-        .map(|entry| (entry.name(), entry.value()))
+        .map(|entry| (entry.name(), entry.value(), entry.problem))
         .ok_or(HpackError("header table index beyond the table"))
 }
 
@@ -291,6 +338,8 @@ struct List {
     total: usize,
     max: usize,
     oversized: bool,
+    /// The first malformed field.
+    malformed: Option<&'static str>,
 }
 
 impl List {

@@ -43,35 +43,9 @@ pub(super) struct RequestHead {
     pub(super) malformed: Option<&'static str>,
 }
 
-/// RFC 9113 section 8.2.1: a field name is lower-case token characters (a pseudo-header's
-/// leading colon aside); a value has no NUL, CR or LF and no leading or trailing space or tab.
-fn field_problem(name: &[u8], value: &[u8]) -> Option<&'static str> {
-    let bare = name.strip_prefix(b":").unwrap_or(name);
-    if bare.is_empty() {
-        return Some("an empty header name");
-    }
-    if bare.iter().any(u8::is_ascii_uppercase) {
-        return Some("an upper-case header name");
-    }
-    if bare.iter().any(|&b| b <= 0x20 || b >= 0x7f || b == b':') {
-        return Some("a header name with a character it may not have");
-    }
-    if value.iter().any(|&b| matches!(b, 0 | b'\r' | b'\n')) {
-        return Some("a header value with NUL, CR or LF");
-    }
-    if matches!(value.first(), Some(b' ' | b'\t')) || matches!(value.last(), Some(b' ' | b'\t')) {
-        return Some("a header value with leading or trailing white space");
-    }
-    None
-}
-
 impl RequestHead {
     fn field<S: Service>(&mut self, name: &[u8], value: &[u8], service: &S) {
         if self.malformed.is_some() {
-            return;
-        }
-        if let Some(problem) = field_problem(name, value) {
-            self.malformed = Some(problem);
             return;
         }
         if let Some(pseudo) = name.strip_prefix(b":") {
@@ -270,6 +244,9 @@ where
                 request.field(name, value, service);
             })
             .map_err(|error| Fail::Goaway(Code::Compression, error.0))?;
+        if let Some(problem) = decoded.malformed {
+            request.malformed.get_or_insert(problem);
+        }
         if let Some(stream) = self.streams.get_mut(&id) {
             // Trailers: they must end the stream and carry no pseudo-header; their content is
             // not used otherwise.

@@ -313,7 +313,13 @@ fn an_oversized_list_keeps_the_table_in_step() {
     let decoded = decoder.decode(&block, 42 + 53, |n, v| {
         seen.push(format!("{}: {}", text(n), text(v)))
     });
-    assert_eq!(decoded, Ok(Decoded { oversized: true }));
+    assert_eq!(
+        decoded,
+        Ok(Decoded {
+            oversized: true,
+            malformed: None
+        })
+    );
     assert_eq!(seen, [":method: GET"]);
     assert_eq!(
         table(&decoder),
@@ -409,4 +415,37 @@ fn random_blocks_never_panic() {
         assert_eq!(decoder.size, sizes);
         assert!(decoder.size <= decoder.max_size && decoder.max_size <= 256);
     }
+}
+
+/// A malformed field (RFC 9113 8.2.1) is found when it is a literal and again each time a
+/// block names its dynamic table entry; static entries and valid literals are not.
+#[test]
+fn malformed_fields_are_found_in_literals_and_their_table_entries() {
+    let mut decoder = Decoder::new(4096);
+    let decode = |decoder: &mut Decoder, block: &[u8]| {
+        decoder
+            .decode(block, usize::MAX, |_, _| ())
+            .expect("decodes")
+            .malformed
+    };
+    // `:method: POST` (static 3), then `x-a: b` with incremental indexing: valid.
+    let mut block = vec![0x83, 0x40, 3];
+    block.extend_from_slice(b"x-a");
+    block.push(1);
+    block.extend_from_slice(b"b");
+    assert_eq!(decode(&mut decoder, &block), None);
+    // `x-b: a\r\nc` with incremental indexing: malformed, and so is its entry (now 62).
+    let mut block = vec![0x40, 3];
+    block.extend_from_slice(b"x-b");
+    block.push(4);
+    block.extend_from_slice(b"a\r\nc");
+    assert!(decode(&mut decoder, &block).is_some());
+    assert!(decode(&mut decoder, &[0x80 | 62]).is_some(), "the entry");
+    assert_eq!(decode(&mut decoder, &[0x80 | 63]), None, "the valid entry");
+    // Upper case in a literal name.
+    let mut block = vec![0x00, 3];
+    block.extend_from_slice(b"X-c");
+    block.push(1);
+    block.extend_from_slice(b"v");
+    assert!(decode(&mut decoder, &block).is_some());
 }
