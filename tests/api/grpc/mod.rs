@@ -10,5 +10,6 @@ mod hardening;
 mod raw_frames;
 mod redis;
 mod rlqs;
+mod rlqs_budget;
 pub mod stock_client;
 mod uds_authority;

@@ -50,20 +50,26 @@ impl Kind {
 pub enum Refusal {
     /// Its policies cannot be leased exactly (a sliding log, several windows or policies).
     Unsupported,
-    /// Its `bucket_id` is not a valid descriptor set.
+    /// Its `bucket_id` is not a valid descriptor set (nothing of it is kept).
     Invalid,
-    /// The stream already tracks the most buckets it may.
-    TooManyBuckets,
+    /// Its stream keeps `envoy.rlqs.max_buckets_per_stream` buckets already.
+    StreamBudget,
+    /// Its connection's streams keep `envoy.rlqs.max_buckets_per_connection` already.
+    ConnectionBudget,
+    /// The daemon keeps `envoy.rlqs.max_buckets` already.
+    DaemonBudget,
     /// The store could not answer the take (the policy's failure mode applied).
     Store,
 }
 
 impl Refusal {
     /// Every reason.
-    pub const ALL: [Self; 4] = [
+    pub const ALL: [Self; 6] = [
         Self::Unsupported,
         Self::Invalid,
-        Self::TooManyBuckets,
+        Self::StreamBudget,
+        Self::ConnectionBudget,
+        Self::DaemonBudget,
         Self::Store,
     ];
 
@@ -72,7 +78,9 @@ impl Refusal {
         match self {
             Self::Unsupported => "unsupported",
             Self::Invalid => "invalid",
-            Self::TooManyBuckets => "too_many_buckets",
+            Self::StreamBudget => "stream_budget",
+            Self::ConnectionBudget => "connection_budget",
+            Self::DaemonBudget => "daemon_budget",
             Self::Store => "store",
         }
     }
@@ -121,7 +129,7 @@ impl RlqsMetrics {
             ),
             refusals: vec(
                 "sluice_rlqs_refusals_total",
-                "Buckets that got no lease, by reason.",
+                "RLQS buckets that got no lease, by reason (invalid ids and buckets past the budget are not kept).",
                 "reason",
             ),
             reported: vec(

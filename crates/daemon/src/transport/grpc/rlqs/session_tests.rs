@@ -9,7 +9,7 @@ use super::session::Session;
 use super::Quota;
 use crate::check::{CheckRequest, CheckService, LocalShare, Spend};
 use crate::clock::ManualClock;
-use crate::config::{parse_policies, RequestLimits};
+use crate::config::{parse_policies, RequestLimits, RlqsSettings};
 use crate::store::MemoryStore;
 use crate::telemetry::Metrics;
 use crate::transport::grpc::proto::envoy::r#type::v3::{
@@ -45,7 +45,8 @@ fn session() -> (Session, Arc<CheckService>) {
         RequestLimits::default(),
         metrics.clone(),
     ));
-    let mut session = Session::new(Arc::new(Quota::new(&metrics)), Arc::clone(&service));
+    let quota = Quota::new(&metrics, RlqsSettings::default());
+    let mut session = Session::new(Arc::new(quota), Arc::clone(&service), Arc::default());
     session.domain("edge").expect("a domain");
     (session, service)
 }
@@ -292,4 +293,54 @@ async fn a_stream_keeps_its_first_domain() {
     assert!(session.domain("").is_ok(), "later messages may omit it");
     assert!(session.domain("edge").is_ok());
     assert!(session.domain("other").is_err());
+}
+
+#[tokio::test]
+async fn an_oversized_id_is_neither_kept_nor_echoed_and_the_budget_is_released() {
+    let (_, service) = session();
+    let metrics = Metrics::new();
+    let budget = RlqsSettings {
+        max_buckets_per_stream: 2,
+        ..RlqsSettings::default()
+    };
+    let quota = Arc::new(Quota::new(&metrics, budget));
+    let connection = Arc::default();
+    let mut session = Session::new(
+        Arc::clone(&quota),
+        Arc::clone(&service),
+        Arc::clone(&connection),
+    );
+    session.domain("edge").expect("a domain");
+    let t0 = Instant::now();
+    let huge = BucketQuotaUsage {
+        bucket_id: Some(BucketId {
+            bucket: [("b".to_owned(), "x".repeat(60_000))].into(),
+        }),
+        ..usage("window", 0, 1)
+    };
+    assert!(session.report(&huge, t0).await.is_empty(), "never echoed");
+    let kept = || connection.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(kept(), 0, "nothing kept");
+    // Two buckets kept; a third is past the stream's budget: answered by its policy's failure
+    // mode (open), not kept, nothing taken.
+    first_assignment(&mut session, t0).await;
+    let free = session.report(&usage("free", 0, 1), t0).await;
+    assert_eq!(
+        strategy(&free),
+        Strategy::BlanketRule(BlanketRule::AllowAll as i32)
+    );
+    assert_eq!(kept(), 2);
+    let past = session.report(&usage("two", 0, 1), t0).await;
+    assert_eq!(
+        strategy(&past),
+        Strategy::BlanketRule(BlanketRule::DenyAll as i32)
+    );
+    let past = session.report(&usage("other", 0, 1), t0).await;
+    assert_eq!(
+        strategy(&past),
+        Strategy::BlanketRule(BlanketRule::AllowAll as i32)
+    );
+    assert_eq!(kept(), 2, "past the budget: not kept");
+    drop(session);
+    assert_eq!(kept(), 0, "released when the stream ends");
 }
