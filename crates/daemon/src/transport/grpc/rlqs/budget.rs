@@ -5,12 +5,13 @@
 //! `max_descriptors` entries of bounded names and values, at most `max_bucket_id_bytes` in all.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use super::metrics::Refusal;
 use crate::config::{RequestLimits, RlqsSettings};
 use crate::limit::MAX_DESCRIPTOR_NAME;
+use crate::logging::LogGate;
 
 /// Least time between two warn lines about buckets refused for the budget.
 const WARN_EVERY: Duration = Duration::from_secs(60);
@@ -19,7 +20,7 @@ const WARN_EVERY: Duration = Duration::from_secs(60);
 pub(super) struct Budget {
     settings: RlqsSettings,
     kept: AtomicUsize,
-    warned: Mutex<Option<Instant>>,
+    warned: LogGate,
 }
 
 /// Buckets kept by the streams of one connection.
@@ -30,7 +31,7 @@ impl Budget {
         Self {
             settings,
             kept: AtomicUsize::new(0),
-            warned: Mutex::new(None),
+            warned: LogGate::new(WARN_EVERY),
         }
     }
 
@@ -108,12 +109,10 @@ impl Budget {
 
     /// `reason`, said in a warn line at most once a minute.
     fn refuse(&self, reason: Refusal) -> Refusal {
-        let now = Instant::now();
-        let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
-        if warned.is_none_or(|at| now.duration_since(at) >= WARN_EVERY) {
-            *warned = Some(now);
+        if let Some(held_back) = self.warned.pass() {
             tracing::warn!(
                 reason = reason.as_str(),
+                held_back,
                 max_buckets_per_stream = self.settings.max_buckets_per_stream,
                 max_buckets_per_connection = self.settings.max_buckets_per_connection,
                 max_buckets = self.settings.max_buckets,

@@ -106,6 +106,8 @@ pub struct RlqsMetrics {
     /// `sluice_rlqs_units_written_off_total`: what replaced assignments had left (their use
     /// after their last report is not known, so none of it is given back).
     pub written_off: IntCounter,
+    /// `sluice_rlqs_unmatched_buckets_total`: new buckets that match no policy (`ALLOW_ALL`).
+    pub unmatched: IntCounter,
 }
 
 impl RlqsMetrics {
@@ -153,6 +155,10 @@ impl RlqsMetrics {
                 "sluice_rlqs_units_written_off_total",
                 "Units left to RLQS assignments replaced before their end, never given back.",
             ),
+            unmatched: counter(
+                "sluice_rlqs_unmatched_buckets_total",
+                "New RLQS buckets that match no policy (allowed everything).",
+            ),
         };
         for kind in Kind::ALL {
             this.assignments.with_label_values(&[kind.as_str()]);
@@ -163,7 +169,7 @@ impl RlqsMetrics {
         for outcome in ["allowed", "denied"] {
             this.reported.with_label_values(&[outcome]);
         }
-        let collectors: [Box<dyn prometheus::core::Collector>; 9] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 10] = [
             Box::new(this.streams.clone()),
             Box::new(this.buckets.clone()),
             Box::new(this.assignments.clone()),
@@ -173,6 +179,7 @@ impl RlqsMetrics {
             Box::new(this.assigned.clone()),
             Box::new(this.given_back.clone()),
             Box::new(this.written_off.clone()),
+            Box::new(this.unmatched.clone()),
         ];
         for collector in collectors {
             if let Err(error) = metrics.registry().register(collector) {

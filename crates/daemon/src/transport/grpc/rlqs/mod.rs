@@ -48,6 +48,7 @@ use super::stream::StreamLimits;
 use super::Rls;
 use crate::config::RlqsSettings;
 use crate::limit::Key;
+use crate::logging::LogGate;
 use crate::telemetry::Metrics;
 
 pub use metrics::RlqsMetrics;
@@ -68,6 +69,8 @@ pub struct Quota {
     metrics: RlqsMetrics,
     budget: budget::Budget,
     shares: Shares,
+    /// Gates the warn line about buckets that match no policy.
+    unmatched: LogGate,
 }
 
 impl Quota {
@@ -77,9 +80,29 @@ impl Quota {
             metrics: RlqsMetrics::new(metrics),
             budget: budget::Budget::new(budget),
             shares: Shares::default(),
+            unmatched: LogGate::new(UNMATCHED_QUIET),
+        }
+    }
+
+    /// Counts a new bucket that matches no policy (it is allowed everything) and says so in a
+    /// warn line at most once per [`UNMATCHED_QUIET`], naming its descriptors' names (values are
+    /// client data).
+    fn unmatched(&self, name: &std::collections::BTreeMap<String, String>) {
+        self.metrics.unmatched.inc();
+        if let Some(held_back) = self.unmatched.pass() {
+            let names: Vec<&str> = name.keys().map(String::as_str).collect();
+            tracing::warn!(
+                descriptors = names.join(","),
+                held_back,
+                "an RLQS bucket matches no policy and is allowed everything (ALLOW_ALL); \
+                 sluice_rlqs_unmatched_buckets_total counts them (at most one line a minute)"
+            );
         }
     }
 }
+
+/// Shortest time between two warn lines about buckets that match no policy.
+const UNMATCHED_QUIET: Duration = Duration::from_secs(60);
 
 /// How many buckets of this daemon's streams hold a lease on each counter: a take asks for at
 /// most its share of what is left, so that the Envoys sharing a limit split it.

@@ -48,6 +48,8 @@ pub(super) struct Session {
 /// What a bucket's policies ask for.
 enum Target {
     Unlimited,
+    /// No policy matched at all (`ALLOW_ALL`, counted and logged).
+    Unmatched,
     Deny,
     Lease(StoreCheck, FailureMode, Option<Duration>),
     Refused(Refusal),
@@ -66,6 +68,12 @@ impl Session {
             domain: None,
             buckets: HashMap::new(),
         }
+    }
+
+    /// What every stream shares (tests read its metrics).
+    #[cfg(test)]
+    pub(super) fn quota(&self) -> &Quota {
+        &self.quota
     }
 
     /// Takes the stream's domain from its first message; a later one must repeat it or be empty.
@@ -114,6 +122,9 @@ impl Session {
             return vec![blanket_once(&self.quota, &name, false, BLANKET_TTL_S)];
         }
         if !self.buckets.contains_key(&name) {
+            if let Target::Unmatched = target {
+                self.quota.unmatched(&name);
+            }
             if let Err(reason) = self
                 .quota
                 .budget
@@ -121,7 +132,7 @@ impl Session {
             {
                 self.quota.metrics.refused(reason);
                 let allow = match &target {
-                    Target::Unlimited => true,
+                    Target::Unlimited | Target::Unmatched => true,
                     Target::Lease(_, mode, _) => *mode == FailureMode::Open,
                     Target::Deny | Target::Refused(_) => false,
                 };
@@ -137,7 +148,9 @@ impl Session {
         };
         let requests = bucket.note(allowed, denied, now);
         let action = match target {
-            Target::Unlimited => bucket.blanket(&quota, true, BLANKET_TTL_S, now),
+            Target::Unlimited | Target::Unmatched => {
+                bucket.blanket(&quota, true, BLANKET_TTL_S, now)
+            }
             Target::Deny => bucket.blanket(&quota, false, BLANKET_TTL_S, now),
             Target::Refused(reason) => {
                 quota.metrics.refused(reason);
@@ -202,6 +215,9 @@ impl Session {
                 return Target::Refused(Refusal::Invalid);
             }
         };
+        if plan.parts.is_empty() {
+            return Target::Unmatched;
+        }
         let deadline = plan.deadline();
         let enforced: Vec<_> = plan
             .parts

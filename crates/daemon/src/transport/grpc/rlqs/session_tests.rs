@@ -285,6 +285,8 @@ async fn blanket_rules_answer_what_cannot_or_need_not_be_leased() {
         assert!(session.report(&usage(bucket, 5, 0), t1).await.is_empty());
     }
     assert_eq!(left(&service, "log").await, 10, "nothing spent");
+    // `free` matches no policy at all: counted once, when it is first kept.
+    assert_eq!(session.quota().metrics.unmatched.get(), 1);
 }
 
 #[tokio::test]
