@@ -25,4 +25,5 @@ mod lua;
 mod proxy;
 mod redis_down;
 mod rlqs;
+mod rlqs_copy;
 mod rls;
