@@ -178,6 +178,7 @@ mod tests {
             window: 0,
             hold_us,
             at_us: 0,
+            epoch: 0,
         }
     }
 
