@@ -44,6 +44,9 @@ pub(super) struct Bucket {
     last_active: Instant,
     /// Requests per second in the last report.
     rate_per_s: u64,
+    /// Of which allowed within the tokens its assignment held (demand a lease backed; the rest
+    /// is a claim, as denials are).
+    allowed_per_s: u64,
     blanket: Option<(bool, Instant)>,
     lease: Option<Lease>,
     /// Alternates between assignments, so that Envoy builds a fresh bucket for each (it keeps
@@ -79,6 +82,7 @@ impl Bucket {
             interval: REPORT_INTERVAL,
             last_active: now,
             rate_per_s: 0,
+            allowed_per_s: 0,
             blanket: None,
             lease: None,
             flip: false,
@@ -92,8 +96,13 @@ impl Bucket {
             self.interval = now.duration_since(last).max(Duration::from_millis(100));
         }
         let seconds = self.interval.as_micros().max(1_000_000);
-        self.rate_per_s =
-            u64::try_from(u128::from(requests) * 1_000_000 / seconds).unwrap_or(u64::MAX);
+        let per_s = |n: u64| u64::try_from(u128::from(n) * 1_000_000 / seconds).unwrap_or(u64::MAX);
+        self.rate_per_s = per_s(requests);
+        let backed = self
+            .lease
+            .as_ref()
+            .map_or(0, |lease| lease.tokens.saturating_sub(lease.admitted));
+        self.allowed_per_s = per_s(allowed.min(backed));
         if requests > 0 {
             self.last_active = now;
         }
@@ -294,7 +303,18 @@ impl Bucket {
             .is_some_and(|lease| lease.check.key == check.key);
         let fraction = share.holders().saturating_sub(u64::from(replaced)).max(1);
         let interval = u64::try_from(self.interval.as_micros()).unwrap_or(u64::MAX);
-        let want = sizing::wanted(self.rate_per_s, interval, u64::from(u32::MAX) / cost);
+        // Sized by the reported demand: what Envoy admitted as it is, what it denied (a claim)
+        // at most the take's share of the limit.
+        let most = u64::from(u32::MAX) / cost;
+        let fair = sizing::fair_share(&check.algorithm, cost).min(most);
+        let claimed = self.rate_per_s.saturating_sub(self.allowed_per_s);
+        let part = |rate: u64, max: u64| match rate {
+            0 => 0,
+            rate => sizing::wanted(rate, interval, max),
+        };
+        let want = part(self.allowed_per_s, most)
+            .saturating_add(part(claimed, fair))
+            .clamp(1, most.max(1));
         let ask = StoreCheck {
             cost: sizing::ask_units(&check.algorithm, want, cost),
             ..check.clone()

@@ -346,3 +346,46 @@ async fn an_oversized_id_is_neither_kept_nor_echoed_and_the_budget_is_released()
     drop(session);
     assert_eq!(kept(), 0, "released when the stream ends");
 }
+
+#[tokio::test]
+async fn a_claimed_demand_of_a_billion_takes_a_quarter_and_leaves_the_rest_to_others() {
+    let (_, service) = session();
+    let quota = Arc::new(Quota::new(&Metrics::new(), RlqsSettings::default()));
+    let open = || {
+        let mut s = Session::new(Arc::clone(&quota), Arc::clone(&service), Arc::default());
+        s.domain("edge").expect("a domain");
+        s
+    };
+    let (mut greedy, mut steady) = (open(), open());
+    let t0 = Instant::now();
+    let Strategy::TokenBucket(big) =
+        strategy(&greedy.report(&usage("window", 0, 1_000_000_000), t0).await)
+    else {
+        panic!("a token bucket");
+    };
+    assert_eq!(big.max_tokens, 25, "a quarter of the window's 100");
+    assert_eq!(left(&service, "window").await, 75);
+    // The other client, at 5 a second, gets all it asks for out of what is left (at most
+    // half of it while the two hold leases, at most a quarter of the limit).
+    let Strategy::TokenBucket(small) = strategy(&steady.report(&usage("window", 0, 5), t0).await)
+    else {
+        panic!("a token bucket for the steady client too");
+    };
+    assert_eq!(
+        small.max_tokens, 15,
+        "5 a second until two reports 1 s apart, and 1 s"
+    );
+    assert_eq!(left(&service, "window").await, 60);
+    // Admissions no assignment backed are a claim too.
+    let mut liar = open();
+    let Strategy::TokenBucket(claimed) =
+        strategy(&liar.report(&usage("window", 1_000_000_000, 0), t0).await)
+    else {
+        panic!("a token bucket");
+    };
+    assert_eq!(
+        claimed.max_tokens, 20,
+        "a quarter of the limit, a third of the 60 left"
+    );
+    assert_eq!(left(&service, "window").await, 40);
+}
