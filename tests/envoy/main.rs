@@ -26,4 +26,5 @@ mod proxy;
 mod redis_down;
 mod replies;
 mod rlqs;
+mod rlqs_copy;
 mod rls;

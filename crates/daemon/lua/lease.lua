@@ -2,7 +2,11 @@
 -- bucket or a fixed window (spent here before the pod admits a single one), or give back what a
 -- lease did not use.
 --
--- KEYS[1]  the counter key (its hash tag decides the Cluster slot; no other key is touched)
+-- KEYS[1]  the counter key (its hash tag decides the Cluster slot)
+-- KEYS[2]  the counter's lease epoch key (the counter key and `:lease-epoch`, the same slot):
+--          the epoch of the counter's leases, made afresh by a take on a counter that has
+--          none or that did not exist (created, reset, its data lost), deleted with the counter
+--          by a reset; it outlives every lease taken in it. Its value: `<epoch>:<until_us>`
 -- ARGV[1]  mode       'take' or 'back'
 -- ARGV[2]  algorithm  'tb' (token bucket) or 'fw' (fixed window)
 -- ARGV[3]  limit      as the algorithm's script takes it
@@ -12,10 +16,14 @@
 -- ARGV[7]  take: fraction, at most 1/fraction of what the counter has left is granted (>= 1)
 --          back: a fixed window's window number the units were taken in; a token bucket's
 --          instant the lease started to shrink (the take's now + hold_us)
--- ARGV[8]  now_us     TESTS ONLY: the current time (the daemon never sends it: Redis `TIME`)
--- returns  take: {units, limit, remaining, reset_after_us, retry_after_us, window, hold_us, now}
---            (see Grant in src/limit/lease.rs: with 0 units the figures are a 1-unit check's)
---          back: {whole units given back}: a token bucket's unused units less what the refill
+-- ARGV[8]  take: 0; back: the epoch the take returned (units land only while it is KEYS[2]'s)
+-- ARGV[9]  now_us     TESTS ONLY: the current time (the daemon sends 0: Redis `TIME`)
+-- returns  take: {units, limit, remaining, reset_after_us, retry_after_us, window, hold_us, now,
+--            epoch} (see Grant in src/limit/lease.rs: with 0 units the figures are a 1-unit
+--            check's and the epoch 0)
+--          back: {whole units given back}, 0 unless the counter's epoch is still the take's (a
+--            reset, or a restart that lost the data, made the counter another one); else a
+--            token bucket's unused units less what the refill
 --            took since the lease started to shrink, exactly (the TAT moves back by a fraction
 --            of a token too), measured here on Redis' clock (a late give-back returns less,
 --            never too much); 0 when there is nothing to take them into (another window,
@@ -24,6 +32,33 @@
 -- Why a script: the grant is decided on what the counter has left, in the same atomic step
 -- that spends it, so that pods racing for the last units get none. Runs after state.lua and the
 -- token bucket's and fixed window's functions, its entry after now.lua (`now`, from ARGV[8]).
+
+-- The epoch in an epoch key's value `<epoch>:<until_us>` (0 when absent) and until when it is
+-- kept.
+local function epoch_read(epoch_key)
+  local value = redis.call('GET', epoch_key)
+  local epoch, until_us = string.match(value or '', '^(%d+):(%d+)$')
+  return tonumber(epoch) or 0, tonumber(until_us) or 0
+end
+
+-- The counter's lease epoch for a take whose lease is held for at most `hold_ms` more: the one
+-- in force, or a fresh one (`now`) when the counter did not exist before this take or has none;
+-- its key lives at least as long as every lease taken in it (only GET and SET: the ACL the
+-- scripts need already has them).
+local function lease_epoch(epoch_key, existed, hold_ms)
+  local epoch, until_us = 0, 0
+  if existed then
+    epoch, until_us = epoch_read(epoch_key)
+  end
+  local ttl = math.max(min_ttl_ms, hold_ms)
+  if epoch == 0 then
+    epoch, until_us = now, 0
+  end
+  if now + ttl * 1000 > until_us then
+    redis.call('SET', epoch_key, string.format('%d:%d', epoch, now + ttl * 1000), 'PX', ttl)
+  end
+  return epoch
+end
 
 local function lease_take_bucket(key, limit, period, capacity, want, fraction)
   local value = read_counter(key)
@@ -38,7 +73,7 @@ local function lease_take_bucket(key, limit, period, capacity, want, fraction)
     -- A fixed window's live count (a reload switched algorithm; this take may have been sent
     -- before it): never overwritten by a take, which grants nothing.
     local _, cap, remaining, reset, retry = token_bucket_decide(0, 0, now, limit, period, capacity, 1)
-    return {0, cap, remaining, reset, retry, 0, 0, now}
+    return {0, cap, remaining, reset, retry, 0, 0, now, 0}
   end
   local ahead = math.max(0, (tat_us - now) * limit + tat_rem)
   local hold = math.floor(ahead / limit)
@@ -51,13 +86,16 @@ local function lease_take_bucket(key, limit, period, capacity, want, fraction)
   if units == 0 then
     local allowed, cap, remaining, reset, retry = token_bucket_decide(tat_us, tat_rem, now, limit,
       period, capacity, 1)
-    return {0, cap, remaining, reset, retry, 0, hold, now}
+    return {0, cap, remaining, reset, retry, 0, hold, now, 0}
   end
   local _, cap, remaining, reset, retry, ahead_after = token_bucket_decide(tat_us, tat_rem, now,
     limit, period, capacity, units)
   local new_us, new_rem, ttl_ms = token_bucket_after(now, min_ttl_ms, limit, ahead_after)
   redis.call('SET', key, token_bucket_format(new_us, new_rem), 'PX', ttl_ms)
-  return {units, cap, remaining, reset, retry, 0, hold, now}
+  -- The lease has shrunk to nothing once its units have refilled after the hold.
+  local epoch = lease_epoch(KEYS[2], value ~= nil and value ~= false,
+    ceil_div(hold + ceil_div(units * period, limit), 1000) + 1)
+  return {units, cap, remaining, reset, retry, 0, hold, now, epoch}
 end
 
 local function lease_take_window(key, limit, period, want, fraction)
@@ -75,7 +113,7 @@ local function lease_take_window(key, limit, period, want, fraction)
     -- A token bucket's live TAT (a reload switched algorithm): never overwritten by a take.
     local _, shown, remaining, reset, retry = fixed_window_decide(nil, now, min_ttl_ms, limit,
       period, 1)
-    return {0, shown, remaining, reset, retry, window, hold, now}
+    return {0, shown, remaining, reset, retry, window, hold, now, 0}
   end
   local ok, _, left = fixed_window_decide(packed or nil, now, min_ttl_ms, limit, period, 0)
   local available = 0
@@ -86,12 +124,14 @@ local function lease_take_window(key, limit, period, want, fraction)
   if units == 0 then
     local allowed, shown, remaining, reset, retry = fixed_window_decide(packed or nil, now,
       min_ttl_ms, limit, period, 1)
-    return {0, shown, remaining, reset, retry, window, hold, now}
+    return {0, shown, remaining, reset, retry, window, hold, now, 0}
   end
   local _, shown, remaining, reset, retry, new_packed, ttl_ms = fixed_window_decide(packed or nil,
     now, min_ttl_ms, limit, period, units)
   redis.call('SET', key, fixed_window_format(new_packed), 'PX', ttl_ms)
-  return {units, shown, remaining, reset, retry, window, hold, now}
+  -- The units expire with their window.
+  local epoch = lease_epoch(KEYS[2], value ~= nil and value ~= false, ceil_div(hold, 1000) + 1)
+  return {units, shown, remaining, reset, retry, window, hold, now, epoch}
 end
 
 -- A token bucket's TAT moves back by the refill time of the unused units the lease still
@@ -152,6 +192,10 @@ local key, mode, algorithm = KEYS[1], ARGV[1], ARGV[2]
 local limit, period, capacity = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local units, extra = tonumber(ARGV[6]), tonumber(ARGV[7])
 local reply
+if mode == 'back' and epoch_read(KEYS[2]) ~= tonumber(ARGV[8]) then
+  -- Not the counter the units were taken from: they have nowhere to go.
+  return {0}
+end
 if mode == 'take' and algorithm == 'tb' then
   reply = lease_take_bucket(key, limit, period, capacity, units, math.max(1, extra))
 elseif mode == 'take' and algorithm == 'fw' then

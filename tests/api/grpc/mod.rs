@@ -11,5 +11,6 @@ mod raw_frames;
 mod redis;
 mod rlqs;
 mod rlqs_flow;
+mod rlqs_budget;
 pub mod stock_client;
 mod uds_authority;

@@ -21,7 +21,7 @@ use crate::redis_server::{RedisCluster, RedisServer};
 
 const HOUR: u64 = 3_600_000_000;
 
-fn store(target: RedisTarget) -> RedisStore {
+pub(super) fn store(target: RedisTarget) -> RedisStore {
     let options = RedisOptions {
         target,
         access: Access::default(),
@@ -66,7 +66,7 @@ async fn decide(store: &RedisStore, check: &StoreCheck) -> Decision {
 }
 
 /// Waits (bounded) until the store answers a check of an unrelated key.
-async fn connected(store: &RedisStore) {
+pub(super) async fn connected(store: &RedisStore) {
     let probe = StoreCheck {
         key: Key::new(Arc::from("probe"), ["p"]),
         ..check(

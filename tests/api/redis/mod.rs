@@ -8,6 +8,7 @@ pub(crate) mod exactness;
 mod failures;
 mod generation;
 mod lease_changes;
+mod lease_epoch;
 mod lease_fleet;
 mod lease_ledger;
 mod lease_ops;

@@ -29,6 +29,8 @@ pub(super) struct GrpcListeners {
     tcp: Option<(TcpListener, SocketAddr)>,
     socket: Option<(UnixListener, PathBuf)>,
     with_headers: bool,
+    /// The RLQS bucket budget.
+    rlqs: crate::config::RlqsSettings,
     /// Every bound (the grace period is set again by `spawn`).
     bounds: ConnectionBounds,
 }
@@ -56,6 +58,7 @@ impl GrpcListeners {
             tcp,
             socket,
             with_headers: settings.envoy.response_headers,
+            rlqs: settings.envoy.rlqs,
             bounds: ConnectionBounds::new(settings, settings.shutdown_grace.as_std()),
         })
     }
@@ -83,6 +86,7 @@ impl GrpcListeners {
             service.clone(),
             metrics.clone(),
             self.with_headers,
+            self.rlqs,
         ));
         // One budget for both listeners: what the pod's memory limit allows gRPC as a whole.
         let budget = bounds.budget();

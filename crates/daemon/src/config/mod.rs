@@ -26,6 +26,7 @@ pub use settings::redact::mask_url;
 pub use settings::redis_settings::{
     BreakerSettings, RedisSettings, RedisTarget, SentinelSettings, SentinelTarget, TlsSettings,
 };
+pub use settings::rlqs_settings::RlqsSettings;
 pub use settings::socket_group::SocketGroup;
 pub use settings::tracing_settings::{OtlpEndpoint, OtlpProtocol, TracingSettings};
 pub use settings::{

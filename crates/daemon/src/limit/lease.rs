@@ -38,6 +38,11 @@ pub struct Grant {
     pub hold_us: Micros,
     /// The counter's `now` at the take (its clock: a give-back measures the shrink on it).
     pub at_us: Micros,
+    /// The counter's lease epoch at the take, set by the store (0 here, and for no units): a
+    /// counter gets a fresh one when it is created or reset (Redis: or loses its data), and a
+    /// give-back lands only on a counter whose epoch is still this one, never on a counter
+    /// that replaced the one the units were taken from.
+    pub epoch: u64,
 }
 
 /// The units a token bucket lease of `units`, taken at the counter `hold_us` µs before it
@@ -93,6 +98,7 @@ impl Algorithm {
                 window,
                 hold_us,
                 at_us: now,
+                epoch: 0,
             });
         }
         let left = self.decide(state, now, 0);
@@ -119,6 +125,7 @@ impl Algorithm {
             window,
             hold_us,
             at_us: now,
+            epoch: 0,
         })
     }
 

@@ -5,6 +5,7 @@ use std::collections::hash_map::{Entry, RandomState};
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::mem::size_of;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -33,6 +34,9 @@ struct Slot {
     idle_at: Micros,
     /// The newest policy generation that wrote the state ([`StoreCheck::generation`]).
     generation: u64,
+    /// The counter's lease epoch: fresh whenever the state is (created, restarted when idle,
+    /// reset, evicted and made again); a give-back lands only on the epoch it was taken in.
+    epoch: u64,
 }
 
 impl Slot {
@@ -114,6 +118,8 @@ pub struct MemoryStore {
     hasher: RandomState,
     clock: Arc<dyn Clock>,
     metrics: Option<MemoryMetrics>,
+    /// The last lease epoch handed to a counter.
+    epochs: AtomicU64,
 }
 
 impl MemoryStore {
@@ -128,7 +134,13 @@ impl MemoryStore {
             hasher: RandomState::new(),
             clock,
             metrics,
+            epochs: AtomicU64::new(0),
         }
+    }
+
+    /// A lease epoch no counter of this store has had.
+    fn next_epoch(&self) -> u64 {
+        self.epochs.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     /// Also bounds the estimated bytes held to about `max_bytes` (a sliding log's key holds its
@@ -273,6 +285,7 @@ impl MemoryStore {
                 let slot = entry.into_mut();
                 if slot.idle_at <= now {
                     slot.state = check.algorithm.new_state();
+                    slot.epoch = self.next_epoch();
                 }
                 // Callers have refused a superseded check: this only ever moves forward.
                 slot.generation = slot.generation.max(check.generation);
@@ -282,6 +295,7 @@ impl MemoryStore {
                 state: check.algorithm.new_state(),
                 idle_at: now,
                 generation: check.generation,
+                epoch: self.next_epoch(),
             }),
         };
         let outcome = change(&check.algorithm, &mut slot.state);
@@ -318,19 +332,24 @@ impl MemoryStore {
                 window: 0,
                 hold_us: 0,
                 at_us: now,
+                epoch: 0,
             });
         }
-        self.update(&mut shard, check, now, |alg, state| {
+        let grant = self.update(&mut shard, check, now, |alg, state| {
             alg.take(state, now, check.cost, fraction)
-        })
+        });
+        // The key just written is never evicted by its own update.
+        let epoch = shard.slots.get(&check.key).map_or(0, |slot| slot.epoch);
+        grant.map(|grant| Grant { epoch, ..grant })
     }
 
-    /// The synchronous core of [`RateStore::give_back`]: the units taken back.
+    /// The synchronous core of [`RateStore::give_back`]: the units taken back; none unless the
+    /// counter is still the one `grant` was taken from (its epoch).
     pub fn give_back_now(&self, check: &StoreCheck, unused: u64, grant: &Grant) -> u64 {
         let now = self.clock.now_us();
         let mut shard = self.lock(self.shard_of(&check.key));
         match shard.slots.get_mut(&check.key) {
-            Some(slot) if slot.idle_at > now => {
+            Some(slot) if slot.idle_at > now && slot.epoch == grant.epoch => {
                 let back = check
                     .algorithm
                     .give_back(&mut slot.state, now, unused, grant);

@@ -186,7 +186,8 @@ pub trait RateStore: Send + Sync + 'static {
 
     /// Gives back what is left of `grant` (taken on `check`'s counter), of which `unused`
     /// units were not admitted: the store measures what the lease still held on its own clock
-    /// (see [`Algorithm::give_back`]); the units it took back.
+    /// (see [`Algorithm::give_back`]); the units it took back. Nothing lands on a counter that
+    /// is no longer the one taken from (reset, recreated, its data lost: `grant.epoch`).
     fn give_back<'a>(
         &'a self,
         check: &'a StoreCheck,

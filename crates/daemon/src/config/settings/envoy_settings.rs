@@ -1,9 +1,10 @@
 //! Settings of Envoy's rate limit service API (`[envoy]`; its addresses are `listen.grpc*`): how
 //! it answers and the bounds of its HTTP/2 connections (streams, handshake, idle time, keepalive,
-//! age), on top of the `limits.*` every check listener shares.
+//! age, the RLQS bucket budget), on top of the `limits.*` every check listener shares.
 
 use serde::{Deserialize, Serialize};
 
+use super::rlqs_settings::RlqsSettings;
 use super::{HumanDuration, SettingsError};
 
 /// Default most concurrent streams (in-flight checks) per connection.
@@ -41,6 +42,8 @@ pub struct EnvoySettings {
     pub keepalive_timeout: HumanDuration,
     /// A connection older than this is asked to go (GOAWAY) once; the client reconnects.
     pub max_connection_age: HumanDuration,
+    /// The budget of the rate limit quota service's buckets (`[envoy.rlqs]`).
+    pub rlqs: RlqsSettings,
 }
 
 impl Default for EnvoySettings {
@@ -53,6 +56,7 @@ impl Default for EnvoySettings {
             keepalive_interval: DEFAULT_KEEPALIVE_INTERVAL,
             keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
             max_connection_age: DEFAULT_MAX_CONNECTION_AGE,
+            rlqs: RlqsSettings::default(),
         }
     }
 }
@@ -78,7 +82,7 @@ impl EnvoySettings {
                 return Err(SettingsError(format!("{name}: must be above 0")));
             }
         }
-        Ok(())
+        self.rlqs.validate()
     }
 }
 

@@ -17,6 +17,7 @@ pub(super) mod local_peers;
 mod log_level;
 pub(super) mod redact;
 pub(super) mod redis_settings;
+pub(super) mod rlqs_settings;
 mod settings_errors;
 pub(super) mod shadow_settings;
 pub(super) mod socket_group;

@@ -123,10 +123,10 @@ impl Conn {
         Ok(redis::from_redis_value(self.expect_ok(&cmd).await?)?)
     }
 
-    /// `DEL key` (routed by the key's hash tag in a Cluster); whether the key existed.
-    pub async fn delete(&mut self, key: &str) -> RedisResult<bool> {
+    /// `DEL keys` (keys of one hash tag, routed by it in a Cluster); whether any existed.
+    pub async fn delete(&mut self, keys: &[&str]) -> RedisResult<bool> {
         let mut cmd = redis::cmd("DEL");
-        cmd.arg(key);
+        cmd.arg(keys);
         let deleted: u64 = redis::from_redis_value(self.expect_ok(&cmd).await?)?;
         Ok(deleted > 0)
     }

@@ -15,6 +15,12 @@ use crate::limit::{period_name, Key};
 /// Longest partition stored as is; longer ones are hashed.
 pub const MAX_PARTITION_BYTES: usize = 128;
 
+/// The lease epoch key of the counter stored at `counter` (`lua/lease.lua`): the same hash tag,
+/// so the same Cluster slot.
+pub fn lease_epoch_key(counter: &str) -> String {
+    format!("{counter}:lease-epoch")
+}
+
 /// The Redis key of a counter.
 pub fn redis_key(prefix: &str, key: &Key) -> String {
     let partition = key.partition();

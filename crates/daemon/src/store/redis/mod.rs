@@ -216,8 +216,12 @@ impl RedisStore {
     /// its batcher) and announces the reset; the announcement failing does not undo the reset.
     async fn reset_key(&self, key: &Key) -> Result<ResetOutcome, StoreError> {
         let mut conn = self.current()?;
+        // The counter and its lease epoch together (one slot): a lease taken from the old
+        // counter gives nothing back to whatever counter holds the key next.
+        let counter = keys::redis_key(&self.prefix, key);
+        let epoch = keys::lease_epoch_key(&counter);
         let existed = conn
-            .delete(&keys::redis_key(&self.prefix, key))
+            .delete(&[counter.as_str(), epoch.as_str()])
             .await
             .map_err(|e| failed(&e))?;
         let fleet = match conn
@@ -234,13 +238,12 @@ impl RedisStore {
     }
 
     /// One call of the lease script on `check`'s counter (`EVALSHA`, `NOSCRIPT` -> `EVAL`
-    /// once), within `deadline`: `mode` and the two arguments as `lua/lease.lua` takes them.
+    /// once), within `deadline`: `mode` and the three arguments as `lua/lease.lua` takes them.
     async fn lease_call(
         &self,
         check: &StoreCheck,
         mode: &str,
-        units: u64,
-        extra: u64,
+        [units, extra, epoch]: [u64; 3],
         deadline: Duration,
     ) -> Result<Vec<i64>, StoreError> {
         let (algorithm, limit, period, capacity) = match check.algorithm {
@@ -255,18 +258,21 @@ impl RedisStore {
         };
         let mut conn = self.current()?;
         let key = keys::redis_key(&self.prefix, &check.key);
+        let epoch_key = keys::lease_epoch_key(&key);
         let command = |verb: &str, script: &str| {
             let mut cmd = redis::cmd(verb);
             cmd.arg(script)
-                .arg(1)
+                .arg(2)
                 .arg(&key)
+                .arg(&epoch_key)
                 .arg(mode)
                 .arg(algorithm)
                 .arg(limit)
                 .arg(period)
                 .arg(capacity)
                 .arg(units)
-                .arg(extra);
+                .arg(extra)
+                .arg(epoch);
             cmd
         };
         let call = async {
@@ -469,13 +475,14 @@ impl RateStore for RedisStore {
             }
             let deadline = deadline.unwrap_or(self.timeout);
             let figures = self
-                .lease_call(check, "take", check.cost, fraction.max(1), deadline)
+                .lease_call(check, "take", [check.cost, fraction.max(1), 0], deadline)
                 .await?;
-            let &[units, limit, remaining, reset, retry, window, hold, at] = figures.as_slice()
+            let &[units, limit, remaining, reset, retry, window, hold, at, epoch] =
+                figures.as_slice()
             else {
                 return Err(StoreError::failed(
                     ErrorKind::Other,
-                    format!("lease reply of {} figures, not 8", figures.len()),
+                    format!("lease reply of {} figures, not 9", figures.len()),
                 ));
             };
             let whole = |n: i64| u64::try_from(n).unwrap_or(0);
@@ -492,6 +499,7 @@ impl RateStore for RedisStore {
                 window: whole(window),
                 hold_us: whole(hold),
                 at_us: whole(at),
+                epoch: whole(epoch),
             }))
         })
     }
@@ -514,7 +522,7 @@ impl RateStore for RedisStore {
             };
             let deadline = deadline.unwrap_or(self.timeout);
             let figures = self
-                .lease_call(check, "back", unused, extra, deadline)
+                .lease_call(check, "back", [unused, extra, grant.epoch], deadline)
                 .await?;
             Ok(figures
                 .first()

@@ -27,7 +27,7 @@ const BATCH: &str = include_str!("../../../lua/batch.lua");
 const LEASE: &str = include_str!("../../../lua/lease.lua");
 
 /// Where the lease script's test-only `now_us` is (see `lua/lease.lua`).
-pub(crate) const LEASE_NOW_ARGV: usize = 8;
+pub(crate) const LEASE_NOW_ARGV: usize = 9;
 
 /// The line that separates an algorithm script's reusable functions from its own entry point.
 const ENTRY_MARKER: &str = "-- sluice:entry";

@@ -233,6 +233,8 @@ pub(super) struct Activity {
     last_end_ms: AtomicU64,
     /// Cancelled when the connection is asked to go (GOAWAY): long-lived streams end then.
     going: CancellationToken,
+    /// RLQS buckets its streams keep (their budget per connection).
+    rlqs_buckets: super::rlqs::budget::ConnectionBuckets,
 }
 
 impl Activity {
@@ -243,6 +245,7 @@ impl Activity {
             open: AtomicUsize::new(0),
             last_end_ms: AtomicU64::new(0),
             going: CancellationToken::new(),
+            rlqs_buckets: Arc::default(),
         }
     }
 
@@ -277,6 +280,11 @@ impl OpenStream {
     /// Cancelled when the stream's connection is asked to go (a drain, its maximum age).
     pub(super) fn going(&self) -> &CancellationToken {
         &self.0.going
+    }
+
+    /// The count of RLQS buckets the connection's streams keep.
+    pub(super) fn rlqs_buckets(&self) -> super::rlqs::budget::ConnectionBuckets {
+        Arc::clone(&self.0.rlqs_buckets)
     }
 }
 

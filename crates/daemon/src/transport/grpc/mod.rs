@@ -58,13 +58,19 @@ pub struct Rls {
 }
 
 impl Rls {
-    /// Answers from `service`; `with_headers` adds rate-limit headers to answers.
-    pub fn new(service: Arc<CheckService>, metrics: Metrics, with_headers: bool) -> Self {
+    /// Answers from `service`; `with_headers` adds rate-limit headers to answers; RLQS buckets
+    /// kept within `rlqs`.
+    pub fn new(
+        service: Arc<CheckService>,
+        metrics: Metrics,
+        with_headers: bool,
+        rlqs: crate::config::RlqsSettings,
+    ) -> Self {
         let duration = metrics
             .check_duration
             .with_label_values(&[Transport::Grpc.as_str()]);
         Self {
-            quota: Arc::new(rlqs::Quota::new(&metrics)),
+            quota: Arc::new(rlqs::Quota::new(&metrics, rlqs)),
             service,
             metrics,
             duration,

@@ -49,8 +49,10 @@ pub trait ScriptCalls {
     }
 
     /// The lease script's call (`lua/lease.lua`): `mode` `take` (at most `units`, at most
-    /// `1/extra` of what is left) or `back` (`units` into fixed window number `extra`) on `key`
-    /// of a token bucket or fixed window. `now` as in [`ScriptCalls::call`].
+    /// `1/extra` of what is left) or `back` (`units` into fixed window number `extra`, if the
+    /// counter's lease epoch is still `epoch`) on `key` of a token bucket or fixed window. `now`
+    /// as in [`ScriptCalls::call`].
+    #[allow(clippy::too_many_arguments)]
     fn lease_call(
         &self,
         algorithm: &Algorithm,
@@ -58,6 +60,7 @@ pub trait ScriptCalls {
         mode: &str,
         units: u64,
         extra: u64,
+        epoch: u64,
         now: Option<Micros>,
     ) -> ScriptCall {
         let (kind, limit, period, capacity) = match *algorithm {
@@ -67,14 +70,15 @@ pub trait ScriptCalls {
         };
         let mut args = vec![mode.as_bytes().to_vec(), kind.as_bytes().to_vec()];
         args.extend(
-            [limit, period, capacity, units, extra]
+            [limit, period, capacity, units, extra, epoch]
                 .into_iter()
                 .chain(now)
                 .map(|n| n.to_string().into_bytes()),
         );
+        let epoch_key = crate::store::redis::keys::lease_epoch_key(&key);
         ScriptCall {
             script: self.scripts().lease().clone(),
-            keys: vec![key],
+            keys: vec![key, epoch_key],
             args,
         }
     }

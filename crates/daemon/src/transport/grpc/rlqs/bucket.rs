@@ -4,8 +4,11 @@
 //! reported used up, settled (its unused part given back) once it is over and reported, and
 //! replaced when the bucket's policy changes.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::actions;
 use super::metrics::{Kind, Refusal};
 use super::sizing::{self, DELIVERY_MARGIN_US, MAX_LIFE_S, REFILL_INTERVAL_S, RENEW_HEADROOM_US};
 use super::{Quota, ShareGuard};
@@ -14,14 +17,10 @@ use crate::limit::{FailureMode, Grant};
 use crate::store::StoreCheck;
 use crate::transport::grpc::proto::envoy::r#type::v3::{
     rate_limit_strategy::{BlanketRule, Strategy},
-    RateLimitStrategy, TokenBucket,
+    TokenBucket,
 };
 use crate::transport::grpc::proto::envoy::service::rate_limit_quota::v3::{
-    rate_limit_quota_response::{
-        bucket_action::{BucketAction as Action, QuotaAssignmentAction},
-        BucketAction,
-    },
-    BucketId,
+    rate_limit_quota_response::BucketAction, BucketId,
 };
 
 /// Time to live of `ALLOW_ALL` and `DENY_ALL` answers; renewed by reports before it ends.
@@ -34,14 +33,20 @@ const REPORT_INTERVAL: Duration = Duration::from_secs(1);
 const MARGIN: Duration = Duration::from_micros(DELIVERY_MARGIN_US);
 const HEADROOM: Duration = Duration::from_micros(RENEW_HEADROOM_US);
 
+/// A bucket's id as its descriptors, kept once (the session's map and the bucket share it).
+pub(super) type Name = Arc<BTreeMap<String, String>>;
+
 /// A bucket's state on one stream.
 pub(super) struct Bucket {
-    id: BucketId,
+    name: Name,
     last_report: Option<Instant>,
     interval: Duration,
     last_active: Instant,
     /// Requests per second in the last report.
     rate_per_s: u64,
+    /// Of which allowed within the tokens its assignment held (demand a lease backed; the rest
+    /// is a claim, as denials are).
+    allowed_per_s: u64,
     blanket: Option<(bool, Instant)>,
     lease: Option<Lease>,
     /// Alternates between assignments, so that Envoy builds a fresh bucket for each (it keeps
@@ -70,13 +75,14 @@ struct Lease {
 
 impl Bucket {
     /// A bucket first reported at `now`.
-    pub(super) fn new(id: BucketId, now: Instant) -> Self {
+    pub(super) fn new(name: Name, now: Instant) -> Self {
         Self {
-            id,
+            name,
             last_report: None,
             interval: REPORT_INTERVAL,
             last_active: now,
             rate_per_s: 0,
+            allowed_per_s: 0,
             blanket: None,
             lease: None,
             flip: false,
@@ -90,8 +96,13 @@ impl Bucket {
             self.interval = now.duration_since(last).max(Duration::from_millis(100));
         }
         let seconds = self.interval.as_micros().max(1_000_000);
-        self.rate_per_s =
-            u64::try_from(u128::from(requests) * 1_000_000 / seconds).unwrap_or(u64::MAX);
+        let per_s = |n: u64| u64::try_from(u128::from(n) * 1_000_000 / seconds).unwrap_or(u64::MAX);
+        self.rate_per_s = per_s(requests);
+        let backed = self
+            .lease
+            .as_ref()
+            .map_or(0, |lease| lease.tokens.saturating_sub(lease.admitted));
+        self.allowed_per_s = per_s(allowed.min(backed));
         if requests > 0 {
             self.last_active = now;
         }
@@ -108,9 +119,9 @@ impl Bucket {
             .then(|| now.saturating_duration_since(self.last_active))
     }
 
-    /// The bucket's id (it is forgotten).
-    pub(super) fn into_id(self) -> BucketId {
-        self.id
+    /// The bucket's id, for an answer.
+    pub(super) fn id(&self) -> BucketId {
+        actions::bucket_id(&self.name)
     }
 
     /// `ALLOW_ALL` or `DENY_ALL` for `ttl_s`, unless already said and far from its end. A lease
@@ -142,18 +153,7 @@ impl Bucket {
     }
 
     fn assign(&self, strategy: Strategy, ttl_s: u64) -> BucketAction {
-        BucketAction {
-            bucket_id: Some(self.id.clone()),
-            bucket_action: Some(Action::QuotaAssignmentAction(QuotaAssignmentAction {
-                assignment_time_to_live: Some(prost_types::Duration {
-                    seconds: i64::try_from(ttl_s).unwrap_or(i64::MAX),
-                    nanos: 0,
-                }),
-                rate_limit_strategy: Some(RateLimitStrategy {
-                    strategy: Some(strategy),
-                }),
-            })),
-        }
+        actions::assignment(&self.name, strategy, ttl_s)
     }
 
     /// Keeps a lease-backed assignment going: renews the running one while its lease allows,
@@ -303,7 +303,18 @@ impl Bucket {
             .is_some_and(|lease| lease.check.key == check.key);
         let fraction = share.holders().saturating_sub(u64::from(replaced)).max(1);
         let interval = u64::try_from(self.interval.as_micros()).unwrap_or(u64::MAX);
-        let want = sizing::wanted(self.rate_per_s, interval, u64::from(u32::MAX) / cost);
+        // Sized by the reported demand: what Envoy admitted as it is, what it denied (a claim)
+        // at most the take's share of the limit.
+        let most = u64::from(u32::MAX) / cost;
+        let fair = sizing::fair_share(&check.algorithm, cost).min(most);
+        let claimed = self.rate_per_s.saturating_sub(self.allowed_per_s);
+        let part = |rate: u64, max: u64| match rate {
+            0 => 0,
+            rate => sizing::wanted(rate, interval, max),
+        };
+        let want = part(self.allowed_per_s, most)
+            .saturating_add(part(claimed, fair))
+            .clamp(1, most.max(1));
         let ask = StoreCheck {
             cost: sizing::ask_units(&check.algorithm, want, cost),
             ..check.clone()

@@ -50,20 +50,26 @@ impl Kind {
 pub enum Refusal {
     /// Its policies cannot be leased exactly (a sliding log, several windows or policies).
     Unsupported,
-    /// Its `bucket_id` is not a valid descriptor set.
+    /// Its `bucket_id` is not a valid descriptor set (nothing of it is kept).
     Invalid,
-    /// The stream already tracks the most buckets it may.
-    TooManyBuckets,
+    /// Its stream keeps `envoy.rlqs.max_buckets_per_stream` buckets already.
+    StreamBudget,
+    /// Its connection's streams keep `envoy.rlqs.max_buckets_per_connection` already.
+    ConnectionBudget,
+    /// The daemon keeps `envoy.rlqs.max_buckets` already.
+    DaemonBudget,
     /// The store could not answer the take (the policy's failure mode applied).
     Store,
 }
 
 impl Refusal {
     /// Every reason.
-    pub const ALL: [Self; 4] = [
+    pub const ALL: [Self; 6] = [
         Self::Unsupported,
         Self::Invalid,
-        Self::TooManyBuckets,
+        Self::StreamBudget,
+        Self::ConnectionBudget,
+        Self::DaemonBudget,
         Self::Store,
     ];
 
@@ -72,7 +78,9 @@ impl Refusal {
         match self {
             Self::Unsupported => "unsupported",
             Self::Invalid => "invalid",
-            Self::TooManyBuckets => "too_many_buckets",
+            Self::StreamBudget => "stream_budget",
+            Self::ConnectionBudget => "connection_budget",
+            Self::DaemonBudget => "daemon_budget",
             Self::Store => "store",
         }
     }
@@ -98,6 +106,8 @@ pub struct RlqsMetrics {
     /// `sluice_rlqs_units_written_off_total`: what replaced assignments had left (their use
     /// after their last report is not known, so none of it is given back).
     pub written_off: IntCounter,
+    /// `sluice_rlqs_unmatched_buckets_total`: new buckets that match no policy (`ALLOW_ALL`).
+    pub unmatched: IntCounter,
 }
 
 impl RlqsMetrics {
@@ -121,7 +131,7 @@ impl RlqsMetrics {
             ),
             refusals: vec(
                 "sluice_rlqs_refusals_total",
-                "Buckets that got no lease, by reason.",
+                "RLQS buckets that got no lease, by reason (invalid ids and buckets past the budget are not kept).",
                 "reason",
             ),
             reported: vec(
@@ -145,6 +155,10 @@ impl RlqsMetrics {
                 "sluice_rlqs_units_written_off_total",
                 "Units left to RLQS assignments replaced before their end, never given back.",
             ),
+            unmatched: counter(
+                "sluice_rlqs_unmatched_buckets_total",
+                "New RLQS buckets that match no policy (allowed everything).",
+            ),
         };
         for kind in Kind::ALL {
             this.assignments.with_label_values(&[kind.as_str()]);
@@ -155,7 +169,7 @@ impl RlqsMetrics {
         for outcome in ["allowed", "denied"] {
             this.reported.with_label_values(&[outcome]);
         }
-        let collectors: [Box<dyn prometheus::core::Collector>; 9] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 10] = [
             Box::new(this.streams.clone()),
             Box::new(this.buckets.clone()),
             Box::new(this.assignments.clone()),
@@ -165,6 +179,7 @@ impl RlqsMetrics {
             Box::new(this.assigned.clone()),
             Box::new(this.given_back.clone()),
             Box::new(this.written_off.clone()),
+            Box::new(this.unmatched.clone()),
         ];
         for collector in collectors {
             if let Err(error) = metrics.registry().register(collector) {

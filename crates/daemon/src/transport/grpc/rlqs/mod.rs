@@ -12,10 +12,13 @@
 //!
 //! The stream is read as its messages arrive ([`frames`]), each at most `limits.max_body_bytes`,
 //! a started message completed within `limits.body_read_timeout`; a stream with no message for
-//! [`STREAM_IDLE`] ends (`OK`; Envoy reopens it on its next report). Buckets per stream are
-//! bounded ([`session::MAX_BUCKETS`]), streams per connection by HTTP/2's concurrent streams.
+//! [`STREAM_IDLE`] ends (`OK`; Envoy reopens it on its next report). The buckets kept are
+//! bounded per stream, per connection and per daemon, each id's size too (`[envoy.rlqs]`,
+//! [`budget`]); streams per connection by HTTP/2's concurrent streams.
 
+mod actions;
 mod bucket;
+pub(super) mod budget;
 mod frames;
 mod metrics;
 mod session;
@@ -43,7 +46,9 @@ use super::proto::envoy::service::rate_limit_quota::v3::{
 };
 use super::stream::StreamLimits;
 use super::Rls;
+use crate::config::RlqsSettings;
 use crate::limit::Key;
+use crate::logging::LogGate;
 use crate::telemetry::Metrics;
 
 pub use metrics::RlqsMetrics;
@@ -58,21 +63,46 @@ pub const STREAM_IDLE: Duration = Duration::from_secs(60);
 /// Answers waiting to be written to one stream.
 const QUEUED_ANSWERS: usize = 8;
 
-/// What every stream of the daemon shares: the metrics, and who holds leases on which counter.
+/// What every stream of the daemon shares: the metrics, the bucket budget, and who holds
+/// leases on which counter.
 pub struct Quota {
     metrics: RlqsMetrics,
+    budget: budget::Budget,
     shares: Shares,
+    /// Gates the warn line about buckets that match no policy.
+    unmatched: LogGate,
 }
 
 impl Quota {
-    /// Registers the metrics on `metrics`' registry.
-    pub fn new(metrics: &Metrics) -> Self {
+    /// Registers the metrics on `metrics`' registry; buckets kept within `budget`.
+    pub fn new(metrics: &Metrics, budget: RlqsSettings) -> Self {
         Self {
             metrics: RlqsMetrics::new(metrics),
+            budget: budget::Budget::new(budget),
             shares: Shares::default(),
+            unmatched: LogGate::new(UNMATCHED_QUIET),
+        }
+    }
+
+    /// Counts a new bucket that matches no policy (it is allowed everything) and says so in a
+    /// warn line at most once per [`UNMATCHED_QUIET`], naming its descriptors' names (values are
+    /// client data).
+    fn unmatched(&self, name: &std::collections::BTreeMap<String, String>) {
+        self.metrics.unmatched.inc();
+        if let Some(held_back) = self.unmatched.pass() {
+            let names: Vec<&str> = name.keys().map(String::as_str).collect();
+            tracing::warn!(
+                descriptors = names.join(","),
+                held_back,
+                "an RLQS bucket matches no policy and is allowed everything (ALLOW_ALL); \
+                 sluice_rlqs_unmatched_buckets_total counts them (at most one line a minute)"
+            );
         }
     }
 }
+
+/// Shortest time between two warn lines about buckets that match no policy.
+const UNMATCHED_QUIET: Duration = Duration::from_secs(60);
 
 /// How many buckets of this daemon's streams hold a lease on each counter: a take asks for at
 /// most its share of what is left, so that the Envoys sharing a limit split it.
@@ -130,7 +160,11 @@ pub(super) fn serve(
     tokio::spawn(async move {
         let quota = Arc::clone(&rls.quota);
         quota.metrics.streams.inc();
-        let mut session = session::Session::new(Arc::clone(&quota), Arc::clone(&rls.service));
+        let mut session = session::Session::new(
+            Arc::clone(&quota),
+            Arc::clone(&rls.service),
+            open.rlqs_buckets(),
+        );
         let ended = tokio::select! {
             ended = run(&mut session, body, limits, &answers) => ended,
             // The connection is going (a drain, its maximum age): end the stream now, with

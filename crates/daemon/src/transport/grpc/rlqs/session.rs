@@ -3,12 +3,21 @@
 //! `ALLOW_ALL` when no enforced policy applies, `DENY_ALL` for a block list (or a bucket that
 //! cannot be leased exactly), else a token bucket backed by a lease taken from the store
 //! ([`super::bucket`]); buckets idle for long are abandoned.
+//!
+//! A bucket's id is sized before anything of it is kept, and planned before it is kept: an id
+//! over the bounds is refused and never echoed back (no answer names it: Envoy keeps its
+//! `no_assignment_behavior`), an id that is no valid check gets `DENY_ALL` unkept, and a new
+//! bucket past the budget ([`super::budget`]) gets its policy's failure mode as a blanket rule,
+//! unkept. A kept bucket is keyed by its descriptors once; the budget is released as buckets
+//! are abandoned and when the stream ends.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::bucket::{Bucket, BLANKET_TTL_S};
+use super::actions::blanket_once;
+use super::bucket::{Bucket, Name, BLANKET_TTL_S};
+use super::budget::ConnectionBuckets;
 use super::metrics::{Kind, Refusal};
 use super::Quota;
 use crate::check::{CheckRequest, CheckService, Spend};
@@ -23,9 +32,6 @@ use crate::transport::grpc::proto::envoy::service::rate_limit_quota::v3::{
     rate_limit_quota_usage_reports::BucketQuotaUsage,
 };
 
-/// Most buckets one stream may track; reports of others are refused (Envoy keeps them at its
-/// `no_assignment_behavior`).
-pub const MAX_BUCKETS: usize = 1_000;
 /// A bucket with no request reported for this long, and no lease, is abandoned.
 const ABANDON_AFTER: Duration = Duration::from_secs(30);
 
@@ -33,26 +39,41 @@ const ABANDON_AFTER: Duration = Duration::from_secs(30);
 pub(super) struct Session {
     quota: Arc<Quota>,
     service: Arc<CheckService>,
+    /// What the streams of this one's connection keep.
+    connection: ConnectionBuckets,
     domain: Option<String>,
-    buckets: HashMap<BTreeMap<String, String>, Bucket>,
+    buckets: HashMap<Name, Bucket>,
 }
 
 /// What a bucket's policies ask for.
 enum Target {
     Unlimited,
+    /// No policy matched at all (`ALLOW_ALL`, counted and logged).
+    Unmatched,
     Deny,
     Lease(StoreCheck, FailureMode, Option<Duration>),
     Refused(Refusal),
 }
 
 impl Session {
-    pub(super) fn new(quota: Arc<Quota>, service: Arc<CheckService>) -> Self {
+    pub(super) fn new(
+        quota: Arc<Quota>,
+        service: Arc<CheckService>,
+        connection: ConnectionBuckets,
+    ) -> Self {
         Self {
             quota,
             service,
+            connection,
             domain: None,
             buckets: HashMap::new(),
         }
+    }
+
+    /// What every stream shares (tests read its metrics).
+    #[cfg(test)]
+    pub(super) fn quota(&self) -> &Quota {
+        &self.quota
     }
 
     /// Takes the stream's domain from its first message; a later one must repeat it or be empty.
@@ -83,28 +104,53 @@ impl Session {
         };
         let (allowed, denied) = (usage.num_requests_allowed, usage.num_requests_denied);
         self.quota.metrics.reported(allowed, denied);
-        let name: BTreeMap<String, String> = id
-            .bucket
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let limits = self.service.limits();
+        if let Some(reason) = self.quota.budget.oversized(limits, id.bucket.iter()) {
+            tracing::debug!(%reason, "an RLQS bucket id over the bounds; refused, not echoed");
+            self.quota.metrics.refused(Refusal::Invalid);
+            return Vec::new();
+        }
+        let name: Name = Arc::new(
+            id.bucket
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        );
+        let target = self.target(&name).await;
+        if let Target::Refused(Refusal::Invalid) = target {
+            self.quota.metrics.refused(Refusal::Invalid);
+            return vec![blanket_once(&self.quota, &name, false, BLANKET_TTL_S)];
+        }
         if !self.buckets.contains_key(&name) {
-            if self.buckets.len() >= MAX_BUCKETS {
-                self.quota.metrics.refused(Refusal::TooManyBuckets);
-                return Vec::new();
+            if let Target::Unmatched = target {
+                self.quota.unmatched(&name);
+            }
+            if let Err(reason) = self
+                .quota
+                .budget
+                .reserve(self.buckets.len(), &self.connection)
+            {
+                self.quota.metrics.refused(reason);
+                let allow = match &target {
+                    Target::Unlimited | Target::Unmatched => true,
+                    Target::Lease(_, mode, _) => *mode == FailureMode::Open,
+                    Target::Deny | Target::Refused(_) => false,
+                };
+                return vec![blanket_once(&self.quota, &name, allow, BLANKET_TTL_S)];
             }
             self.quota.metrics.buckets.inc();
-            self.buckets
-                .insert(name.clone(), Bucket::new(id.clone(), now));
+            let bucket = Bucket::new(Arc::clone(&name), now);
+            self.buckets.insert(Arc::clone(&name), bucket);
         }
-        let target = self.target(&name).await;
         let quota = Arc::clone(&self.quota);
         let Some(bucket) = self.buckets.get_mut(&name) else {
             return Vec::new();
         };
         let requests = bucket.note(allowed, denied, now);
         let action = match target {
-            Target::Unlimited => bucket.blanket(&quota, true, BLANKET_TTL_S, now),
+            Target::Unlimited | Target::Unmatched => {
+                bucket.blanket(&quota, true, BLANKET_TTL_S, now)
+            }
             Target::Deny => bucket.blanket(&quota, false, BLANKET_TTL_S, now),
             Target::Refused(reason) => {
                 quota.metrics.refused(reason);
@@ -131,9 +177,10 @@ impl Session {
         for name in idle {
             if let Some(bucket) = self.buckets.remove(&name) {
                 self.quota.metrics.buckets.dec();
+                self.quota.budget.release(1, &self.connection);
                 self.quota.metrics.assigned(Kind::Abandon);
                 actions.push(BucketAction {
-                    bucket_id: Some(bucket.into_id()),
+                    bucket_id: Some(bucket.id()),
                     bucket_action: Some(Action::AbandonAction(AbandonAction {})),
                 });
             }
@@ -168,6 +215,9 @@ impl Session {
                 return Target::Refused(Refusal::Invalid);
             }
         };
+        if plan.parts.is_empty() {
+            return Target::Unmatched;
+        }
         let deadline = plan.deadline();
         let enforced: Vec<_> = plan
             .parts
@@ -192,5 +242,8 @@ impl Drop for Session {
     fn drop(&mut self) {
         let buckets = i64::try_from(self.buckets.len()).unwrap_or(i64::MAX);
         self.quota.metrics.buckets.sub(buckets);
+        self.quota
+            .budget
+            .release(self.buckets.len(), &self.connection);
     }
 }

@@ -9,7 +9,7 @@ use super::session::Session;
 use super::Quota;
 use crate::check::{CheckRequest, CheckService, LocalShare, Spend};
 use crate::clock::ManualClock;
-use crate::config::{parse_policies, RequestLimits};
+use crate::config::{parse_policies, RequestLimits, RlqsSettings};
 use crate::store::MemoryStore;
 use crate::telemetry::Metrics;
 use crate::transport::grpc::proto::envoy::r#type::v3::{
@@ -45,7 +45,8 @@ fn session() -> (Session, Arc<CheckService>) {
         RequestLimits::default(),
         metrics.clone(),
     ));
-    let mut session = Session::new(Arc::new(Quota::new(&metrics)), Arc::clone(&service));
+    let quota = Quota::new(&metrics, RlqsSettings::default());
+    let mut session = Session::new(Arc::new(quota), Arc::clone(&service), Arc::default());
     session.domain("edge").expect("a domain");
     (session, service)
 }
@@ -284,6 +285,8 @@ async fn blanket_rules_answer_what_cannot_or_need_not_be_leased() {
         assert!(session.report(&usage(bucket, 5, 0), t1).await.is_empty());
     }
     assert_eq!(left(&service, "log").await, 10, "nothing spent");
+    // `free` matches no policy at all: counted once, when it is first kept.
+    assert_eq!(session.quota().metrics.unmatched.get(), 1);
 }
 
 #[tokio::test]
@@ -292,4 +295,97 @@ async fn a_stream_keeps_its_first_domain() {
     assert!(session.domain("").is_ok(), "later messages may omit it");
     assert!(session.domain("edge").is_ok());
     assert!(session.domain("other").is_err());
+}
+
+#[tokio::test]
+async fn an_oversized_id_is_neither_kept_nor_echoed_and_the_budget_is_released() {
+    let (_, service) = session();
+    let metrics = Metrics::new();
+    let budget = RlqsSettings {
+        max_buckets_per_stream: 2,
+        ..RlqsSettings::default()
+    };
+    let quota = Arc::new(Quota::new(&metrics, budget));
+    let connection = Arc::default();
+    let mut session = Session::new(
+        Arc::clone(&quota),
+        Arc::clone(&service),
+        Arc::clone(&connection),
+    );
+    session.domain("edge").expect("a domain");
+    let t0 = Instant::now();
+    let huge = BucketQuotaUsage {
+        bucket_id: Some(BucketId {
+            bucket: [("b".to_owned(), "x".repeat(60_000))].into(),
+        }),
+        ..usage("window", 0, 1)
+    };
+    assert!(session.report(&huge, t0).await.is_empty(), "never echoed");
+    let kept = || connection.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(kept(), 0, "nothing kept");
+    // Two buckets kept; a third is past the stream's budget: answered by its policy's failure
+    // mode (open), not kept, nothing taken.
+    first_assignment(&mut session, t0).await;
+    let free = session.report(&usage("free", 0, 1), t0).await;
+    assert_eq!(
+        strategy(&free),
+        Strategy::BlanketRule(BlanketRule::AllowAll as i32)
+    );
+    assert_eq!(kept(), 2);
+    let past = session.report(&usage("two", 0, 1), t0).await;
+    assert_eq!(
+        strategy(&past),
+        Strategy::BlanketRule(BlanketRule::DenyAll as i32)
+    );
+    let past = session.report(&usage("other", 0, 1), t0).await;
+    assert_eq!(
+        strategy(&past),
+        Strategy::BlanketRule(BlanketRule::AllowAll as i32)
+    );
+    assert_eq!(kept(), 2, "past the budget: not kept");
+    drop(session);
+    assert_eq!(kept(), 0, "released when the stream ends");
+}
+
+#[tokio::test]
+async fn a_claimed_demand_of_a_billion_takes_a_quarter_and_leaves_the_rest_to_others() {
+    let (_, service) = session();
+    let quota = Arc::new(Quota::new(&Metrics::new(), RlqsSettings::default()));
+    let open = || {
+        let mut s = Session::new(Arc::clone(&quota), Arc::clone(&service), Arc::default());
+        s.domain("edge").expect("a domain");
+        s
+    };
+    let (mut greedy, mut steady) = (open(), open());
+    let t0 = Instant::now();
+    let Strategy::TokenBucket(big) =
+        strategy(&greedy.report(&usage("window", 0, 1_000_000_000), t0).await)
+    else {
+        panic!("a token bucket");
+    };
+    assert_eq!(big.max_tokens, 25, "a quarter of the window's 100");
+    assert_eq!(left(&service, "window").await, 75);
+    // The other client, at 5 a second, gets all it asks for out of what is left (at most
+    // half of it while the two hold leases, at most a quarter of the limit).
+    let Strategy::TokenBucket(small) = strategy(&steady.report(&usage("window", 0, 5), t0).await)
+    else {
+        panic!("a token bucket for the steady client too");
+    };
+    assert_eq!(
+        small.max_tokens, 15,
+        "5 a second until two reports 1 s apart, and 1 s"
+    );
+    assert_eq!(left(&service, "window").await, 60);
+    // Admissions no assignment backed are a claim too.
+    let mut liar = open();
+    let Strategy::TokenBucket(claimed) =
+        strategy(&liar.report(&usage("window", 1_000_000_000, 0), t0).await)
+    else {
+        panic!("a token bucket");
+    };
+    assert_eq!(
+        claimed.max_tokens, 20,
+        "a quarter of the limit, a third of the 60 left"
+    );
+    assert_eq!(left(&service, "window").await, 40);
 }

@@ -144,6 +144,23 @@ pub fn wanted(rate_per_s: u64, interval_us: u64, max_tokens: u64) -> u64 {
         .clamp(1, max_tokens.max(1))
 }
 
+/// One take's share of a limit: at most 1 / `FAIR_SHARE` of a fixed window's limit or of a
+/// token bucket's burst (a token bucket's take adds what the bucket refills during the
+/// assignment, [`ask_units`]), whatever demand a client reports.
+pub const FAIR_SHARE: u64 = 4;
+
+/// The most requests of `cost` one take asks for ([`FAIR_SHARE`]), at least 1: a client that
+/// claims any demand still leaves three quarters of a limit to the others, and a stream that
+/// ends loses at most a quarter with its assignment.
+pub fn fair_share(algorithm: &Algorithm, cost: u64) -> u64 {
+    let quota = match algorithm {
+        Algorithm::FixedWindow(window) => window.limit(),
+        Algorithm::TokenBucket(bucket) => bucket.capacity(),
+        Algorithm::SlidingLog(_) => 0,
+    };
+    (quota / FAIR_SHARE / cost.max(1)).max(1)
+}
+
 /// Units to take for `tokens` requests of `cost`: a token bucket's lease also loses what the
 /// bucket refills while the assignment can last (from a full bucket, at once), so that much more
 /// is asked; the store caps the take at what is left.
@@ -178,6 +195,7 @@ mod tests {
             window: 0,
             hold_us,
             at_us: 0,
+            epoch: 0,
         }
     }
 
