@@ -10,7 +10,7 @@ mod hardening;
 mod raw_frames;
 mod redis;
 mod rlqs;
-mod rlqs_flow;
 mod rlqs_budget;
+mod rlqs_flow;
 pub mod stock_client;
 mod uds_authority;

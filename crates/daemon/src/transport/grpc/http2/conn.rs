@@ -1,16 +1,18 @@
 //! One HTTP/2 connection (RFC 9113, server side), served on one task: frames read and written
 //! in batches, unary calls polled on the connection's own task (no task, channel or body per
 //! stream), everything else (streaming calls, health) handed to a task per stream with its
-//! request body fed through a bounded queue.
+//! request body fed through a channel the stream's window bounds.
 //!
-//! Bounds: SETTINGS_MAX_CONCURRENT_STREAMS counts every stream whose work is not done (a stream
-//! the client reset keeps its place until its check ends, so resets cannot pile up work); a
-//! header block's encoded size and decoded list; each stream's request body
+//! Bounds (the table is in the module above): SETTINGS_MAX_CONCURRENT_STREAMS counts every
+//! stream whose work is not done (a stream the client reset goes when its call is dropped, at
+//! once); a header block's encoded size, frames and decoded list; each stream's request body
 //! (`limits.max_body_bytes`, and `limits.body_read_timeout` to arrive whole); flow-control
-//! windows both ways; what a stream may have queued for a client that does not open its window;
-//! client resets and refused streams per 10 s (GOAWAY `ENHANCE_YOUR_CALM` past it); and the
-//! write buffer (reading stops while a client does not read what it is sent). A client that
-//! does not ACK a keepalive PING in time is closed.
+//! windows both ways, the connection's given back only as calls take their bodies; what the
+//! streams may have queued for a client that does not open its window; resets and refused
+//! streams, and frames that make no progress, per 10 s (GOAWAY `ENHANCE_YOUR_CALM` past them);
+//! the write buffer (reading stops while a client does not read what it is sent); and what the
+//! connection holds in all, charged to the listeners' budget. A client that does not ACK a
+//! keepalive PING in time is closed.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
