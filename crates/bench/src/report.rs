@@ -264,8 +264,10 @@ impl Report {
                 row.cpu_wait_percent,
             );
         }
-        println!("\n| Redis layout | keys | used_memory / key | MEMORY USAGE |");
-        println!("|---|---|---|---|");
+        if !self.memory.is_empty() {
+            println!("\n| Redis layout | keys | used_memory / key | MEMORY USAGE |");
+            println!("|---|---|---|---|");
+        }
         for f in &self.memory {
             println!(
                 "| {} | {} | {:.0} B | {:.0} B |",
