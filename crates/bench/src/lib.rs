@@ -13,6 +13,7 @@ mod memory;
 mod naive_sidecar;
 mod overload;
 mod procs;
+mod rates;
 mod report;
 mod targets;
 mod trace_sink;
@@ -72,6 +73,16 @@ pub struct BenchArgs {
     /// load generator's share of the same cores (`taskset`; needs 2 CPUs or more).
     #[arg(long)]
     pin: bool,
+    /// Fixed offered rates in checks/s (e.g. `1000,5000,10000`): open loop at each, latency from
+    /// when each call was due, on the Unix socket, TCP and gRPC and the naive sidecar at the same
+    /// rates, 64 callers (or the largest of `--clients`), the token bucket on a Zipf mix unless
+    /// `--policies`/`--mixes` say otherwise; only these rows (and `overload` if named). Pins the
+    /// load generator and Redis to a core of their own where there are 2 or more (`--no-pin`).
+    #[arg(long, value_delimiter = ',', value_parser = rates::parse_rate)]
+    rate: Option<Vec<f64>>,
+    /// With `--rate`: leave the processes unpinned.
+    #[arg(long)]
+    no_pin: bool,
     /// Busy threads that keep the host's CPUs loaded for the whole run: a deliberately loaded
     /// host, as a sidecar on a busy node sees it (0: none).
     #[arg(long, default_value_t = 0)]
@@ -148,6 +159,8 @@ struct Plan {
     mixes: Vec<KeyMix>,
     keys: usize,
     open_loop: bool,
+    /// Open-loop latency from when each call was due (`--rate`), not from its hand-over.
+    from_due: bool,
 }
 
 async fn bench(args: BenchArgs) -> Result<()> {
@@ -162,7 +175,9 @@ async fn bench(args: BenchArgs) -> Result<()> {
         .keys
         .unwrap_or(if args.quick { 10_000 } else { 100_000 });
     let plan = Plan {
-        clients: args.clients.clone().unwrap_or(if args.quick {
+        clients: args.clients.clone().unwrap_or(if args.rate.is_some() {
+            vec![64]
+        } else if args.quick {
             vec![16]
         } else {
             vec![1, 4, 64, 256]
@@ -182,11 +197,13 @@ async fn bench(args: BenchArgs) -> Result<()> {
                     other => Err(anyhow::anyhow!("unknown key mix {other:?} (hot, zipf)")),
                 })
                 .collect::<Result<_>>()?,
-            None if args.quick => vec![KeyMix::Hot],
+            None if args.quick && args.rate.is_none() => vec![KeyMix::Hot],
+            None if args.rate.is_some() => vec![KeyMix::zipf(keys)],
             None => vec![KeyMix::Hot, KeyMix::zipf(keys)],
         },
         keys,
         open_loop: !args.quick,
+        from_due: args.rate.is_some(),
     };
     let _hog = Hog::start(args.hog);
     if leases::wanted(args.systems.as_ref()) {
@@ -200,7 +217,9 @@ async fn bench(args: BenchArgs) -> Result<()> {
         report.print();
         return report.write_json(&args.json);
     }
-    let pinning = Pinning::new(args.pin)?;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let pin_rates = args.rate.is_some() && !args.no_pin && cpus >= 2;
+    let pinning = Pinning::new(args.pin || pin_rates)?;
     let redis = Redis::start()?;
     pinning.generator(redis.pid())?;
     let policies = format!("{POLICIES}{}{}", grpc::POLICIES, envoy::POLICIES);
@@ -241,11 +260,11 @@ async fn bench(args: BenchArgs) -> Result<()> {
     };
     let naive = NaiveSidecar::start(&redis.url(), threads)?;
     pinning.tested(naive.pid())?;
-    let wanted = |policy: &str| {
-        args.policies
-            .as_ref()
-            .is_none_or(|names| names.iter().any(|name| name == policy))
+    let wanted = |policy: &str| match &args.policies {
+        Some(names) => names.iter().any(|name| name == policy),
+        None => args.rate.is_none() || policy == "tb",
     };
+    report.rates = args.rate.clone().unwrap_or_default();
     for (policy, algorithm) in algorithms().into_iter().filter(|(p, _)| wanted(p)) {
         for mix in &plan.mixes {
             let keys = if matches!(mix, KeyMix::Hot) {
@@ -294,6 +313,32 @@ async fn bench(args: BenchArgs) -> Result<()> {
                     .as_ref()
                     .is_none_or(|names| names.iter().any(|name| system.contains(name.as_str())))
             });
+            if let Some(rates) = &args.rate {
+                let mut fixed = Vec::new();
+                for name in rates::SYSTEMS {
+                    let Some((_, factory)) = systems.iter().find(|(s, _)| s == name) else {
+                        continue;
+                    };
+                    let pid = match name {
+                        "naive sidecar" => naive.pid(),
+                        _ => daemon.pid(),
+                    };
+                    fixed.push((name, factory, pid));
+                }
+                let clients = plan.clients.iter().copied().max().unwrap_or(64);
+                rates::run(
+                    &mut report,
+                    &redis,
+                    &fixed,
+                    rates,
+                    clients,
+                    policy,
+                    mix,
+                    &plan,
+                )
+                .await?;
+                continue;
+            }
             for &clients in &plan.clients {
                 for (system, factory) in &systems {
                     let process = match system.as_str() {
@@ -350,12 +395,12 @@ async fn bench(args: BenchArgs) -> Result<()> {
         );
     }
     drop((daemon, embedded, naive, traced, sink));
-    if envoy::wanted(args.systems.as_deref()) {
+    if envoy::wanted(args.systems.as_deref()) && args.rate.is_none() {
         envoy::rows::run(&mut report, &redis, &args, &plan, &pinning).await?;
     }
     // Past saturation on one hot key with a real limit: bounded admission, no fail-open.
     let storm_clients = if args.quick { 64 } else { 256 };
-    let whole = args.systems.is_none();
+    let whole = args.systems.is_none() && args.rate.is_none();
     let storms = whole || args.systems.iter().flatten().any(|s| s == "overload");
     let runs = [
         (overload::Storm::Hot, storm_clients),
@@ -379,7 +424,15 @@ async fn bench(args: BenchArgs) -> Result<()> {
     if whole {
         report.memory = memory::measure(plan.keys)?;
     }
-    report.targets = targets::compute(&report.rows);
+    // The fixed-rate rows are judged in their own table (against the 2 ms budget); the targets'
+    // open-loop bound is for the runs at half the closed-loop maximum.
+    let scored: Vec<Row> = report
+        .rows
+        .iter()
+        .filter(|r| !r.offered_rate.is_some_and(|o| report.rates.contains(&o)))
+        .cloned()
+        .collect();
+    report.targets = targets::compute(&scored);
     report
         .targets
         .extend(targets::envoy(&report.rows, report.rlqs_fleet.as_ref()));
@@ -451,17 +504,24 @@ async fn measure(
     let redis_cpu = cpu_seconds(redis.pid());
     let waited = || cpu_wait_seconds(redis.pid()) + process.map_or(0.0, cpu_wait_seconds);
     let waited_before = waited();
+    let process_waited_before = process.map(cpu_wait_seconds);
     let run: Run = match rate {
         None => load::closed(factory, clients, mix, plan.warmup, plan.duration).await?,
-        Some(rate) => load::open(factory, clients, rate, mix, plan.warmup, plan.duration).await?,
+        Some(rate) => {
+            let times = (plan.warmup, plan.duration);
+            load::open(factory, clients, rate, mix, times, plan.from_due).await?
+        }
     };
     let waited = waited() - waited_before;
+    let process_waited = process
+        .zip(process_waited_before)
+        .map(|(pid, before)| cpu_wait_seconds(pid) - before);
     let stats_after = report::script_stats(&redis.url())?;
     let total_time = (plan.warmup + plan.duration).as_secs_f64() / plan.duration.as_secs_f64();
     // CPU over warm-up and measurement, attributed to the measured share of the checks.
     let checks_all = run.checks as f64 * total_time;
     let per_check = |cpu: f64| cpu / checks_all.max(1.0) * 1e6;
-    Ok(Row::new(
+    let mut row = Row::new(
         system,
         policy,
         &mix.name(),
@@ -477,7 +537,10 @@ async fn measure(
             checks_all / stats_after.calls_since(&stats_before).max(1.0),
         ),
         waited / (plan.warmup + plan.duration).as_secs_f64() * 100.0,
-    ))
+    );
+    row.process_wait_percent =
+        process_waited.map(|w| w / (plan.warmup + plan.duration).as_secs_f64() * 100.0);
+    Ok(row)
 }
 
 fn machine() -> String {

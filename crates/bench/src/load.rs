@@ -137,14 +137,16 @@ pub async fn closed(
     collect(tasks, duration).await
 }
 
-/// `rate` requests per second, scheduled evenly, served by `clients` clients.
+/// `rate` requests per second, scheduled evenly, served by `clients` clients. Latency counts
+/// from when a request is handed over, or with `from_due` from when it was due (the pacer's own
+/// lateness counted too: `sluice bench --rate`, where the generator has a core of its own).
 pub async fn open(
     factory: &Factory,
     clients: usize,
     rate: f64,
     mix: &KeyMix,
-    warmup: Duration,
-    duration: Duration,
+    (warmup, duration): (Duration, Duration),
+    from_due: bool,
 ) -> Result<Run> {
     let (tx, rx) = mpsc::channel::<Instant>(1_000_000);
     let rx = Arc::new(Mutex::new(rx));
@@ -188,8 +190,14 @@ pub async fn open(
             }
             // Latency counts from the moment the request is handed over: time spent waiting for
             // a free client is the system's (no coordinated omission), while the pacer's own
-            // lateness is the generator's and is not counted.
-            if tx.blocking_send(Instant::now().max(scheduled)).is_err() {
+            // lateness is the generator's and is not counted; with `from_due`, from when it was
+            // due, whatever made it late.
+            let from = if from_due {
+                scheduled
+            } else {
+                Instant::now().max(scheduled)
+            };
+            if tx.blocking_send(from).is_err() {
                 break;
             }
         }

@@ -94,6 +94,8 @@ pub struct Row {
     /// a CPU (`/proc/<pid>/task/*/schedstat`), percent: the machine's own contention, which a
     /// tail includes.
     pub cpu_wait_percent: f64,
+    /// The answering process' own share of `cpu_wait_percent` (summed over its threads).
+    pub process_wait_percent: Option<f64>,
     /// The through-Envoy rows: sluice's own CPU per request (Envoy's is `daemon_cpu_us`).
     pub sluice_cpu_us: Option<f64>,
     /// The RLQS rows: the share of the answers, in percent, that were Envoy's 429 for want of an
@@ -135,6 +137,7 @@ impl Row {
             redis_usec_per_call,
             checks_per_call,
             cpu_wait_percent,
+            process_wait_percent: None,
             sluice_cpu_us: None,
             denied_percent: None,
         }
@@ -158,6 +161,8 @@ pub struct Report {
     pub rlqs_fleet: Option<super::envoy::rlqs::Fleet>,
     /// What was asked for and not run, and why.
     pub notes: Vec<String>,
+    /// The fixed rates of `--rate` (their rows are printed on their own, against the budget).
+    pub rates: Vec<f64>,
 }
 
 impl Report {
@@ -171,6 +176,7 @@ impl Report {
             targets: Vec::new(),
             rlqs_fleet: None,
             notes: Vec::new(),
+            rates: Vec::new(),
         }
     }
 
@@ -258,8 +264,10 @@ impl Report {
                 row.cpu_wait_percent,
             );
         }
-        println!("\n| Redis layout | keys | used_memory / key | MEMORY USAGE |");
-        println!("|---|---|---|---|");
+        if !self.memory.is_empty() {
+            println!("\n| Redis layout | keys | used_memory / key | MEMORY USAGE |");
+            println!("|---|---|---|---|");
+        }
         for f in &self.memory {
             println!(
                 "| {} | {} | {:.0} B | {:.0} B |",
@@ -273,6 +281,7 @@ impl Report {
             );
         }
         self.print_envoy();
+        super::rates::print(self);
         super::targets::print(&self.targets);
         for note in &self.notes {
             println!("\n{note}");

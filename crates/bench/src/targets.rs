@@ -314,6 +314,7 @@ mod tests {
             redis_usec_per_call: 1.0,
             checks_per_call: 1.0,
             cpu_wait_percent: 0.0,
+            process_wait_percent: None,
             sluice_cpu_us: None,
             denied_percent: None,
         }

@@ -20,6 +20,7 @@ mod policies;
 mod reshard;
 pub mod serve_env;
 mod single;
+mod starved;
 mod store;
 pub mod tls;
 mod tls_topologies;

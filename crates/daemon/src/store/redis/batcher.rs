@@ -29,6 +29,7 @@
 
 mod call;
 mod cluster;
+mod deadline;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -40,6 +41,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use self::call::{Stalls, Via};
+pub(crate) use self::deadline::Excuse;
 use super::conn::Conn;
 use super::error::ErrorKind;
 use super::health::Health;
@@ -71,6 +73,8 @@ pub struct BatchMetrics {
     pub calls: IntCounterVec,
     /// Errors by kind.
     pub errors: IntCounterVec,
+    /// Missed deadlines not taken for Redis's silence, by reason (`batcher/deadline.rs`).
+    pub excused: IntCounterVec,
     /// The ACL user's permissions: a refusal at run time is logged there, once per change.
     pub acl: Arc<AclWatch>,
 }

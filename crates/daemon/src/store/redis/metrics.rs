@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
-use super::batcher::BatchMetrics;
+use super::batcher::{BatchMetrics, Excuse};
 use super::error::ErrorKind;
 use super::permissions::{AclWatch, COMMANDS};
 use crate::telemetry::LATENCY_BUCKETS;
@@ -52,6 +52,16 @@ impl RedisMetrics {
             Opts::new("sluice_redis_errors_total", "Redis errors by kind."),
             &["kind"],
         )?;
+        let excused = IntCounterVec::new(
+            Opts::new(
+                "sluice_redis_deadlines_excused_total",
+                "Redis calls past their deadline not taken for Redis's silence (the call waited \
+                 on), by reason: reply_ready (the reply was readable when the timer was acted \
+                 on), timer_late (the timer fired late: this daemon was not scheduled), \
+                 redis_answering (Redis answered other calls).",
+            ),
+            &["reason"],
+        )?;
         let circuit = IntGauge::new(
             "sluice_redis_circuit_state",
             "Redis circuit breaker: 0 healthy, 1 degraded, 2 open (checks skip Redis), 3 half-open.",
@@ -77,10 +87,14 @@ impl RedisMetrics {
         for kind in ErrorKind::ALL {
             errors.with_label_values(&[kind.as_str()]);
         }
+        for excuse in Excuse::ALL {
+            excused.with_label_values(&[excuse.as_str()]);
+        }
         registry.register(Box::new(batch_size.clone()))?;
         registry.register(Box::new(call_duration.clone()))?;
         registry.register(Box::new(calls.clone()))?;
         registry.register(Box::new(errors.clone()))?;
+        registry.register(Box::new(excused.clone()))?;
         registry.register(Box::new(circuit.clone()))?;
         registry.register(Box::new(up.clone()))?;
         registry.register(Box::new(acl_missing.clone()))?;
@@ -91,6 +105,7 @@ impl RedisMetrics {
                 call_duration,
                 calls,
                 errors,
+                excused,
                 acl,
             },
             circuit,

@@ -3,16 +3,18 @@
 //! from the write, the breaker fed once per call and a stall counted once ([`Stalls`]), and the
 //! reply split into each job's answer.
 //!
-//! A call past its deadline fails as a Redis timeout only if Redis answered nothing else since it
-//! was written and this daemon did not wake a whole deadline late; otherwise Redis is alive and
-//! the reply was read late, so the call keeps waiting (up to [`OVERDUE_BACKSTOP`]). A timeout or a
-//! broken connection is never retried: the write may have happened.
+//! A call past its deadline opens the circuit only if Redis was silent for a whole deadline that
+//! this daemon watched on time (`batcher/deadline.rs`): a timer that fired late, a reply already
+//! readable, or a reply to another call means the call keeps waiting (up to
+//! [`OVERDUE_BACKSTOP`]). A timeout or a broken connection is never retried: the write may have
+//! happened.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::Value;
 
+use super::deadline::{wait, Waited, OVERDUE_BACKSTOP};
 use super::{fail_all, Dispatch, Job};
 use crate::store::redis::conn::Conn;
 use crate::store::redis::error::{check_error, ErrorKind};
@@ -21,10 +23,6 @@ use crate::store::redis::scripts::{
     batch_command, parse_figures, single_command, split_batch_reply, Commit, Counters, ScriptRef,
 };
 use crate::store::StoreError;
-
-/// Longest a call past its deadline keeps waiting while Redis answers other calls (see `send`),
-/// and longest a call refused by a resharding is resent.
-const OVERDUE_BACKSTOP: Duration = Duration::from_secs(1);
 
 /// The pause before resending a call a resharding refused (after redis-rs' own few retries).
 const RESHARD_PAUSE: Duration = Duration::from_millis(2);
@@ -184,28 +182,30 @@ impl Dispatch {
             }
         };
         tokio::pin!(query);
-        let reply = match tokio::time::timeout(deadline, &mut query).await {
-            Ok(reply) => Some(reply),
-            // Redis answered other calls since this one was written, or this task woke a whole
-            // deadline late: the delay is this daemon's own (a saturated CPU runs the reply's
-            // reader late), not a Redis failure. Keep waiting, up to the backstop.
-            Err(_)
-                if self.progress.load(Ordering::Relaxed) != progress
-                    || written.elapsed() >= deadline * 2 =>
-            {
-                tokio::time::timeout(OVERDUE_BACKSTOP, &mut query)
-                    .await
-                    .ok()
-            }
-            // Redis answered no call at all for a whole deadline, and this task woke on time:
-            // an outage (a hung or unreachable node), not a slow moment. The circuit opens now
-            // instead of after `breaker.failures` such calls, so a hung Redis is detected in one
-            // deadline; the default deadline (100 ms) is one a busy node's Redis meets.
-            Err(_) => {
+        let waited = wait(
+            query,
+            written,
+            deadline,
+            &self.progress,
+            progress,
+            &self.metrics.excused,
+        )
+        .await;
+        let reply = match waited {
+            Waited::Reply(reply) => Some(reply),
+            // Redis answered no call at all for a whole deadline, watched by this daemon on
+            // time, and the reply is not in the socket: an outage (a hung or unreachable node),
+            // not a slow moment. The circuit opens now instead of after `breaker.failures` such
+            // calls, so a hung Redis is detected in one deadline; the default deadline (100 ms)
+            // is one a busy node's Redis meets.
+            Waited::Silent => {
                 self.health
                     .open(CircuitReason::Failure(ErrorKind::Deadline));
                 None
             }
+            // Every miss excused (this daemon ran late, or Redis answered others) until the
+            // backstop: a timeout, fed to the breaker as one failure.
+            Waited::Overdue => None,
         };
         // Redis answered: a reply, or a resharding's refusal (which redis-rs gives back as an
         // error).
