@@ -256,10 +256,7 @@ where
             if !end_stream || request.pseudo || request.malformed.is_some() {
                 return self.reset(id, Code::Protocol);
             }
-            if stream
-                .content_length
-                .is_some_and(|declared| declared != stream.received)
-            {
+            if !stream.length_agrees(true) {
                 return self.reset(id, Code::Protocol);
             }
             stream.recv_open = false;

@@ -269,12 +269,10 @@ where
             return self.reset(id, Code::FlowControl);
         }
         stream.received += u64::from(size);
-        if let Some(declared) = stream.content_length {
-            if stream.received > declared || (end && stream.received != declared) {
-                self.recv_unreleased += size;
-                tracing::debug!("gRPC request body disagrees with its content-length; reset");
-                return self.reset(id, Code::Protocol);
-            }
+        if !stream.length_agrees(end) {
+            self.recv_unreleased += size;
+            tracing::debug!("gRPC request body disagrees with its content-length; reset");
+            return self.reset(id, Code::Protocol);
         }
         if end {
             stream.recv_open = false;

@@ -53,6 +53,16 @@ pub(super) struct Stream<O> {
     pub(super) _open: O,
 }
 
+impl<O> Stream<O> {
+    /// Whether the body received so far agrees with its `content-length`: never more, and all
+    /// of it once the stream has `ended`.
+    pub(super) fn length_agrees(&self, ended: bool) -> bool {
+        self.content_length.is_none_or(|declared| {
+            self.received <= declared && (!ended || self.received == declared)
+        })
+    }
+}
+
 pub(super) enum Kind {
     /// A unary call whose body is arriving.
     Gathering {
