@@ -72,6 +72,10 @@ const IDLE_PERIOD: Duration = Duration::from_secs(10);
 /// CONTINUATION frames allowed in one header block (a block within the header list bound
 /// needs two at the smallest frame size).
 const MAX_CONTINUATIONS: u32 = 16;
+/// After a connection error, what the client still sends is read and dropped for this long, or
+/// this much, before the socket closes ([`Connection::poll_linger`]).
+const LINGER: Duration = Duration::from_secs(1);
+const LINGER_BYTES: usize = 1024 * 1024;
 /// Turns of the poll loop before the task yields to the runtime's other tasks.
 const MAX_TURNS: u32 = 16;
 /// What a stream and a call in progress hold besides their buffers (counted in the budget).
@@ -226,6 +230,8 @@ pub(crate) struct Connection<IO, S: Service> {
     going: bool,
     shutdown_asked: bool,
     failed: bool,
+    /// After a connection error, with the GOAWAY written: what may still be read and dropped.
+    lingering: Option<usize>,
 }
 
 impl<IO, S> Connection<IO, S>
@@ -297,6 +303,7 @@ where
             going: false,
             shutdown_asked: false,
             failed: false,
+            lingering: None,
         }
     }
 
@@ -358,6 +365,9 @@ where
                 || (self.read_closed && self.answering.is_empty())
                 || (self.going && self.streams.is_empty());
             if finished && self.wbuf.is_empty() {
+                if self.failed {
+                    return self.poll_linger(cx);
+                }
                 let _ = Pin::new(&mut self.io).poll_shutdown(cx);
                 return Poll::Ready(());
             }
@@ -372,6 +382,41 @@ where
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
+        }
+    }
+
+    /// After a connection error, once its GOAWAY is written: the write side is shut and what
+    /// the client still sends is read and dropped until it closes, for at most [`LINGER`] or
+    /// [`LINGER_BYTES`]. Closing with its bytes unread would reset the connection, and the
+    /// client (a flooding one above all) would lose the GOAWAY and its reason.
+    fn poll_linger(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut left = match self.lingering {
+            Some(left) => left,
+            None => {
+                let _ = Pin::new(&mut self.io).poll_shutdown(cx);
+                let by = later(Instant::now(), LINGER);
+                self.timer_at = by;
+                self.timer.as_mut().reset(by);
+                LINGER_BYTES
+            }
+        };
+        let done = loop {
+            if self.timer.as_mut().poll(cx).is_ready() || left == 0 {
+                break true;
+            }
+            self.rbuf.clear();
+            self.rbuf.reserve(READ_BYTES);
+            match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.rbuf) {
+                Poll::Ready(Ok(0) | Err(_)) => break true,
+                Poll::Ready(Ok(n)) => left = left.saturating_sub(n),
+                Poll::Pending => break false,
+            }
+        };
+        self.lingering = Some(left);
+        if done {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
         }
     }
 
