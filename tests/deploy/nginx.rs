@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::helpers::{repo_root, spawn_app_in, test_settings, ChildGuard, SHIPPED_POLICIES};
+use crate::helpers::{repo_root, spawn_app_in, test_settings, GroupGuard, SHIPPED_POLICIES};
 use crate::tools;
 
 /// Longest nginx may take to start listening.
@@ -118,11 +118,12 @@ async fn send(port: u16, uri: &str, headers: &[(&str, &str)]) -> u16 {
         .unwrap_or_else(|| panic!("no status line in {text:?}"))
 }
 
-/// A running nginx with the example in front of the daemon at `sluice`; killed on drop.
+/// A running nginx with the example in front of the daemon at `sluice`; its master and workers
+/// killed on drop.
 struct Nginx {
     port: u16,
     _dir: tempfile::TempDir,
-    _child: ChildGuard,
+    _child: GroupGuard,
 }
 
 async fn start_nginx(sluice: &str) -> Nginx {
@@ -134,7 +135,7 @@ async fn start_nginx(sluice: &str) -> Nginx {
     let (app_port, port) = (free_port(), free_port());
     write_config(nginx_dir.path(), sluice, app_port, port);
     let stderr = std::fs::File::create(nginx_dir.path().join("stderr")).expect("stderr file");
-    let child = ChildGuard(Some(
+    let child = GroupGuard::spawn(
         Command::new(tools::which("nginx").expect("nginx"))
             .arg("-p")
             .arg(nginx_dir.path())
@@ -143,10 +144,9 @@ async fn start_nginx(sluice: &str) -> Nginx {
             .args(["-e", "stderr"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn nginx"),
-    ));
+            .stderr(stderr),
+    )
+    .expect("spawn nginx");
     let stderr = nginx_dir.path().join("stderr");
     crate::wait::until("nginx starts", START_TIMEOUT, || async {
         match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {

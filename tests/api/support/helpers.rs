@@ -340,6 +340,34 @@ pub fn sluice_command(cwd: &Path, args: &[&str]) -> Command {
 /// A child process that is killed (and reaped) when dropped.
 pub struct ChildGuard(pub Option<Child>);
 
+/// A child started as the leader of a process group of its own, the whole group killed (and the
+/// leader reaped) when dropped: for programs that fork workers (nginx), whose workers would
+/// outlive a leader killed alone.
+#[allow(dead_code, reason = "only the deploy binary uses it")]
+pub struct GroupGuard(ChildGuard);
+
+#[allow(dead_code, reason = "only the deploy binary uses it")]
+impl GroupGuard {
+    /// Spawns `command` in a new process group.
+    pub fn spawn(command: &mut Command) -> std::io::Result<Self> {
+        use std::os::unix::process::CommandExt;
+        let child = command.process_group(0).spawn()?;
+        Ok(Self(ChildGuard(Some(child))))
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        let leader = self.0 .0.as_ref().map(Child::id);
+        let group = leader.and_then(|id| rustix::process::Pid::from_raw(i32::try_from(id).ok()?));
+        if let Some(group) = group {
+            // The leader is still unreaped here, so the group id is not reused yet.
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+        }
+        // The leader is reaped by the inner guard.
+    }
+}
+
 impl ChildGuard {
     /// The process id.
     pub fn id(&self) -> u32 {
