@@ -5,6 +5,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Instant;
 
 use axum::body::Body;
@@ -265,11 +266,14 @@ pub async fn read_json<T: DeserializeOwned>(
     if declared.is_some_and(|len| len > cap) {
         return Err(too_large());
     }
-    let read = tokio::time::timeout(
-        limits.body_read_timeout.as_std(),
-        axum::body::to_bytes(body, cap),
-    );
-    let bytes = match read.await {
+    // A check's small body nearly always arrives with its head: read what is there first and
+    // arm the timer only for a body still on its way (a timer costs about 3% of a check).
+    let mut read = std::pin::pin!(axum::body::to_bytes(body, cap));
+    let read = match std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await {
+        Poll::Ready(read) => Ok(read),
+        Poll::Pending => tokio::time::timeout(limits.body_read_timeout.as_std(), read).await,
+    };
+    let bytes = match read {
         Err(_) => {
             return Err(error_response((
                 StatusCode::REQUEST_TIMEOUT,
