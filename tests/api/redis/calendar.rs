@@ -183,6 +183,64 @@ fn the_23_hour_day_on_redis() {
     });
 }
 
+/// The daemon's clock half an hour behind or ahead of Redis' across a boundary: the boundaries
+/// are drawn around the daemon's instant, and Redis' clock picks the window (the one before or
+/// after the daemon's), as the Rust twin at Redis' instant decides.
+#[test]
+fn the_store_clock_picks_the_window_among_the_boundaries() {
+    let half_hour = HOUR / 2;
+    for algorithm in calendars(2) {
+        for &instant in &instants() {
+            for (daemon, store) in [
+                (instant - half_hour, instant + half_hour),
+                (instant + half_hour, instant - half_hour),
+            ] {
+                let clock = Arc::new(ManualClock::new(store));
+                let memory = MemoryStore::new(1_000, clock, None);
+                let key = fresh_key();
+                let check = StoreCheck {
+                    key: Key::new(Arc::from("cal"), [key.as_str()]),
+                    algorithm,
+                    cost: 1,
+                    enforce: true,
+                    generation: 0,
+                };
+                let item = Item {
+                    key: key.clone(),
+                    algorithm,
+                    cost: 1,
+                    enforce: true,
+                };
+                let calls: Vec<Check> = vec![(Spend::Record, vec![item])];
+                for round in 0..3 {
+                    let (keys, args) = batch_arguments_near(
+                        calls.iter().map(|(spend, items)| (*spend, &items[..])),
+                        Some(store),
+                        Some(daemon),
+                    );
+                    let reply = with_redis(|conn| {
+                        let mut cmd = redis::cmd("EVAL");
+                        cmd.arg(&*Scripts::default().batch().source)
+                            .arg(keys.len())
+                            .arg(&keys)
+                            .arg(&args);
+                        redis::ConnectionLike::req_command(conn, &cmd).expect("runs")
+                    });
+                    let Value::Array(flat) = reply else {
+                        panic!("unexpected reply {reply:?}");
+                    };
+                    let lua = decisions(&Value::Array(flat), 1);
+                    let rust = memory.check_now(std::slice::from_ref(&check), Spend::Record);
+                    assert_eq!(
+                        rust, lua,
+                        "{algorithm:?}: daemon {daemon}, store {store}, round {round}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// A Redis clock outside the three windows the daemon sent (here: the daemon draws them around a
 /// day two days earlier) fails the check with CLOCK, and writes nothing.
 #[test]
