@@ -7,7 +7,7 @@
 
 use serde_json::{json, Value};
 
-use crate::helpers::{header, json_of, spawn_app_with, TestApp};
+use crate::helpers::{get, header, json_of, spawn_app_with, TestApp};
 
 const POLICIES: &str = "
 policies:
@@ -223,4 +223,21 @@ async fn a_denial_mid_day_waits_for_local_midnight() {
         exhaust_at(&app, "berlin_day", "mid", utc("2026-03-29T19:30:00Z")).await;
     assert_eq!(retry_ms, 2 * HOUR_S * 1_000 + 30 * 60 * 1_000);
     assert_eq!(reset, (2 * HOUR_S + 30 * 60).to_string());
+}
+
+/// The admin listener shows a calendar policy as written: its unit, `calendar` and its zone.
+#[tokio::test]
+async fn policies_show_the_calendar_as_written() {
+    let app = spawn_app_with(POLICIES).await;
+    let reply = get(&sluice::client::Target::Tcp(app.admin), "/v1/policies").await;
+    let shown = json_of(&reply).to_string();
+    let all = json_of(&reply);
+    let list = all["policies"].as_array().cloned().unwrap_or_default();
+    let month = list
+        .iter()
+        .find(|p| p["name"] == "ny_month")
+        .unwrap_or_else(|| panic!("ny_month in {shown}"));
+    assert_eq!(month["period"], "1mo", "{month}");
+    assert_eq!(month["calendar"], true, "{month}");
+    assert_eq!(month["time_zone"], "America/New_York", "{month}");
 }
