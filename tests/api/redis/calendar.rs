@@ -318,3 +318,64 @@ proptest! {
         compare(algorithm, start, &steps, pair)?;
     }
 }
+
+/// Wall time in µs (what the daemon and a local Redis read).
+fn wall_now() -> Micros {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970");
+    u64::try_from(since.as_micros()).expect("fits")
+}
+
+/// A real daemon on a real Redis (one node, and a Cluster), on the real clocks: a calendar
+/// policy's denial through `POST /v1/check` waits until the end of the local day or month that
+/// holds Redis' time, measured between wall-clock reads taken before and after the request (a
+/// boundary passing in between leaves the figures unchecked). The daemon's own path: boundaries
+/// drawn from its clock, the batch script (never the fixed window's own), Redis' TIME.
+async fn denied_until_the_local_boundary(backend: crate::stores::Backend) {
+    const POLICIES: &str = "
+policies:
+  - {name: berlin_day, key: [tenant], algorithm: fixed_window, limit: 2, period: 1d, calendar: true, time_zone: Europe/Berlin, failure_mode: closed}
+  - {name: ny_month, key: [tenant], algorithm: fixed_window, limit: 2, period: 1mo, calendar: true, time_zone: America/New_York, failure_mode: closed}
+";
+    let prefix = crate::stores::prefix_of(&format!("{}-{backend:?}", module_path!()));
+    let app = crate::stores::spawn_on(backend, POLICIES, &prefix).await;
+    for (policy, unit, zone) in [
+        ("berlin_day", CalendarUnit::Day, "Europe/Berlin"),
+        ("ny_month", CalendarUnit::Month, "America/New_York"),
+    ] {
+        let calendar = Calendar::new(unit, zone).expect("a zone");
+        let body = serde_json::json!({"policy": policy, "descriptors": {"tenant": "acme"}});
+        for _ in 0..2 {
+            let reply = app.check_tcp(&body).await;
+            assert_eq!(reply.status, 200, "{}", crate::helpers::json_of(&reply));
+        }
+        let before = wall_now();
+        let denied = app.check_tcp(&body).await;
+        let after = wall_now();
+        let answer = crate::helpers::json_of(&denied);
+        assert_eq!(denied.status, 429, "{policy}: {answer}");
+        let (start, end) = calendar.window_at(before);
+        if calendar.window_at(after) != (start, end) {
+            eprintln!("{policy}: a boundary passed during the request; figures not checked");
+            continue;
+        }
+        let retry_ms = answer["retry_after_ms"].as_u64().expect("retry_after_ms");
+        // Redis' clock is this host's: its instant lies between the two reads.
+        let (least, most) = ((end - after) / 1_000, (end - before).div_ceil(1_000));
+        assert!(
+            (least..=most).contains(&retry_ms),
+            "{policy}: retry {retry_ms} ms, expected {least}..={most} (window {start}..{end})"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_daemon_on_redis_waits_for_the_local_boundary() {
+    denied_until_the_local_boundary(crate::stores::Backend::Redis).await;
+}
+
+#[tokio::test]
+async fn a_daemon_on_a_cluster_waits_for_the_local_boundary() {
+    denied_until_the_local_boundary(crate::stores::Backend::Cluster).await;
+}
