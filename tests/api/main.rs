@@ -14,6 +14,7 @@ mod algorithm_change;
 mod authz;
 mod bad_input;
 mod batch;
+mod calendar;
 mod check;
 mod cli;
 mod counters;

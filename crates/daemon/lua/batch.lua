@@ -12,10 +12,13 @@
 --             far cheaper than tonumber on each field); each check is
 --               items (>= 1), commit (1: record; 0: dry run; 2: spend every item whatever its
 --               decision, a report), then per item: key (index into
---               KEYS), kind (1 token bucket, 2 sliding log, 3 fixed window), enforce (1|0: shadow
---               policies never block), cost, limit, period_us, and for a token bucket capacity
---               and most_ahead (the furthest a report may put its TAT past now, in 1/limit us:
---               the policy's report debt bound, at most 2^52; see TokenBucket::max_ahead)
+--               KEYS), kind (1 token bucket, 2 sliding log, 3 fixed window, 4 calendar window),
+--               enforce (1|0: shadow policies never block), cost, limit, period_us, and for a
+--               token bucket capacity and most_ahead (the furthest a report may put its TAT past
+--               now, in 1/limit us: the policy's report debt bound, at most 2^52; see
+--               TokenBucket::max_ahead); a calendar window has, in place of period_us, four
+--               boundaries b1 < b2 < b3 < b4 (fixed_window.lua): a fixed window on the
+--               calendar window among them that holds `now`, or the error CLOCK when none does
 -- ARGV[3]     '1': lean: every check has one item, no counter is in two checks and none is a
 --             report, so each check runs as its algorithm's own script would (its `_check`
 --             function: read, decide, write at once), without the bookkeeping below; absent
@@ -44,12 +47,40 @@
 -- The packed checks' numbers, named as sluice's encoder names them (src/store/redis/scripts.rs,
 -- whose test reads these three lines back): a check's commit values, an item's algorithm kinds,
 -- and how many integers an item takes (a token bucket's two more: its capacity and most_ahead) and a check's
--- head (items, commit).
+-- head (items, commit); a calendar window's item is ITEM_WIDTH + 3 (three more boundaries).
 local DRY_RUN, RECORD, REPORT = 0, 1, 2
-local TOKEN_BUCKET, SLIDING_LOG, FIXED_WINDOW = 1, 2, 3
+local TOKEN_BUCKET, SLIDING_LOG, FIXED_WINDOW, CALENDAR_WINDOW = 1, 2, 3, 4
 local ITEM_WIDTH, BUCKET_WIDTH, HEAD_WIDTH = 6, 8, 2
 
 local spec = cmsgpack.unpack(ARGV[2])
+
+-- How many integers an item of `kind` takes.
+local function width(kind)
+  if kind == TOKEN_BUCKET then
+    return BUCKET_WIDTH
+  elseif kind == CALENDAR_WINDOW then
+    return ITEM_WIDTH + 3
+  end
+  return ITEM_WIDTH
+end
+
+-- The `period` fixed_window.lua's functions take for the item at spec[at] of `kind`: its
+-- period_us, or a calendar window's four boundaries.
+local function period_of(at, kind)
+  if kind == CALENDAR_WINDOW then
+    return {spec[at + 5], spec[at + 6], spec[at + 7], spec[at + 8]}
+  end
+  return spec[at + 5]
+end
+
+-- The error of a calendar window item whose boundaries do not hold `now` (nil otherwise): the
+-- daemon's clock and Redis' disagree by more than a window.
+local function off_calendar(at, kind)
+  if kind == CALENDAR_WINDOW and not fixed_window_span(now, period_of(at, kind)) then
+    return {err = 'CLOCK the store clock is outside the calendar windows sent'}
+  end
+  return nil
+end
 
 local keys, node_call = KEYS, #KEYS == 0
 if node_call then
@@ -78,7 +109,7 @@ do
           commands[#commands + 1] = command
         end
       end
-      at = at + (kind == TOKEN_BUCKET and BUCKET_WIDTH or ITEM_WIDTH)
+      at = at + width(kind)
     end
   end
   local refused = log_key and refused_write(log_key, commands)
@@ -89,7 +120,7 @@ do
       local count = spec[at]
       at = at + HEAD_WIDTH
       for _ = 1, count do
-        at = at + (spec[at + 1] == TOKEN_BUCKET and BUCKET_WIDTH or ITEM_WIDTH)
+        at = at + width(spec[at + 1])
       end
       n = n + 1
       results[n] = redis.error_reply(refused.err)
@@ -115,8 +146,11 @@ if ARGV[3] == '1' and not node_call then
       ok, reply = pcall(sliding_log_check, key, commit, limit, period, cost, now, min_ttl_ms)
       at = at + HEAD_WIDTH + ITEM_WIDTH
     else
-      ok, reply = true, fixed_window_check(key, commit, limit, period, cost, now, min_ttl_ms)
-      at = at + HEAD_WIDTH + ITEM_WIDTH
+      local item = at + HEAD_WIDTH
+      reply = off_calendar(item, kind)
+      ok, reply = true, reply or fixed_window_check(key, commit, limit, period_of(item, kind),
+        cost, now, min_ttl_ms)
+      at = item + width(kind)
     end
     if not ok then
       results[n + 1] = redis.error_reply(type(reply) == 'table' and reply.err or reply)
@@ -223,7 +257,7 @@ end
 -- for a token bucket or fixed window also returns what recording it needs. A sliding log's
 -- failure (its commands raise) returns nil and the failure. `spend`: a report's (see spend()).
 local function decide(at, kind, n, commit, spend)
-  local k, cost, limit, period = spec[at], spec[at + 3], spec[at + 4], spec[at + 5]
+  local k, cost, limit, period = spec[at], spec[at + 3], spec[at + 4], period_of(at, kind)
   if kind == SLIDING_LOG then
     if stale[k] and commit then
       redis.call('DEL', keys[k])
@@ -271,13 +305,13 @@ local function check(first, count, commit, n)
     if kind == SLIDING_LOG then
       failed = load_log(spec[at])
     else
-      failed = load(spec[at], kind)
+      failed = off_calendar(at, kind) or load(spec[at], kind)
     end
     if failed then
       -- Which item failed, for the daemon's warn line (the message never names the key).
       return {err = failed.err .. ' [item ' .. i .. ']'}
     end
-    at = at + (kind == TOKEN_BUCKET and BUCKET_WIDTH or ITEM_WIDTH)
+    at = at + width(kind)
   end
   if count == 1 then
     local kind = spec[first + 1]
@@ -303,7 +337,7 @@ local function check(first, count, commit, n)
     if spec[at + 2] == 1 and allowed == 0 then
       pass = false
     end
-    at = at + (kind == TOKEN_BUCKET and BUCKET_WIDTH or ITEM_WIDTH)
+    at = at + width(kind)
   end
   if commit and pass then
     at = first
@@ -320,7 +354,7 @@ local function check(first, count, commit, n)
           record(at, kind, afters[2 * i - 1], afters[2 * i])
         end
       end
-      at = at + (kind == TOKEN_BUCKET and BUCKET_WIDTH or ITEM_WIDTH)
+      at = at + width(kind)
     end
   end
   return nil
@@ -338,17 +372,17 @@ local function spend(first, count, n)
     if kind == SLIDING_LOG then
       failed = load_log(spec[at])
     else
-      failed = load(spec[at], kind)
+      failed = off_calendar(at, kind) or load(spec[at], kind)
     end
     if failed then
       return {err = failed.err .. ' [item ' .. i .. ']'}
     end
-    at = at + (kind == TOKEN_BUCKET and BUCKET_WIDTH or ITEM_WIDTH)
+    at = at + width(kind)
   end
   at = first
   for i = 1, count do
     local kind = spec[at + 1]
-    local k, cost, limit, period = spec[at], spec[at + 3], spec[at + 4], spec[at + 5]
+    local k, cost, limit, period = spec[at], spec[at + 3], spec[at + 4], period_of(at, kind)
     local m = n + 5 * (i - 1)
     local allowed, after1, after2 = decide(at, kind, m, true, true)
     if allowed == nil then
@@ -369,7 +403,7 @@ local function spend(first, count, n)
           fixed_window_decide(a[k], now, min_ttl_ms, limit, period, 1)
       end
     end
-    at = at + (kind == TOKEN_BUCKET and BUCKET_WIDTH or ITEM_WIDTH)
+    at = at + width(kind)
   end
   return nil
 end
@@ -395,7 +429,7 @@ if node_call then
       if type(failed) == 'table' and failed.err and string.find(failed.err, 'Script attempted', 1, true) then
         return redis.error_reply('NONLOCAL ' .. failed.err)
       end
-      at = at + (kind == TOKEN_BUCKET and BUCKET_WIDTH or ITEM_WIDTH)
+      at = at + width(kind)
     end
   end
 end
@@ -406,7 +440,7 @@ while at <= #spec do
   local first = at + HEAD_WIDTH
   at = first
   for _ = 1, count do
-    at = at + (spec[at + 1] == TOKEN_BUCKET and BUCKET_WIDTH or ITEM_WIDTH)
+    at = at + width(spec[at + 1])
   end
   local failure
   if commit == REPORT then

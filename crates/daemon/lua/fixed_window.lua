@@ -15,6 +15,14 @@
 -- returns  {allowed (0|1), limit, remaining, reset_after_us, retry_after_us}
 --          retry_after_us is -1 when cost > limit (never admissible)
 --
+-- Calendar windows (`calendar: true`: local days, weeks or months) never come through this entry
+-- point: the daemon sends them to batch.lua (kind CALENDAR_WINDOW), whose items carry, in place of
+-- period_us, four boundaries b1 < b2 < b3 < b4 (us since the epoch) the daemon computed around its
+-- own clock: three windows [b1, b2), [b2, b3), [b3, b4). Redis' `now` picks the one that holds it
+-- (the store's clock decides the window; a `now` in none of them fails the check: CLOCK). The
+-- window's tag is its start in minutes since the epoch, mod 2^20 (two windows of one calendar
+-- start at least 23 hours apart, and 2^20 minutes are about two years).
+--
 -- Why a script: reading the count and adding to it must be one atomic step. The window's identity
 -- is kept in the value (not the key name) so that the script touches only the key it was given; a
 -- count from an earlier window counts as 0. The number is the window's under the policy's
@@ -61,14 +69,28 @@ local function fixed_window_format(packed)
   return '-' .. string.format('%d', packed)
 end
 
+-- The window holding `now`: its tag (the low 20 bits of its number) and the us from `now` to its
+-- end. `period` is a length (windows aligned to its multiples since the epoch) or a calendar's
+-- four boundaries (see the header); nil when `now` is in none of a calendar's windows.
+local function fixed_window_span(now, period)
+  if type(period) == 'table' then
+    for i = 1, 3 do
+      if period[i] <= now and now < period[i + 1] then
+        return math.floor(period[i] / 60000000) % 1048576, period[i + 1] - now
+      end
+    end
+    return nil
+  end
+  local window = math.floor(now / period)
+  return window % 1048576, (window + 1) * period - now
+end
+
 -- One decision, pure, on the stored number `packed` (nil when absent): allowed (0|1), limit,
 -- remaining, reset_after_us, retry_after_us, and when allowed the new packed value and its TTL in
--- ms (the end of the window).
+-- ms (the end of the window). A calendar's `period` must hold `now` (fixed_window_span).
 local function fixed_window_decide(packed, now, min_ttl_ms, limit, period, cost)
   local tag_space = 1048576
-  local window = math.floor(now / period)
-  local tag = window % tag_space
-  local to_next = (window + 1) * period - now
+  local tag, to_next = fixed_window_span(now, period)
   local count = 0
   if packed and packed % tag_space == tag then
     count = math.floor(packed / tag_space)
@@ -100,13 +122,11 @@ end
 -- nothing carries into the next window) and its TTL. The twin of FixedWindow::spend.
 local function fixed_window_full(packed, now, min_ttl_ms, limit, period)
   local tag_space = 1048576
-  local window = math.floor(now / period)
-  local tag = window % tag_space
+  local tag, to_next = fixed_window_span(now, period)
   local count = 0
   if packed and packed % tag_space == tag then
     count = math.floor(packed / tag_space)
   end
-  local to_next = (window + 1) * period - now
   return math.max(count, limit) * tag_space + tag, math.max(min_ttl_ms, ceil_div(to_next, 1000))
 end
 

@@ -3,6 +3,7 @@
 
 pub mod acl;
 pub mod batch;
+mod calendar;
 pub mod differential;
 pub(crate) mod exactness;
 mod failures;

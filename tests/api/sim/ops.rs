@@ -3,7 +3,7 @@
 //! `{:?}` as the Rust expression that builds it, so a shrunk sequence pastes into a replay.
 
 use proptest::prelude::*;
-use sluice::limit::{Algorithm, FixedWindow, SlidingLog, TokenBucket};
+use sluice::limit::{Algorithm, Calendar, CalendarUnit, FixedWindow, SlidingLog, TokenBucket};
 
 /// The partitions (values of the `user` descriptor) a sequence uses.
 pub const PARTS: u8 = 3;
@@ -20,6 +20,9 @@ pub enum Alg {
     SlidingLog,
     /// `fixed_window`.
     FixedWindow,
+    /// `fixed_window` with `calendar: true`: local days in Europe/Berlin (its `period` is always
+    /// `1d`; a reload of the period leaves it so).
+    CalendarDay,
 }
 
 /// One policy as written in the file: the figures a reload changes.
@@ -52,6 +55,12 @@ impl Spec {
             Alg::FixedWindow => FixedWindow::new(self.limit, period_us)
                 .expect("valid fixed window")
                 .into(),
+            Alg::CalendarDay => {
+                let berlin = Calendar::new(CalendarUnit::Day, "Europe/Berlin").expect("a zone");
+                FixedWindow::calendar(self.limit, berlin)
+                    .expect("valid calendar window")
+                    .into()
+            }
         }
     }
 
@@ -62,6 +71,14 @@ impl Spec {
             Alg::TokenBucket => ("token_bucket", format!(", burst: {}", self.burst)),
             Alg::SlidingLog => ("sliding_log", String::new()),
             Alg::FixedWindow => ("fixed_window", String::new()),
+            Alg::CalendarDay => (
+                "fixed_window",
+                ", calendar: true, time_zone: Europe/Berlin".to_owned(),
+            ),
+        };
+        let period = match self.alg {
+            Alg::CalendarDay => "1d".to_owned(),
+            _ => format!("{}s", self.period_s),
         };
         let mode = if index.is_multiple_of(2) {
             "open"
@@ -69,8 +86,8 @@ impl Spec {
             "closed"
         };
         format!(
-            "  - {{name: p{index}, key: [user], algorithm: {alg}, limit: {}, period: {}s{burst}, failure_mode: {mode}}}\n",
-            self.limit, self.period_s
+            "  - {{name: p{index}, key: [user], algorithm: {alg}, limit: {}, period: {period}{burst}, failure_mode: {mode}}}\n",
+            self.limit
         )
     }
 }
@@ -261,7 +278,8 @@ fn alg() -> impl Strategy<Value = Alg> {
     prop_oneof![
         Just(Alg::TokenBucket),
         Just(Alg::SlidingLog),
-        Just(Alg::FixedWindow)
+        Just(Alg::FixedWindow),
+        Just(Alg::CalendarDay)
     ]
 }
 

@@ -185,9 +185,7 @@ impl Algorithm {
             Algorithm::SlidingLog(a) => {
                 SlidingLog::new(part(a.limit()), a.period_us()).map(Self::from)
             }
-            Algorithm::FixedWindow(a) => {
-                FixedWindow::new(part(a.limit()), a.period_us()).map(Self::from)
-            }
+            Algorithm::FixedWindow(a) => a.with_limit(part(a.limit())).map(Self::from),
         };
         shared.unwrap_or(*self)
     }

@@ -1,28 +1,35 @@
 //! Fixed window counter: one counter per window aligned to multiples of `period_us` since
 //! epoch 0, so every process (and every restart) agrees on where windows start.
 //!
+//! With a [`Calendar`] (`calendar: true`), windows are local days, weeks or months of a time zone
+//! instead (see `calendar.rs`); the window's number is then its start in µs since the epoch, which
+//! no window of a plain period ever has (those number from 0 up by one per period).
+//!
 //! Cheapest of the algorithms (two integers per key), but only aligned windows are capped:
 //! up to `2 * limit` units can pass across a boundary — `limit` at the very end of one window
 //! and `limit` again at the very start of the next. Use the sliding log or the token bucket
 //! where that burst matters.
 
-use super::{check_rate, Decision, Micros, ParamError, NEVER};
+use super::{check_rate, Calendar, Decision, Micros, ParamError, NEVER};
 
-/// Parameters: at most `limit` units per aligned window of `period_us`.
+/// Parameters: at most `limit` units per aligned window of `period_us`, or per window of a
+/// calendar.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FixedWindow {
     limit: u64,
     period_us: Micros,
+    calendar: Option<Calendar>,
 }
 
 /// Per-key state: how many units were admitted in window number `window` (the window
-/// `[window * period, (window + 1) * period)`). The count only applies while `now` is in a window
+/// `[window * period, (window + 1) * period)`; a calendar's window starting at `window` µs). The count only applies while `now` is in a window
 /// of that number under the policy's period: a reload that changes the period is a window
 /// boundary (the count starts afresh), as the Redis script does with the number it stores. A
 /// fresh state has `count == 0`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WindowState {
-    /// The number of the window the count belongs to (`now / period` when counted).
+    /// The number of the window the count belongs to (`now / period` when counted; a calendar
+    /// window's start).
     pub window: u64,
     /// Units admitted in that window.
     pub count: u64,
@@ -32,7 +39,34 @@ impl FixedWindow {
     /// Validates parameters: `limit` and `period_us` must be at least 1.
     pub fn new(limit: u64, period_us: Micros) -> Result<Self, ParamError> {
         check_rate(limit, period_us)?;
-        Ok(FixedWindow { limit, period_us })
+        Ok(FixedWindow {
+            limit,
+            period_us,
+            calendar: None,
+        })
+    }
+
+    /// At most `limit` units per window of `calendar` (its unit's nominal length is the period
+    /// shown where one number is needed: `RateLimit-Policy`, per-pod shares).
+    pub fn calendar(limit: u64, calendar: Calendar) -> Result<Self, ParamError> {
+        let period_us = calendar.unit().nominal_us();
+        check_rate(limit, period_us)?;
+        Ok(FixedWindow {
+            limit,
+            period_us,
+            calendar: Some(calendar),
+        })
+    }
+
+    /// The calendar its windows follow, if any.
+    pub fn calendar_of(&self) -> Option<&Calendar> {
+        self.calendar.as_ref()
+    }
+
+    /// The same windows with another limit (a tier's, a pod's share).
+    pub fn with_limit(&self, limit: u64) -> Result<Self, ParamError> {
+        check_rate(limit, self.period_us)?;
+        Ok(FixedWindow { limit, ..*self })
     }
 
     /// Most units admitted per aligned window.
@@ -40,14 +74,30 @@ impl FixedWindow {
         self.limit
     }
 
-    /// Window length in µs.
+    /// Window length in µs (a calendar's: its unit's nominal length).
     pub fn period_us(&self) -> Micros {
         self.period_us
     }
 
     /// The number of the window containing `now`.
     fn window_of(&self, now: Micros) -> u64 {
-        now / self.period_us
+        match &self.calendar {
+            None => now / self.period_us,
+            Some(calendar) => calendar.window_at(now).0,
+        }
+    }
+
+    /// The number of the window containing `now` and the µs from `now` to its end.
+    fn window_and_rest(&self, now: Micros) -> (u64, Micros) {
+        match &self.calendar {
+            // Equals window start + P - now, without overflowing in the last window before
+            // u64::MAX.
+            None => (now / self.period_us, self.period_us - now % self.period_us),
+            Some(calendar) => {
+                let (start, end) = calendar.window_at(now);
+                (start, end.saturating_sub(now).max(1))
+            }
+        }
     }
 
     /// Units already admitted in the window containing `now`.
@@ -61,9 +111,12 @@ impl FixedWindow {
 
     /// Decides whether `cost` units may be taken at `now`, without changing anything.
     pub fn decide(&self, state: &WindowState, now: Micros, cost: u64) -> Decision {
-        let count = self.count_at(state, now);
-        // Equals window start + P - now, without overflowing in the last window before u64::MAX.
-        let to_next = self.period_us - now % self.period_us;
+        let (window, to_next) = self.window_and_rest(now);
+        let count = if state.window == window {
+            state.count
+        } else {
+            0
+        };
         match count.checked_add(cost) {
             Some(used) if used <= self.limit => {
                 let reset = if used == 0 { 0 } else { to_next };
@@ -116,13 +169,13 @@ impl FixedWindow {
     /// The instant from which `state` behaves like a fresh one: the end of its window
     /// (0 if it counts nothing).
     pub fn idle_at(&self, state: &WindowState) -> Micros {
-        if state.count == 0 {
-            0
-        } else {
-            state
+        match &self.calendar {
+            _ if state.count == 0 => 0,
+            None => state
                 .window
                 .saturating_add(1)
-                .saturating_mul(self.period_us)
+                .saturating_mul(self.period_us),
+            Some(calendar) => calendar.window_at(state.window).1,
         }
     }
 }

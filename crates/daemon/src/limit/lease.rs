@@ -61,9 +61,14 @@ pub fn bucket_lease_shrunk(
 }
 
 impl Algorithm {
-    /// Whether this algorithm can be leased (a token bucket or a fixed window).
+    /// Whether this algorithm can be leased (a token bucket or a fixed window of a period: a
+    /// calendar window's units would be kept by a window of fixed length).
     pub fn leasable(&self) -> bool {
-        !matches!(self, Algorithm::SlidingLog(_))
+        match self {
+            Algorithm::SlidingLog(_) => false,
+            Algorithm::FixedWindow(window) => window.calendar_of().is_none(),
+            _ => true,
+        }
     }
 
     /// Takes up to `want` units at `now`, at most `1 / fraction` of what the counter has left

@@ -244,7 +244,15 @@ fn window(algorithm: &Algorithm) -> Value {
             value["limit"] = bucket.limit().into();
             value["burst"] = bucket.capacity().into();
         }
-        Algorithm::SlidingLog(_) | Algorithm::FixedWindow(_) => {
+        Algorithm::FixedWindow(fixed) => {
+            value["limit"] = algorithm.limit().into();
+            if let Some(calendar) = fixed.calendar_of() {
+                value["period"] = calendar.unit().name().into();
+                value["calendar"] = true.into();
+                value["time_zone"] = calendar.zone_name().into();
+            }
+        }
+        Algorithm::SlidingLog(_) => {
             value["limit"] = algorithm.limit().into();
         }
     }

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+mod policy_calendar;
 pub mod policy_dir;
 mod policy_fields;
 pub(super) mod policy_quota;
@@ -318,16 +319,20 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
         problems.extend(lease_problems(&raw));
     }
     problems.extend(policy_stand_in::problems(&raw));
+    let (calendar, calendar_problems) = policy_calendar::read(&raw);
+    problems.extend(calendar_problems);
+    let period = policy_calendar::quota_period(calendar.as_ref(), raw.period);
     let written = if raw.deny {
         problems.extend(deny_problems(&raw));
         // A placeholder quota, never sent to a store: its period is the wait a denial tells.
         RawQuota {
             algorithm: AlgorithmName::FixedWindow,
             limit: Some(1),
-            period: raw.period,
+            period,
             burst: None,
             limits: None,
             local_limit: None,
+            calendar: None,
         }
     } else {
         let algorithm = raw.algorithm.unwrap_or_else(|| {
@@ -337,10 +342,11 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
         RawQuota {
             algorithm,
             limit: raw.limit,
-            period: raw.period,
+            period,
             burst: raw.burst,
             limits: raw.limits.as_deref(),
             local_limit: raw.local_limit,
+            calendar,
         }
     };
     let debt = raw

@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_yaml::Value;
 
+use super::policy_calendar::RawPeriod;
 use super::policy_quota::{AlgorithmName, RawTiers, RawWindow};
 use super::HumanDuration;
 use crate::limit::{FailureMode, PathCase, StandIn};
@@ -31,7 +32,7 @@ pub(super) struct RawPolicy {
     pub algorithm: Option<AlgorithmName>,
     /// One window: `limit` per `period` (with `burst` for a token bucket) ...
     pub limit: Option<u64>,
-    pub period: Option<HumanDuration>,
+    pub period: Option<RawPeriod>,
     pub burst: Option<u64>,
     /// ... or several, checked together: `[{limit: 10, period: 1s}, {limit: 1000, period: 1h}]`.
     pub limits: Option<Vec<RawWindow>>,
@@ -64,6 +65,11 @@ pub(super) struct RawPolicy {
     /// Quota leases: admit from blocks of units taken from the store (token bucket, fixed window).
     #[serde(default)]
     pub lease: bool,
+    /// Calendar windows: local days, weeks or months in `time_zone` (see `policy_calendar`).
+    #[serde(default)]
+    pub calendar: bool,
+    /// The IANA time zone of a calendar policy's windows.
+    pub time_zone: Option<String>,
     /// A converted envoyproxy/ratelimit rule sluice's limits cannot say (see
     /// `policy_stand_in`).
     pub envoy_stand_in: Option<StandIn>,
@@ -142,17 +148,20 @@ fn read_field(name: &str, value: Value) -> Result<(), String> {
             .map_err(|e| e.to_string())
     }
     match name {
-        "name" | "description" | "group" | "domain" => read::<String>(value),
+        "name" | "description" | "group" | "domain" | "time_zone" => read::<String>(value),
         "match" => read::<BTreeMap<String, String>>(value),
         "path_case" => read::<PathCase>(value),
         "key" | "replaces" => read::<Vec<String>>(value),
         "algorithm" => read::<AlgorithmName>(value),
         "limit" | "burst" | "report_debt_periods" => read::<u64>(value),
-        "period" | "timeout" => read::<HumanDuration>(value),
+        "period" => read::<RawPeriod>(value),
+        "timeout" => read::<HumanDuration>(value),
         "limits" => read::<Vec<RawWindow>>(value),
         "local_limit" => read::<RawWindow>(value),
         "failure_mode" => read::<FailureMode>(value),
-        "shadow" | "limit_override" | "reports" | "deny" | "lease" => read::<bool>(value),
+        "shadow" | "limit_override" | "reports" | "deny" | "lease" | "calendar" => {
+            read::<bool>(value)
+        }
         "enforce_percent" => read::<u8>(value),
         "tiers" => read::<RawTiers>(value),
         "cost" => read::<RawCost>(value),

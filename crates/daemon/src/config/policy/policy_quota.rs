@@ -8,7 +8,8 @@ use serde::Deserialize;
 
 use super::HumanDuration;
 use crate::limit::{
-    Algorithm, FixedWindow, PolicySet, Quota, QuotaError, SlidingLog, TokenBucket, MAX_WINDOWS,
+    Algorithm, Calendar, FixedWindow, PolicySet, Quota, QuotaError, SlidingLog, TokenBucket,
+    MAX_WINDOWS,
 };
 
 /// Largest limit or burst accepted (keeps all integer math far from overflow, in Lua too).
@@ -49,6 +50,8 @@ pub(super) struct RawQuota<'a> {
     pub burst: Option<u64>,
     pub limits: Option<&'a [RawWindow]>,
     pub local_limit: Option<RawWindow>,
+    /// A calendar policy's calendar (`policy_calendar`): its one fixed window follows it.
+    pub calendar: Option<Calendar>,
 }
 
 #[derive(Deserialize)]
@@ -139,7 +142,10 @@ impl RawQuota<'_> {
         let listed = self.limits.is_some();
         let mut built = Vec::with_capacity(windows.len());
         for (i, window) in windows.iter().enumerate() {
-            match build_algorithm(self.algorithm, window.limit, window.period, window.burst) {
+            let algorithm =
+                build_algorithm(self.algorithm, window.limit, window.period, window.burst)
+                    .map(|algorithm| with_calendar(algorithm, self.calendar));
+            match algorithm {
                 Ok(algorithm) => built.push(algorithm),
                 Err((field, reason)) if listed => problems.push(FieldProblem {
                     field: "limits",
@@ -218,6 +224,17 @@ impl RawQuota<'_> {
                 .map(|p| FieldProblem::from(("tiers", format!("tier `{tier}`: {}", p.reason))))
                 .collect()
         })
+    }
+}
+
+/// `algorithm` following `calendar`, if any (a fixed window's: `policy_calendar` refuses a
+/// calendar on the others).
+fn with_calendar(algorithm: Algorithm, calendar: Option<Calendar>) -> Algorithm {
+    match (algorithm, calendar) {
+        (Algorithm::FixedWindow(window), Some(calendar)) => {
+            FixedWindow::calendar(window.limit(), calendar).map_or(algorithm, Algorithm::from)
+        }
+        _ => algorithm,
     }
 }
 

@@ -45,6 +45,10 @@ pub enum ErrorKind {
     /// One counter's key holds something else (`WRONGTYPE`, a foreign value): that check alone
     /// fails; Redis itself is fine.
     BadKey,
+    /// A calendar window's check whose boundaries (drawn around the daemon's clock) hold none of
+    /// Redis' `TIME`: the two clocks disagree by more than a window. That check fails alone;
+    /// Redis itself is fine.
+    Clock,
     /// A reply sluice did not expect.
     Protocol,
     /// The check waited past its backstop inside sluice (a stalled or saturated daemon); not a
@@ -56,7 +60,7 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// Every kind, for pre-registering metric series.
-    pub const ALL: [ErrorKind; 18] = [
+    pub const ALL: [ErrorKind; 19] = [
         Self::Deadline,
         Self::Timeout,
         Self::Connection,
@@ -72,6 +76,7 @@ impl ErrorKind {
         Self::Cluster,
         Self::SlotMap,
         Self::BadKey,
+        Self::Clock,
         Self::Protocol,
         Self::Overloaded,
         Self::Other,
@@ -95,6 +100,7 @@ impl ErrorKind {
             Self::Cluster => "cluster",
             Self::SlotMap => "slot_map",
             Self::BadKey => "bad_key",
+            Self::Clock => "clock",
             Self::Protocol => "protocol",
             Self::Overloaded => "overloaded",
             Self::Other => "other",
@@ -120,7 +126,7 @@ impl ErrorKind {
     pub fn is_redis_failure(self) -> bool {
         !matches!(
             self,
-            Self::BadKey | Self::Overloaded | Self::SlotMap | Self::Reshard
+            Self::BadKey | Self::Clock | Self::Overloaded | Self::SlotMap | Self::Reshard
         )
     }
 
@@ -138,6 +144,8 @@ impl ErrorKind {
             "WRONGTYPE" | "BADSTATE" => Self::BadKey,
             // The node script's own refusal (see lua/batch.lua).
             "NONLOCAL" => Self::SlotMap,
+            // A calendar window's boundaries that hold none of Redis' time (lua/batch.lua).
+            "CLOCK" => Self::Clock,
             _ => Self::Other,
         }
     }
@@ -261,6 +269,8 @@ mod tests {
         assert!(ErrorKind::Readonly.opens_at_once() && !ErrorKind::Timeout.opens_at_once());
         assert!(!ErrorKind::BadKey.is_redis_failure());
         assert_eq!(ErrorKind::of_code("NONLOCAL"), ErrorKind::SlotMap);
+        assert_eq!(ErrorKind::of_code("CLOCK"), ErrorKind::Clock);
+        assert!(!ErrorKind::Clock.is_redis_failure());
         assert!(!ErrorKind::SlotMap.is_redis_failure());
     }
 

@@ -12,7 +12,7 @@ mod command;
 #[cfg(any(test, feature = "test-util"))]
 pub mod oracle;
 
-pub(crate) use self::command::{batch_command, single_command};
+pub(crate) use self::command::{batch_command, has_own_script, single_command};
 pub(crate) use self::command::{Counters, ScriptRef};
 
 use crate::limit::{Algorithm, Decision, NEVER};

@@ -20,7 +20,8 @@ use crate::store::redis::conn::Conn;
 use crate::store::redis::error::{check_error, ErrorKind};
 use crate::store::redis::health::CircuitReason;
 use crate::store::redis::scripts::{
-    batch_command, parse_figures, single_command, split_batch_reply, Commit, Counters, ScriptRef,
+    batch_command, has_own_script, parse_figures, single_command, split_batch_reply, Commit,
+    Counters, ScriptRef,
 };
 use crate::store::StoreError;
 
@@ -37,7 +38,12 @@ impl Dispatch {
         via: Via,
     ) -> Result<(), Vec<Job>> {
         let via = match (via, &jobs[..]) {
-            (Via::Keys, [job]) if job.items.len() == 1 && job.commit != Commit::Report => {
+            // A calendar window goes to the batch script: its own script knows only periods.
+            (Via::Keys, [job])
+                if job.items.len() == 1
+                    && job.commit != Commit::Report
+                    && has_own_script(&job.items[0].algorithm) =>
+            {
                 Via::Single
             }
             _ => via,

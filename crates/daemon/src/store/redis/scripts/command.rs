@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use redis::Cmd;
 
 use super::{Commit, Item, Script, Scripts};
-use crate::limit::Algorithm;
+use crate::limit::{Algorithm, Micros};
 
 /// How a call names its script.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +43,8 @@ pub(crate) const TOKEN_BUCKET: u64 = 1;
 pub(crate) const SLIDING_LOG: u64 = 2;
 /// See [`TOKEN_BUCKET`].
 pub(crate) const FIXED_WINDOW: u64 = 3;
+/// See [`TOKEN_BUCKET`]: a fixed window on a calendar, sent to the batch script only.
+pub(crate) const CALENDAR_WINDOW: u64 = 4;
 
 /// How many integers start a packed check: its item count and its commit flag (named for the
 /// layout test and the oracle; the encoder writes them in place).
@@ -55,6 +57,8 @@ pub(crate) const ITEM_HEAD: usize = 4;
 pub(crate) const BUCKET_QUOTA: usize = 3;
 /// A sliding log's or fixed window's quota arguments: limit, period_us.
 pub(crate) const QUOTA: usize = 2;
+/// A calendar window's quota arguments: limit, and four boundaries in place of period_us.
+pub(crate) const CALENDAR_QUOTA: usize = 5;
 
 /// Where the batch script's test-only `now_us` is: `ARGV[1]`, before the packed checks.
 pub(crate) const BATCH_NOW_ARGV: usize = 1;
@@ -70,17 +74,40 @@ pub(crate) fn kind(algorithm: &Algorithm) -> u64 {
     match algorithm {
         Algorithm::TokenBucket(_) => TOKEN_BUCKET,
         Algorithm::SlidingLog(_) => SLIDING_LOG,
+        Algorithm::FixedWindow(w) if w.calendar_of().is_some() => CALENDAR_WINDOW,
         Algorithm::FixedWindow(_) => FIXED_WINDOW,
     }
 }
 
+/// Whether a check of `algorithm` alone may go out as its algorithm's own script: every one but a
+/// calendar window (its script knows only periods; the batch script knows calendars).
+pub(crate) fn has_own_script(algorithm: &Algorithm) -> bool {
+    kind(algorithm) != CALENDAR_WINDOW
+}
+
+/// The daemon's own wall clock, in µs since the epoch: only to choose the calendar boundaries a
+/// call carries (Redis' clock picks the window among them).
+pub(crate) fn wall_now() -> Micros {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
 /// An algorithm script's quota arguments, `ARGV[1..]` as its header gives them (limit,
-/// period_us, and for a token bucket capacity); a packed item's last fields, in that order.
-pub(crate) fn quota_args(algorithm: &Algorithm) -> impl Iterator<Item = u64> {
+/// period_us, and for a token bucket capacity); a packed item's last fields, in that order. A
+/// calendar window's are its limit and the four boundaries around `near` (the daemon's clock,
+/// read only then when `None`; a test's `now` otherwise).
+pub(crate) fn quota_args(algorithm: &Algorithm, near: Option<Micros>) -> impl Iterator<Item = u64> {
     let (args, len) = match *algorithm {
-        Algorithm::TokenBucket(b) => ([b.limit(), b.period_us(), b.capacity()], BUCKET_QUOTA),
-        Algorithm::SlidingLog(l) => ([l.limit(), l.period_us(), 0], QUOTA),
-        Algorithm::FixedWindow(w) => ([w.limit(), w.period_us(), 0], QUOTA),
+        Algorithm::TokenBucket(b) => ([b.limit(), b.period_us(), b.capacity(), 0, 0], BUCKET_QUOTA),
+        Algorithm::SlidingLog(l) => ([l.limit(), l.period_us(), 0, 0, 0], QUOTA),
+        Algorithm::FixedWindow(w) => match w.calendar_of() {
+            Some(calendar) => {
+                let [b1, b2, b3, b4] = calendar.boundaries_near(near.unwrap_or_else(wall_now));
+                ([w.limit(), b1, b2, b3, b4], CALENDAR_QUOTA)
+            }
+            None => ([w.limit(), w.period_us(), 0, 0, 0], QUOTA),
+        },
     };
     args.into_iter().take(len)
 }
@@ -92,7 +119,7 @@ pub(crate) fn batch_command<'a>(
     by: ScriptRef,
     counters: Counters,
 ) -> Cmd {
-    let BatchArgs { keys, packed, lean } = batch_keys_and_checks(checks);
+    let BatchArgs { keys, packed, lean } = batch_keys_and_checks(checks, None);
     let (verb, script) = by.of(script);
     let size = script.len() + packed.len() + keys.iter().map(|k| k.len()).sum::<usize>() + 32;
     let mut cmd = Cmd::with_capacity(keys.len() + 6, size);
@@ -119,7 +146,7 @@ pub(crate) fn single_command(scripts: &Scripts, item: &Item, commit: Commit, by:
     let mut cmd = Cmd::with_capacity(10, item.key.len() + 128);
     cmd.arg(verb).arg(script).arg(1).arg(&item.key);
     // ARGV as each script's header gives it; no `now` (the script reads Redis `TIME`).
-    for arg in quota_args(&item.algorithm) {
+    for arg in quota_args(&item.algorithm, None) {
         cmd.arg(arg);
     }
     cmd.arg(item.cost).arg(commit.flag());
@@ -139,8 +166,10 @@ pub(crate) struct BatchArgs<'a> {
 pub(crate) const LEAN: &str = "1";
 
 /// The arguments of a batch of `checks`.
+/// `near`: what calendar boundaries are drawn around (`None`: the daemon's clock; a test's `now`).
 pub(crate) fn batch_keys_and_checks<'a, C: Into<Commit>>(
     checks: impl ExactSizeIterator<Item = (C, &'a [Item])>,
+    near: Option<Micros>,
 ) -> BatchArgs<'a> {
     // Small batches (most of them at low load) scan; large ones hash.
     const SCAN: usize = 16;
@@ -149,6 +178,7 @@ pub(crate) fn batch_keys_and_checks<'a, C: Into<Commit>>(
     let mut index: HashMap<&str, usize> = HashMap::new();
     let hashed = count > SCAN;
     let mut packed = Packed::with_capacity(count * 12);
+    packed.near = near;
     let mut one_item_each = true;
     for (commit, items) in checks {
         let commit = commit.into();
@@ -183,6 +213,9 @@ pub(crate) fn batch_keys_and_checks<'a, C: Into<Commit>>(
 pub(crate) struct Packed {
     bytes: Vec<u8>,
     len: u32,
+    /// The instant calendar windows' boundaries are drawn around: a test's `now`, or the
+    /// daemon's clock read at the first calendar item.
+    pub(crate) near: Option<Micros>,
 }
 
 impl Packed {
@@ -190,7 +223,11 @@ impl Packed {
     pub(crate) fn with_capacity(integers: usize) -> Self {
         let mut bytes = Vec::with_capacity(5 + integers * 5);
         bytes.extend_from_slice(&[0xdd, 0, 0, 0, 0]);
-        Self { bytes, len: 0 }
+        Self {
+            bytes,
+            len: 0,
+            near: None,
+        }
     }
 
     /// Starts the next check: `items` items follow ([`Packed::item`]), recorded as `commit` says.
@@ -207,7 +244,10 @@ impl Packed {
         for value in [key as u64, kind(algorithm), u64::from(enforce), cost] {
             self.push(value);
         }
-        for value in quota_args(algorithm) {
+        if kind(algorithm) == CALENDAR_WINDOW && self.near.is_none() {
+            self.near = Some(wall_now());
+        }
+        for value in quota_args(algorithm, self.near) {
             self.push(value);
         }
         if let Algorithm::TokenBucket(bucket) = algorithm {

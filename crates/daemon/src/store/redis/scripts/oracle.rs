@@ -38,7 +38,7 @@ pub trait ScriptCalls {
         spend: Spend,
         now: Option<Micros>,
     ) -> ScriptCall {
-        let mut args: Vec<u64> = quota_args(algorithm).collect();
+        let mut args: Vec<u64> = quota_args(algorithm, now).collect();
         args.extend([cost, Commit::from(spend).flag()]);
         args.extend(now);
         ScriptCall {
@@ -95,6 +95,7 @@ pub trait ScriptCalls {
         // A token bucket's item ends with its most_ahead too.
         let widest = ITEM_HEAD + BUCKET_QUOTA + 1;
         let mut packed = Packed::with_capacity(CHECK_HEAD + widest * checks.len());
+        packed.near = now;
         packed.check(checks.len(), commit);
         for (i, (_, check)) in checks.iter().enumerate() {
             packed.item(i + 1, &check.algorithm, check.cost, check.enforce);
@@ -121,7 +122,18 @@ pub fn batch_arguments<'a, C: Into<Commit>>(
     checks: impl ExactSizeIterator<Item = (C, &'a [Item])>,
     now: Option<Micros>,
 ) -> (Vec<&'a str>, Vec<Vec<u8>>) {
-    let BatchArgs { keys, packed, lean } = batch_keys_and_checks(checks);
+    batch_arguments_near(checks, now, now)
+}
+
+/// As [`batch_arguments`], with calendar windows' boundaries drawn around `near` (the daemon's
+/// clock; `None`: read now) rather than around `now` (the store's): a daemon and a Redis whose
+/// clocks disagree.
+pub fn batch_arguments_near<'a, C: Into<Commit>>(
+    checks: impl ExactSizeIterator<Item = (C, &'a [Item])>,
+    now: Option<Micros>,
+    near: Option<Micros>,
+) -> (Vec<&'a str>, Vec<Vec<u8>>) {
+    let BatchArgs { keys, packed, lean } = batch_keys_and_checks(checks, near);
     let mut args = vec![now.unwrap_or(0).to_string().into_bytes(), packed];
     if lean {
         args.push(LEAN.as_bytes().to_vec());
