@@ -16,6 +16,7 @@ mod bad_input;
 mod batch;
 mod check;
 mod cli;
+mod concurrency;
 mod counters;
 mod deny;
 mod envoy_upstream;

@@ -61,9 +61,10 @@ pub fn bucket_lease_shrunk(
 }
 
 impl Algorithm {
-    /// Whether this algorithm can be leased (a token bucket or a fixed window).
+    /// Whether this algorithm can be leased (a token bucket or a fixed window; never a sliding
+    /// log or a concurrency limit).
     pub fn leasable(&self) -> bool {
-        !matches!(self, Algorithm::SlidingLog(_))
+        matches!(self, Algorithm::TokenBucket(_) | Algorithm::FixedWindow(_))
     }
 
     /// Takes up to `want` units at `now`, at most `1 / fraction` of what the counter has left

@@ -15,6 +15,7 @@
 //! underflows; results are then merely conservative.
 
 mod algorithm;
+mod concurrency;
 mod decision;
 mod fixed_window;
 mod glob;
@@ -38,6 +39,7 @@ mod tests;
 use std::fmt;
 
 pub use algorithm::{Algorithm, State};
+pub use concurrency::{Concurrency, PermitState};
 pub use decision::{Decision, Micros, NEVER};
 pub use fixed_window::{FixedWindow, WindowState};
 pub use glob::{globs_overlap, Glob};

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+mod policy_concurrency;
 pub mod policy_dir;
 mod policy_fields;
 pub(super) mod policy_quota;
@@ -318,6 +319,7 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
         problems.extend(lease_problems(&raw));
     }
     problems.extend(policy_stand_in::problems(&raw));
+    problems.extend(policy_concurrency::problems(&raw));
     let written = if raw.deny {
         problems.extend(deny_problems(&raw));
         // A placeholder quota, never sent to a store: its period is the wait a denial tells.
@@ -328,6 +330,7 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
             burst: None,
             limits: None,
             local_limit: None,
+            permit_ttl: None,
         }
     } else {
         let algorithm = raw.algorithm.unwrap_or_else(|| {
@@ -341,6 +344,7 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
             burst: raw.burst,
             limits: raw.limits.as_deref(),
             local_limit: raw.local_limit,
+            permit_ttl: raw.permit_ttl,
         }
     };
     let debt = raw

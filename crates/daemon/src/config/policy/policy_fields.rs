@@ -33,6 +33,8 @@ pub(super) struct RawPolicy {
     pub limit: Option<u64>,
     pub period: Option<HumanDuration>,
     pub burst: Option<u64>,
+    /// A concurrency policy's permits' time to live (1 s to 1 h, default 30 s).
+    pub permit_ttl: Option<HumanDuration>,
     /// ... or several, checked together: `[{limit: 10, period: 1s}, {limit: 1000, period: 1h}]`.
     pub limits: Option<Vec<RawWindow>>,
     /// A per-pod token bucket checked before the store.
@@ -148,7 +150,7 @@ fn read_field(name: &str, value: Value) -> Result<(), String> {
         "key" | "replaces" => read::<Vec<String>>(value),
         "algorithm" => read::<AlgorithmName>(value),
         "limit" | "burst" | "report_debt_periods" => read::<u64>(value),
-        "period" | "timeout" => read::<HumanDuration>(value),
+        "period" | "timeout" | "permit_ttl" => read::<HumanDuration>(value),
         "limits" => read::<Vec<RawWindow>>(value),
         "local_limit" => read::<RawWindow>(value),
         "failure_mode" => read::<FailureMode>(value),

@@ -65,12 +65,13 @@ pub(crate) const fn single_now_argv(quota: usize) -> usize {
     quota + 3
 }
 
-/// An item's algorithm kind in the packed checks.
+/// An item's algorithm kind in the packed checks. A concurrency limit is never packed: it has
+/// its own script (`lua/concurrency.lua`), and the store refuses its checks before encoding.
 pub(crate) fn kind(algorithm: &Algorithm) -> u64 {
     match algorithm {
         Algorithm::TokenBucket(_) => TOKEN_BUCKET,
         Algorithm::SlidingLog(_) => SLIDING_LOG,
-        Algorithm::FixedWindow(_) => FIXED_WINDOW,
+        Algorithm::FixedWindow(_) | Algorithm::Concurrency(_) => FIXED_WINDOW,
     }
 }
 
@@ -81,6 +82,7 @@ pub(crate) fn quota_args(algorithm: &Algorithm) -> impl Iterator<Item = u64> {
         Algorithm::TokenBucket(b) => ([b.limit(), b.period_us(), b.capacity()], BUCKET_QUOTA),
         Algorithm::SlidingLog(l) => ([l.limit(), l.period_us(), 0], QUOTA),
         Algorithm::FixedWindow(w) => ([w.limit(), w.period_us(), 0], QUOTA),
+        Algorithm::Concurrency(c) => ([c.limit(), c.ttl_us(), 0], QUOTA),
     };
     args.into_iter().take(len)
 }
