@@ -69,6 +69,17 @@ async fn permits_are_taken_denied_released_and_expire(app: &OnStore<TestApp>)
         assert!((1..=1_000).contains(&retry_ms), "{body}");
     }
     assert_eq!(header(&denied, "retry-after"), "1");
+    // An operator's read: every slot taken, nothing spent by reading.
+    for _ in 0..2 {
+        let read = app.admin_get("/v1/counters?policy=gen&d.tenant=acme").await;
+        let body = json_of(&read);
+        assert_eq!(read.status, 200, "{body}");
+        assert_eq!(
+            (body["algorithm"].as_str(), body["limit"].as_u64(), body["remaining"].as_u64(), body["allowed"].as_bool()),
+            (Some("concurrency"), Some(3), Some(0), Some(false)),
+            "{body}"
+        );
+    }
 
     // A release gives the slot back once.
     assert_eq!(release(app, &held[1]).await, (200, json!({"released": true, "policies": ["gen"]})));

@@ -76,8 +76,30 @@ impl Concurrency {
     }
 
     /// Whether one more permit may be taken at `now` (the cost is not a number of slots: see
-    /// the module's doc); nothing changes. Denied: retry when the earliest permit expires.
-    pub fn decide(&self, state: &PermitState, now: Micros, _cost: u64) -> Decision {
+    /// the module's doc); nothing changes. Denied: retry when the earliest permit expires. A
+    /// cost of 0 is a read (`/v1/counters`): see [`Concurrency::as_read`].
+    pub fn decide(&self, state: &PermitState, now: Micros, cost: u64) -> Decision {
+        let one = self.decide_one(state, now);
+        if cost == 0 {
+            Self::as_read(one)
+        } else {
+            one
+        }
+    }
+
+    /// A read of the slots free now (a check of cost 0), from the decision on taking one:
+    /// always allowed, `remaining` the slots free before taking one; the other figures as
+    /// they were. The Redis store turns its script's answer into a read the same way.
+    pub fn as_read(one: Decision) -> Decision {
+        Decision {
+            allowed: true,
+            remaining: if one.allowed { one.remaining + 1 } else { 0 },
+            retry_after_us: 0,
+            ..one
+        }
+    }
+
+    fn decide_one(&self, state: &PermitState, now: Micros) -> Decision {
         let held = state.live(now).count() as u64;
         let last = state.live(now).max().map_or(0, |e| e - now);
         if held < self.limit {

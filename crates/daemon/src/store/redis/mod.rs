@@ -417,6 +417,13 @@ impl RedisStore {
 
 /// A concurrency limit's permits are taken by [`RateStore::acquire`] (its own script), never
 /// in a batch: the check path keeps them apart, this is the store's own guard.
+fn has_permits(checks: &[StoreCheck]) -> bool {
+    checks
+        .iter()
+        .any(|c| matches!(c.algorithm, Algorithm::Concurrency(_)))
+}
+
+/// [`has_permits`]: an error, for a path that would record them.
 fn refuse_permits(checks: &[StoreCheck]) -> Result<(), StoreError> {
     match checks
         .iter()
@@ -461,11 +468,18 @@ impl RateStore for RedisStore {
             if !self.health.allows_calls() {
                 return Err(StoreError::CircuitOpen);
             }
-            refuse_permits(checks)?;
+            let deadline = deadline.unwrap_or(self.timeout);
+            if has_permits(checks) {
+                // A read (`/v1/counters`, `/v1/explain`, a probe) peeks at the permits; the
+                // check path takes them with `acquire`, never here.
+                return match spend {
+                    Spend::DryRun => self.peek_with_permits(checks, deadline).await,
+                    Spend::Record => refuse_permits(checks).map(|()| Vec::new()),
+                };
+            }
             // The batcher reports each call's outcome to the breaker (a bad key, or a check
             // that waited too long inside sluice, says nothing about Redis).
-            self.check_group(checks, spend, deadline.unwrap_or(self.timeout))
-                .await
+            self.check_group(checks, spend, deadline).await
         })
     }
 

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::{failed, keys, ErrorKind, RedisStore};
-use crate::limit::{Algorithm, Decision, Key, NEVER};
+use crate::limit::{Algorithm, Concurrency, Decision, Key, NEVER};
 use crate::store::{Acquired, Released, Spend, StoreCheck, StoreError};
 
 /// A permit id as the script stores it: 32 hex digits.
@@ -54,6 +54,43 @@ impl RedisStore {
             },
             expired: whole(expired),
         })
+    }
+
+    /// A dry run of `checks` of which some are concurrency limits: those peeked at one call
+    /// each, the others as one group; the decisions in order.
+    pub(super) async fn peek_with_permits(
+        &self,
+        checks: &[StoreCheck],
+        deadline: Duration,
+    ) -> Result<Vec<Decision>, StoreError> {
+        let held = |c: &StoreCheck| matches!(c.algorithm, Algorithm::Concurrency(_));
+        let others: Vec<StoreCheck> = checks.iter().filter(|c| !held(c)).cloned().collect();
+        let mut decided = if others.is_empty() {
+            Vec::new()
+        } else {
+            self.check_group(&others, Spend::DryRun, deadline).await?
+        }
+        .into_iter();
+        let mut out = Vec::with_capacity(checks.len());
+        for check in checks {
+            let decision = if held(check) {
+                let one = self
+                    .acquire_permit(check, 0, Spend::DryRun, deadline)
+                    .await?
+                    .decision;
+                if check.cost == 0 {
+                    Concurrency::as_read(one)
+                } else {
+                    one
+                }
+            } else {
+                decided.next().ok_or_else(|| {
+                    StoreError::failed(ErrorKind::Protocol, "fewer decisions than checks")
+                })?
+            };
+            out.push(decision);
+        }
+        Ok(out)
     }
 
     /// Gives a permit of `key`'s partition back.
