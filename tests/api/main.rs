@@ -17,6 +17,7 @@ mod batch;
 mod calendar;
 mod check;
 mod cli;
+mod concurrency;
 mod counters;
 mod deny;
 mod envoy_upstream;

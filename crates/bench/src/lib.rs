@@ -12,6 +12,7 @@ mod load;
 mod memory;
 mod naive_sidecar;
 mod overload;
+mod permits;
 mod procs;
 mod rates;
 mod report;
@@ -65,7 +66,8 @@ pub struct BenchArgs {
     /// is named. `envoy` adds the opt-in "through Envoy" rows (a real Envoy 1.40 in front of a
     /// trivial upstream: no filter, the rate limit filter over TCP and the Unix socket, ext_authz,
     /// the rate limit quota filter on sluice's RLQS over TCP and the socket, and an RLQS fleet
-    /// run: Envoys sharing a limit they reach).
+    /// run: Envoys sharing a limit they reach). `permits` runs only the concurrency permit rows
+    /// (acquire and release beside plain checks: permits/s and Redis calls per permit).
     #[arg(long, value_delimiter = ',')]
     systems: Option<Vec<String>>,
     /// Pin the load generator and Redis to the first CPU and the processes under test (daemons,
@@ -206,6 +208,10 @@ async fn bench(args: BenchArgs) -> Result<()> {
         from_due: args.rate.is_some(),
     };
     let _hog = Hog::start(args.hog);
+    if permits::wanted(args.systems.as_ref()) {
+        let runs = if args.quick { 1 } else { 3 };
+        return permits::bench(args.daemon_threads, args.quick, runs).await;
+    }
     if leases::wanted(args.systems.as_ref()) {
         let exact = leases::bench(&args.leases, &plan, args.daemon_threads, args.quick).await?;
         anyhow::ensure!(exact, "a lease row admitted more than the limit");

@@ -2,6 +2,7 @@
 //! hostile and stock clients, and the Unix socket's `:authority`.
 
 mod check;
+mod concurrency;
 mod envoy_config;
 mod envoy_example;
 mod envoy_stand_in;

@@ -17,6 +17,8 @@ mod lease_twins;
 mod leases;
 mod log_runs;
 mod lowered_limit;
+mod permit_twins;
+mod permits_fleet;
 mod policies;
 mod reshard;
 pub mod serve_env;

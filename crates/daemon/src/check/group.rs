@@ -100,6 +100,9 @@ impl CheckService {
                 false,
             );
             for (mut part, mut check) in planned.await? {
+                if matches!(check.algorithm, Algorithm::Concurrency(_)) {
+                    return Err(concurrency_refused(part.policy.name()));
+                }
                 part.item = index;
                 if let Some(quota) = item.quota_override {
                     // The override replaces the whole quota: one window, no local limit.
@@ -311,4 +314,13 @@ fn override_quota(
     part.window_index = None;
     part.local = None;
     Ok(())
+}
+
+/// A group (Envoy's `ShouldRateLimit`) that applies a concurrency policy: the protocol has no
+/// release, so a permit would be held for its whole `permit_ttl`; refused, nothing spent.
+pub(super) fn concurrency_refused(policy: &str) -> CheckError {
+    CheckError::Invalid(format!(
+        "policy `{policy}` is a concurrency limit: its permits are given back with POST \
+         /v1/release, which this protocol cannot send; check it with POST /v1/check"
+    ))
 }

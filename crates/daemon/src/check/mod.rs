@@ -13,6 +13,7 @@ mod hot_keys;
 mod labels;
 mod lease;
 mod local_limit;
+mod permits;
 mod plan;
 mod report;
 mod request;
@@ -33,6 +34,7 @@ pub use group::{GroupItem, GroupVerdict};
 pub use hot_keys::HotKeys;
 pub use labels::{DecisionOutcome, ReportOutcome};
 pub use lease::Leases;
+pub use permits::{Release, ReleaseError, MAX_PERMIT_TOKEN};
 pub use plan::{Part, Plan, TENANT_DESCRIPTOR};
 pub use request::{CheckError, CheckRequest, Spend, MAX_DESCRIPTOR_NAME};
 pub use top::{Tally, TopDenied, TopEntry, TopList, MAX_POLICIES, TOP_CAPACITY};
@@ -64,6 +66,8 @@ pub struct CheckService {
     reports: prometheus::IntCounterVec,
     /// The partitions denied most, per policy.
     top: top::TopDenied,
+    /// Concurrency permits' tokens and counters.
+    permits: permits::Permits,
 }
 
 impl CheckService {
@@ -87,6 +91,7 @@ impl CheckService {
             unmatched: unmatched::Unmatched::new(false),
             limits,
             counter_resets: counters::resets_metric(&metrics),
+            permits: permits::Permits::new(None, &metrics),
             reports: report::reports_metric(&metrics),
             top: top::TopDenied::new(&PolicySet::default()),
             metrics,
@@ -105,6 +110,7 @@ impl CheckService {
     /// given it (`None`: a random key of this process, as [`CheckService::new`] starts with).
     pub fn with_fingerprint_key(mut self, secret: Option<&str>) -> Self {
         self.shadow_log = shadow_log::ShadowLog::new(secret.map(str::as_bytes));
+        self.permits = self.permits.rekeyed(secret.map(str::as_bytes));
         self
     }
 
@@ -169,6 +175,13 @@ impl CheckService {
                 .local_layer_hits
                 .with_label_values(&[policy.name()]);
             self.counter_resets.with_label_values(&[policy.name()]);
+            let windows = policy.parts().quota.windows();
+            if matches!(
+                windows.first(),
+                Some(crate::limit::Algorithm::Concurrency(_))
+            ) {
+                self.permits.register(policy.name());
+            }
             for outcome in ReportOutcome::ALL {
                 self.reports
                     .with_label_values(&[policy.name(), outcome.as_str()]);
@@ -207,6 +220,27 @@ impl CheckService {
     /// Checks one request.
     pub async fn check(&self, request: &CheckRequest) -> Result<Verdict, CheckError> {
         let mut plan = self.plan(&self.policies(), request).await?;
+        self.note_unmatched(request, &plan);
+        Ok(self.run(request.spend, &mut plan).await)
+    }
+
+    /// Checks one request for a path that cannot give a permit back (`/v1/authz`): a request a
+    /// concurrency policy applies to is refused, nothing spent.
+    pub async fn check_without_permits(
+        &self,
+        request: &CheckRequest,
+    ) -> Result<Verdict, CheckError> {
+        let mut plan = self.plan(&self.policies(), request).await?;
+        if let Some(part) = plan
+            .parts
+            .iter()
+            .zip(&plan.checks)
+            .find_map(|(part, check)| {
+                matches!(check.algorithm, crate::limit::Algorithm::Concurrency(_)).then_some(part)
+            })
+        {
+            return Err(group::concurrency_refused(part.policy.name()));
+        }
         self.note_unmatched(request, &plan);
         Ok(self.run(request.spend, &mut plan).await)
     }
@@ -257,12 +291,16 @@ impl CheckService {
         if plan.is_empty() {
             return Verdict::unlimited();
         }
-        let local = self.answer_locally(plan);
-        let local = local.or_else(|| self.local_limit(plan, spend));
-        let local = local.or_else(|| self.admit_leased(plan, spend));
-        let verdict = match local {
-            Some(verdict) => verdict,
-            None => self.ask_store(spend, plan).await,
+        let verdict = if permits::holds_permits(plan) {
+            self.run_with_permits(spend, plan).await
+        } else {
+            let local = self.answer_locally(plan);
+            let local = local.or_else(|| self.local_limit(plan, spend));
+            let local = local.or_else(|| self.admit_leased(plan, spend));
+            match local {
+                Some(verdict) => verdict,
+                None => self.ask_store(spend, plan).await,
+            }
         };
         if spend == Spend::Record {
             self.record(&verdict);

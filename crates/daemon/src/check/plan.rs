@@ -188,7 +188,18 @@ pub(crate) async fn plan_selected(
     for Applicable { policy, captures } in applicable {
         let generation = policies.revision(policy.name());
         let (tier, quota) = policy.quota_for(descriptors, tenant_tier.as_deref());
-        let cost = policy.cost_for(descriptors, request.cost);
+        let concurrency = matches!(quota.windows(), [Algorithm::Concurrency(_)]);
+        if report && concurrency {
+            // A cost known afterwards holds no slot: the request's permit did.
+            continue;
+        }
+        // A permit is one request in flight, whatever the request's cost (which the request's
+        // other policies spend).
+        let cost = if concurrency {
+            1
+        } else {
+            policy.cost_for(descriptors, request.cost)
+        };
         if !report && cost > quota.max_cost() {
             return Err(CheckError::CostExceedsLimit {
                 policy: policy.name().to_owned(),

@@ -36,7 +36,7 @@ pub struct ShadowLog {
 
 /// HMAC-SHA1 (RFC 2104) with its two padded keys already hashed: a fingerprint costs two
 /// SHA-1 blocks (denials and would-blocks only; the allow path never computes one).
-struct Hmac {
+pub(super) struct Hmac {
     inner: Sha1,
     outer: Sha1,
 }
@@ -45,7 +45,7 @@ impl Hmac {
     /// SHA-1's block size.
     const BLOCK: usize = 64;
 
-    fn new(key: &[u8]) -> Self {
+    pub(super) fn new(key: &[u8]) -> Self {
         let mut block = [0u8; Self::BLOCK];
         if key.len() > Self::BLOCK {
             block[..20].copy_from_slice(&Sha1::from(key).digest().bytes());
@@ -70,7 +70,7 @@ impl Hmac {
     }
 
     /// The first 8 bytes of the MAC of `parts`, concatenated.
-    fn mac64(&self, parts: &[&[u8]]) -> u64 {
+    pub(super) fn mac64(&self, parts: &[&[u8]]) -> u64 {
         let mut inner = self.inner.clone();
         for part in parts {
             inner.update(part);

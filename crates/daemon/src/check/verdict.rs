@@ -120,6 +120,9 @@ pub struct Verdict {
     /// Every policy evaluated, in policy-file order; a policy of several windows has one entry
     /// per window, next to each other.
     pub evaluated: Vec<PolicyDecision>,
+    /// The token of the concurrency permits an allowed request holds (`POST /v1/release` gives
+    /// them back); `None` when it holds none.
+    pub permit: Option<String>,
 }
 
 impl Verdict {
@@ -129,6 +132,7 @@ impl Verdict {
             outcome: Outcome::Allowed,
             deciding_index: None,
             evaluated: Vec::new(),
+            permit: None,
         }
     }
 
@@ -187,6 +191,7 @@ pub fn decide(evaluated: Vec<PolicyDecision>) -> Verdict {
         outcome,
         deciding_index: deciding,
         evaluated,
+        permit: None,
     }
 }
 

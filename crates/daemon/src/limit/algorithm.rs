@@ -2,7 +2,8 @@
 //! keep any of their states without generics.
 
 use super::{
-    BucketState, Decision, FixedWindow, LogState, Micros, SlidingLog, TokenBucket, WindowState,
+    BucketState, Concurrency, Decision, FixedWindow, LogState, Micros, PermitState, SlidingLog,
+    TokenBucket, WindowState,
 };
 
 /// A configured limiter of any kind.
@@ -14,6 +15,9 @@ pub enum Algorithm {
     SlidingLog(SlidingLog),
     /// Cheap aligned-window counter; see [`FixedWindow`].
     FixedWindow(FixedWindow),
+    /// Requests in flight, each holding a permit; see [`Concurrency`]. Checked by the store's
+    /// acquire and release, never in a group of the others.
+    Concurrency(Concurrency),
 }
 
 /// Per-key state for any [`Algorithm`].
@@ -28,6 +32,8 @@ pub enum State {
     Log(LogState),
     /// State of a [`FixedWindow`].
     Window(WindowState),
+    /// State of a [`Concurrency`] limit.
+    Permits(PermitState),
 }
 
 impl From<TokenBucket> for Algorithm {
@@ -39,6 +45,12 @@ impl From<TokenBucket> for Algorithm {
 impl From<SlidingLog> for Algorithm {
     fn from(a: SlidingLog) -> Self {
         Algorithm::SlidingLog(a)
+    }
+}
+
+impl From<Concurrency> for Algorithm {
+    fn from(a: Concurrency) -> Self {
+        Algorithm::Concurrency(a)
     }
 }
 
@@ -55,6 +67,7 @@ impl Algorithm {
             Algorithm::TokenBucket(_) => State::Bucket(BucketState::default()),
             Algorithm::SlidingLog(_) => State::Log(LogState::default()),
             Algorithm::FixedWindow(_) => State::Window(WindowState::default()),
+            Algorithm::Concurrency(_) => State::Permits(PermitState::default()),
         }
     }
 
@@ -67,6 +80,8 @@ impl Algorithm {
             (Algorithm::SlidingLog(a), _) => a.decide(&LogState::default(), now, cost),
             (Algorithm::FixedWindow(a), State::Window(s)) => a.decide(s, now, cost),
             (Algorithm::FixedWindow(a), _) => a.decide(&WindowState::default(), now, cost),
+            (Algorithm::Concurrency(a), State::Permits(s)) => a.decide(s, now, cost),
+            (Algorithm::Concurrency(a), _) => a.decide(&PermitState::default(), now, cost),
         }
     }
 
@@ -77,6 +92,7 @@ impl Algorithm {
             (Algorithm::TokenBucket(a), State::Bucket(s)) => a.admit(s, now, cost),
             (Algorithm::SlidingLog(a), State::Log(s)) => a.admit(s, now, cost),
             (Algorithm::FixedWindow(a), State::Window(s)) => a.admit(s, now, cost),
+            (Algorithm::Concurrency(a), State::Permits(s)) => a.admit(s, now),
             (Algorithm::TokenBucket(a), _) => {
                 let mut s = BucketState::default();
                 a.admit(&mut s, now, cost);
@@ -92,6 +108,11 @@ impl Algorithm {
                 a.admit(&mut s, now, cost);
                 *state = State::Window(s);
             }
+            (Algorithm::Concurrency(a), _) => {
+                let mut s = PermitState::default();
+                a.admit(&mut s, now);
+                *state = State::Permits(s);
+            }
         }
     }
 
@@ -106,6 +127,7 @@ impl Algorithm {
             (Algorithm::TokenBucket(_), State::Bucket(_))
                 | (Algorithm::SlidingLog(_), State::Log(_))
                 | (Algorithm::FixedWindow(_), State::Window(_))
+                | (Algorithm::Concurrency(_), State::Permits(_))
         ) {
             *state = self.new_state();
         }
@@ -113,6 +135,7 @@ impl Algorithm {
             (Algorithm::TokenBucket(a), State::Bucket(s)) => a.spend(s, now, cost),
             (Algorithm::SlidingLog(a), State::Log(s)) => a.spend(s, now, cost),
             (Algorithm::FixedWindow(a), State::Window(s)) => a.spend(s, now, cost),
+            // A concurrency limit has nothing to spend after the fact: what is held, is held.
             // Unreachable: the state was made to match above.
             (_, state) => self.decide(state, now, cost),
         }
@@ -133,6 +156,7 @@ impl Algorithm {
             (Algorithm::TokenBucket(a), State::Bucket(s)) => a.idle_at(s),
             (Algorithm::SlidingLog(a), State::Log(s)) => a.idle_at(s),
             (Algorithm::FixedWindow(a), State::Window(s)) => a.idle_at(s),
+            (Algorithm::Concurrency(a), State::Permits(s)) => a.idle_at(s),
             _ => 0,
         }
     }
@@ -143,15 +167,17 @@ impl Algorithm {
             Algorithm::TokenBucket(a) => a.capacity(),
             Algorithm::SlidingLog(a) => a.limit(),
             Algorithm::FixedWindow(a) => a.limit(),
+            Algorithm::Concurrency(a) => a.limit(),
         }
     }
 
-    /// The configured period in µs.
+    /// The configured period in µs (a concurrency limit's: its permits' time to live).
     pub fn period_us(&self) -> Micros {
         match self {
             Algorithm::TokenBucket(a) => a.period_us(),
             Algorithm::SlidingLog(a) => a.period_us(),
             Algorithm::FixedWindow(a) => a.period_us(),
+            Algorithm::Concurrency(a) => a.ttl_us(),
         }
     }
 
@@ -165,6 +191,7 @@ impl Algorithm {
             ),
             Algorithm::SlidingLog(a) => a.period_us(),
             Algorithm::FixedWindow(a) => a.period_us(),
+            Algorithm::Concurrency(a) => a.ttl_us(),
         }
     }
 
@@ -186,6 +213,9 @@ impl Algorithm {
                 SlidingLog::new(part(a.limit()), a.period_us()).map(Self::from)
             }
             Algorithm::FixedWindow(a) => a.with_limit(part(a.limit())).map(Self::from),
+            Algorithm::Concurrency(a) => {
+                Concurrency::new(part(a.limit()), a.ttl_us()).map(Self::from)
+            }
         };
         shared.unwrap_or(*self)
     }
@@ -207,6 +237,7 @@ impl Algorithm {
             Algorithm::TokenBucket(_) => "token_bucket",
             Algorithm::SlidingLog(_) => "sliding_log",
             Algorithm::FixedWindow(_) => "fixed_window",
+            Algorithm::Concurrency(_) => "concurrency",
         }
     }
 }
@@ -215,18 +246,22 @@ impl Algorithm {
 mod tests {
     use super::*;
 
-    fn all() -> [Algorithm; 3] {
+    fn all() -> [Algorithm; 4] {
         [
             TokenBucket::new(10, 1_000, 5).unwrap().into(),
             SlidingLog::new(5, 1_000).unwrap().into(),
             FixedWindow::new(5, 1_000).unwrap().into(),
+            Concurrency::new(5, 1_000).unwrap().into(),
         ]
     }
 
     #[test]
     fn names_limits_and_periods() {
         let names: Vec<_> = all().iter().map(Algorithm::name).collect();
-        assert_eq!(names, ["token_bucket", "sliding_log", "fixed_window"]);
+        assert_eq!(
+            names,
+            ["token_bucket", "sliding_log", "fixed_window", "concurrency"]
+        );
         assert!(all()
             .iter()
             .all(|a| a.limit() == 5 && a.period_us() == 1_000));

@@ -62,12 +62,13 @@ pub fn bucket_lease_shrunk(
 
 impl Algorithm {
     /// Whether this algorithm can be leased (a token bucket or a fixed window of a period: a
-    /// calendar window's units would be kept by a window of fixed length).
+    /// calendar window's units would be kept by a window of fixed length; never a sliding log
+    /// or a concurrency limit).
     pub fn leasable(&self) -> bool {
         match self {
-            Algorithm::SlidingLog(_) => false,
+            Algorithm::SlidingLog(_) | Algorithm::Concurrency(_) => false,
             Algorithm::FixedWindow(window) => window.calendar_of().is_none(),
-            _ => true,
+            Algorithm::TokenBucket(_) => true,
         }
     }
 

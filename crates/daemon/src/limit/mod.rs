@@ -16,6 +16,7 @@
 
 mod algorithm;
 mod calendar;
+mod concurrency;
 mod decision;
 mod fixed_window;
 mod glob;
@@ -40,6 +41,7 @@ use std::fmt;
 
 pub use algorithm::{Algorithm, State};
 pub use calendar::{Calendar, CalendarUnit, UnknownZone};
+pub use concurrency::{Concurrency, PermitState};
 pub use decision::{Decision, Micros, NEVER};
 pub use fixed_window::{FixedWindow, WindowState};
 pub use glob::{globs_overlap, Glob};

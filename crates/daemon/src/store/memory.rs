@@ -12,7 +12,8 @@ use std::time::Duration;
 use prometheus::{IntCounter, IntGauge};
 
 use super::{
-    Fleet, LeaseFuture, RateStore, ResetFuture, ResetOutcome, Spend, StoreCheck, StoreFuture,
+    Acquired, Fleet, LeaseFuture, RateStore, Released, ResetFuture, ResetOutcome, Spend,
+    StoreCheck, StoreFuture,
 };
 use crate::clock::Clock;
 use crate::limit::{Decision, Grant, Key, Micros, State};
@@ -68,6 +69,7 @@ fn slot_bytes(key: &Key, slot: &Slot) -> usize {
     };
     let state = match &slot.state {
         State::Log(log) => heap(log.entries.capacity() * size_of::<(Micros, u64)>()),
+        State::Permits(permits) => heap(permits.permits.capacity() * size_of::<(Micros, u128)>()),
         State::Bucket(_) | State::Window(_) => 0,
     };
     ENTRY_OVERHEAD + heap(key.partition().len()) + state
@@ -471,6 +473,27 @@ impl RateStore for MemoryStore {
         )))
     }
 
+    fn acquire<'a>(
+        &'a self,
+        check: &'a StoreCheck,
+        permit: u128,
+        spend: Spend,
+        _deadline: Option<Duration>,
+    ) -> LeaseFuture<'a, Acquired> {
+        Box::pin(std::future::ready(Ok(
+            self.acquire_now(check, permit, spend)
+        )))
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a Key,
+        permit: u128,
+        _deadline: Option<Duration>,
+    ) -> LeaseFuture<'a, Released> {
+        Box::pin(std::future::ready(Ok(self.release_now(key, permit))))
+    }
+
     fn reset<'a>(&'a self, key: &'a Key) -> ResetFuture<'a> {
         let existed = self.reset_now(key);
         Box::pin(std::future::ready(Ok(ResetOutcome {
@@ -484,5 +507,6 @@ impl RateStore for MemoryStore {
     }
 }
 
+mod permits;
 #[cfg(test)]
 mod tests;

@@ -110,6 +110,25 @@ pub type StoreFuture<'a> =
 /// What a lease call returns ([`RateStore::take`], [`RateStore::give_back`]).
 pub type LeaseFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
+/// What [`RateStore::acquire`] answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Acquired {
+    /// Whether the permit was taken (or, in a dry run, would be), with the partition's figures.
+    pub decision: Decision,
+    /// Permits of the partition found expired (never released) and dropped by this call.
+    pub expired: u64,
+}
+
+/// What [`RateStore::release`] answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Released {
+    /// Whether the permit was held (its slot is back); false for one released already, expired
+    /// or never taken.
+    pub released: bool,
+    /// Permits of the partition found expired (never released) and dropped by this call.
+    pub expired: u64,
+}
+
 /// What a reset did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ResetOutcome {
@@ -197,6 +216,39 @@ pub trait RateStore: Send + Sync + 'static {
     ) -> LeaseFuture<'a, u64> {
         let _ = (check, unused, grant, deadline);
         Box::pin(std::future::ready(Ok(0)))
+    }
+
+    /// Takes permit `permit` on `check`'s partition (a concurrency limit, see
+    /// [`Concurrency`](crate::limit::Concurrency)) if fewer than its limit are held, expired
+    /// ones dropped first, in one atomic step on the store's clock; with [`Spend::DryRun`]
+    /// decides only. A store that keeps no permits fails.
+    fn acquire<'a>(
+        &'a self,
+        check: &'a StoreCheck,
+        permit: u128,
+        spend: Spend,
+        deadline: Option<Duration>,
+    ) -> LeaseFuture<'a, Acquired> {
+        let _ = (check, permit, spend, deadline);
+        Box::pin(std::future::ready(Err(StoreError::failed(
+            ErrorKind::Other,
+            "this store keeps no permits",
+        ))))
+    }
+
+    /// Gives permit `permit` of `key`'s partition back (idempotent: a second release finds
+    /// nothing).
+    fn release<'a>(
+        &'a self,
+        key: &'a Key,
+        permit: u128,
+        deadline: Option<Duration>,
+    ) -> LeaseFuture<'a, Released> {
+        let _ = (key, permit, deadline);
+        Box::pin(std::future::ready(Err(StoreError::failed(
+            ErrorKind::Other,
+            "this store keeps no permits",
+        ))))
     }
 
     /// Forgets `key`'s state, so that the next request sees a full quota, and tells the other

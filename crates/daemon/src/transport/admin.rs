@@ -255,6 +255,12 @@ fn window(algorithm: &Algorithm) -> Value {
         Algorithm::SlidingLog(_) => {
             value["limit"] = algorithm.limit().into();
         }
+        Algorithm::Concurrency(concurrency) => {
+            value = json!({
+                "limit": concurrency.limit(),
+                "permit_ttl": HumanDuration(concurrency.ttl_us()).to_string(),
+            });
+        }
     }
     value
 }

@@ -55,7 +55,7 @@ pub async fn authz(
         Ok(status) => status,
         Err(reason) => return bad_request(reason),
     };
-    match super::traced::scope(span, service.check(&request)).await {
+    match super::traced::scope(span, service.check_without_permits(&request)).await {
         Err(error) => {
             super::traced::check_error(span, &error);
             error_response(ErrorReply::from_check_error(&error))

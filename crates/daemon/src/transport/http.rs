@@ -1,4 +1,4 @@
-//! The check API (`/v1/check`, `/v1/check/batch`, `/v1/report`, `/v1/authz`), served unchanged on TCP and on the Unix socket: reads JSON, asks the
+//! The check API (`/v1/check`, `/v1/check/batch`, `/v1/report`, `/v1/release`, `/v1/authz`), served unchanged on TCP and on the Unix socket: reads JSON, asks the
 //! [`CheckService`], answers with real status codes, JSON bodies and rate-limit headers.
 
 use std::convert::Infallible;
@@ -23,7 +23,7 @@ use tower_service::Service as _;
 
 use super::wire::{self, BatchBody, BatchReply, CheckBody, CheckReply, ErrorReply};
 use super::{traced, Transport};
-use crate::check::CheckService;
+use crate::check::{CheckService, ReleaseError};
 use crate::config::{AuthzSettings, RequestLimits};
 use crate::telemetry::{CheckSpan, Metrics};
 
@@ -108,6 +108,7 @@ fn routes(ctx: Ctx) -> Router {
         .route("/v1/check", post(check))
         .route("/v1/check/batch", post(batch))
         .route("/v1/report", post(report))
+        .route("/v1/release", post(release))
         .route("/v1/authz", any(authz))
         // Envoy's path_prefix sends `/` as `/v1/authz/`, which the wildcard below does not match.
         .route("/v1/authz/", any(authz))
@@ -154,6 +155,43 @@ async fn report(State(ctx): State<Ctx>, request: Request) -> Response {
             Ok(verdict) => super::report::ReportReply::response(&verdict),
         },
     };
+    ctx.observe(started, &response);
+    response
+}
+
+/// `POST /v1/release`: gives a concurrency permit back (idempotent); a token this fleet did not
+/// issue is refused (400) with its reason; the store failing is a 503 (the permit returns by
+/// itself when its `permit_ttl` ends).
+async fn release(State(ctx): State<Ctx>, request: Request) -> Response {
+    let started = Instant::now();
+    let (parts, body) = request.into_parts();
+    let response =
+        match read_json::<wire::ReleaseBody>(&parts.headers, body, ctx.service.limits()).await {
+            Err(response) => response,
+            Ok(body) => match ctx.service.release(&body.permit).await {
+                Ok(done) => json_response(
+                    StatusCode::OK,
+                    HeaderMap::from_iter([(
+                        header::CACHE_CONTROL,
+                        header::HeaderValue::from_static("no-store"),
+                    )]),
+                    &wire::ReleaseReply {
+                        released: done.released,
+                        policies: done.policies,
+                    },
+                ),
+                Err(error) => {
+                    let (status, code) = match &error {
+                        ReleaseError::Malformed(_) => (StatusCode::BAD_REQUEST, "bad_permit"),
+                        ReleaseError::Forged => (StatusCode::BAD_REQUEST, "forged_permit"),
+                        ReleaseError::Unavailable(_) => {
+                            (StatusCode::SERVICE_UNAVAILABLE, "limiter_unavailable")
+                        }
+                    };
+                    error_response((status, ErrorReply::new(code, error.to_string())))
+                }
+            },
+        };
     ctx.observe(started, &response);
     response
 }
@@ -343,7 +381,7 @@ async fn not_found() -> Response {
         StatusCode::NOT_FOUND,
         ErrorReply::new(
             "not_found",
-            "no such endpoint; use POST /v1/check, POST /v1/check/batch, POST /v1/report or /v1/authz",
+            "no such endpoint; use POST /v1/check, POST /v1/check/batch, POST /v1/report, POST /v1/release or /v1/authz",
         ),
     ))
 }

@@ -141,6 +141,28 @@ pub struct CheckReply<'a> {
     /// Whole seconds (rounded up) until this request would pass, as in `Retry-After`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after_sec: Option<u64>,
+    /// When allowed by a concurrency policy: the permit the request holds until `POST
+    /// /v1/release` gives it back (or its `permit_ttl` ends); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub permit: Option<&'a str>,
+}
+
+/// `POST /v1/release` body: the permit an allowed check answered.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseBody {
+    /// The `permit` of the check's answer, as it was.
+    pub permit: String,
+}
+
+/// `POST /v1/release` answer (200).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseReply {
+    /// Whether the permit was still held and its slot is back now; `false` when it was
+    /// released already or its `permit_ttl` had ended (a release is idempotent).
+    pub released: bool,
+    /// The concurrency policies whose permits it held.
+    pub policies: Vec<String>,
 }
 
 /// A 4xx answer: what was wrong, for a human.
@@ -194,6 +216,7 @@ impl<'a> CheckReply<'a> {
                 mode: Mode::Enforced,
                 error,
                 retry_after_sec,
+                permit: None,
             },
             Some(part) => Self {
                 allowed: verdict.outcome == Outcome::Allowed,
@@ -211,6 +234,7 @@ impl<'a> CheckReply<'a> {
                 mode: part.mode,
                 error,
                 retry_after_sec,
+                permit: verdict.permit.as_deref(),
             },
         };
         (status, reply)

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 mod policy_calendar;
+mod policy_concurrency;
 pub mod policy_dir;
 mod policy_fields;
 pub(super) mod policy_quota;
@@ -322,6 +323,7 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
     let (calendar, calendar_problems) = policy_calendar::read(&raw);
     problems.extend(calendar_problems);
     let period = policy_calendar::quota_period(calendar.as_ref(), raw.period);
+    problems.extend(policy_concurrency::problems(&raw));
     let written = if raw.deny {
         problems.extend(deny_problems(&raw));
         // A placeholder quota, never sent to a store: its period is the wait a denial tells.
@@ -333,6 +335,7 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
             limits: None,
             local_limit: None,
             calendar: None,
+            permit_ttl: None,
         }
     } else {
         let algorithm = raw.algorithm.unwrap_or_else(|| {
@@ -347,6 +350,7 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
             limits: raw.limits.as_deref(),
             local_limit: raw.local_limit,
             calendar,
+            permit_ttl: raw.permit_ttl,
         }
     };
     let debt = raw

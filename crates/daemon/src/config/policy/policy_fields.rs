@@ -34,6 +34,8 @@ pub(super) struct RawPolicy {
     pub limit: Option<u64>,
     pub period: Option<RawPeriod>,
     pub burst: Option<u64>,
+    /// A concurrency policy's permits' time to live (1 s to 1 h, default 30 s).
+    pub permit_ttl: Option<HumanDuration>,
     /// ... or several, checked together: `[{limit: 10, period: 1s}, {limit: 1000, period: 1h}]`.
     pub limits: Option<Vec<RawWindow>>,
     /// A per-pod token bucket checked before the store.
@@ -155,7 +157,7 @@ fn read_field(name: &str, value: Value) -> Result<(), String> {
         "algorithm" => read::<AlgorithmName>(value),
         "limit" | "burst" | "report_debt_periods" => read::<u64>(value),
         "period" => read::<RawPeriod>(value),
-        "timeout" => read::<HumanDuration>(value),
+        "timeout" | "permit_ttl" => read::<HumanDuration>(value),
         "limits" => read::<Vec<RawWindow>>(value),
         "local_limit" => read::<RawWindow>(value),
         "failure_mode" => read::<FailureMode>(value),

@@ -8,7 +8,8 @@ use serde::Deserialize;
 
 use super::HumanDuration;
 use crate::limit::{
-    Algorithm, Calendar, FixedWindow, PolicySet, Quota, QuotaError, SlidingLog, TokenBucket,
+    Algorithm, Calendar, Concurrency, FixedWindow, PolicySet, Quota, QuotaError, SlidingLog,
+    TokenBucket,
     MAX_WINDOWS,
 };
 
@@ -19,6 +20,15 @@ pub const MAX_LIMIT: u64 = 1_000_000_000;
 pub const MAX_LOG_LIMIT: u64 = 10_000;
 /// Largest burst x period (in us) of a token bucket: keeps its Lua arithmetic exact.
 pub const MAX_BURST_TIMES_PERIOD: u128 = 1 << 52;
+/// Largest concurrency limit: each permit held is one member of the partition's sorted set.
+pub const MAX_CONCURRENCY: u64 = 10_000;
+/// Shortest `permit_ttl` accepted (1 s).
+pub const MIN_PERMIT_TTL_US: u64 = 1_000_000;
+/// Longest `permit_ttl` accepted (1 h).
+pub const MAX_PERMIT_TTL_US: u64 = 3_600_000_000;
+/// A concurrency policy's `permit_ttl` when it names none (30 s).
+pub const DEFAULT_PERMIT_TTL_US: u64 = 30_000_000;
+
 /// Shortest period accepted.
 pub const MIN_PERIOD_US: u64 = 1_000;
 /// Longest period accepted (one year).
@@ -31,6 +41,7 @@ pub(super) enum AlgorithmName {
     TokenBucket,
     SlidingLog,
     FixedWindow,
+    Concurrency,
 }
 
 /// One window of `limits`, or the `local_limit`: `{limit: 10, period: 1s, burst: 20}`.
@@ -52,6 +63,8 @@ pub(super) struct RawQuota<'a> {
     pub local_limit: Option<RawWindow>,
     /// A calendar policy's calendar (`policy_calendar`): its one fixed window follows it.
     pub calendar: Option<Calendar>,
+    /// A concurrency policy's permits' time to live (its one window's "period").
+    pub permit_ttl: Option<HumanDuration>,
 }
 
 #[derive(Deserialize)]
@@ -98,6 +111,20 @@ impl RawQuota<'_> {
     /// The windows as written: `limits`, or the one window of `limit`/`period`/`burst`.
     fn windows(&self) -> Result<Vec<RawWindow>, FieldProblem> {
         let bad = |field, reason: &str| Err(FieldProblem::from((field, reason.to_owned())));
+        if self.algorithm == AlgorithmName::Concurrency {
+            // Its other fields are refused by `policy_concurrency`; its one window lasts a
+            // permit's time to live.
+            return match self.limit {
+                Some(limit) => Ok(vec![RawWindow {
+                    limit,
+                    period: self
+                        .permit_ttl
+                        .unwrap_or(HumanDuration(DEFAULT_PERMIT_TTL_US)),
+                    burst: None,
+                }]),
+                None => bad("limit", "missing: the most requests in flight at once"),
+            };
+        }
         match (self.limits, self.limit, self.period) {
             (Some(_), Some(_), _) | (Some(_), _, Some(_)) => bad(
                 "limits",
@@ -315,13 +342,24 @@ pub(super) fn build_algorithm(
     period: HumanDuration,
     burst: Option<u64>,
 ) -> Result<Algorithm, (&'static str, String)> {
-    let max_limit = if name == AlgorithmName::SlidingLog {
-        MAX_LOG_LIMIT
-    } else {
-        MAX_LIMIT
+    let max_limit = match name {
+        AlgorithmName::SlidingLog => MAX_LOG_LIMIT,
+        AlgorithmName::Concurrency => MAX_CONCURRENCY,
+        _ => MAX_LIMIT,
     };
     if limit == 0 || limit > max_limit {
         return Err(("limit", format!("must be 1 to {max_limit}, got {limit}")));
+    }
+    if name == AlgorithmName::Concurrency {
+        if !(MIN_PERMIT_TTL_US..=MAX_PERMIT_TTL_US).contains(&period.0) {
+            return Err((
+                "permit_ttl",
+                format!("must be between 1s and 1h, got {period}"),
+            ));
+        }
+        return Concurrency::new(limit, period.0)
+            .map(Algorithm::Concurrency)
+            .map_err(|e| ("algorithm", e.to_string()));
     }
     if !(MIN_PERIOD_US..=MAX_PERIOD_US).contains(&period.0) {
         return Err((
@@ -349,7 +387,7 @@ pub(super) fn build_algorithm(
         (AlgorithmName::SlidingLog, None) => {
             SlidingLog::new(limit, period_us).map(Algorithm::SlidingLog)
         }
-        (AlgorithmName::FixedWindow, None) => {
+        (AlgorithmName::FixedWindow | AlgorithmName::Concurrency, None) => {
             FixedWindow::new(limit, period_us).map(Algorithm::FixedWindow)
         }
     };

@@ -23,6 +23,7 @@ pub mod health;
 pub mod keys;
 pub mod metrics;
 pub mod permissions;
+mod permits;
 pub mod prober;
 pub mod resets;
 pub mod scripts;
@@ -46,8 +47,8 @@ use self::prober::{Backoff, Prober};
 use self::resets::{Follower, ResetEvent};
 use self::scripts::{Commit, Item, Scripts};
 use super::{
-    Fleet, LeaseFuture, RateStore, ResetFuture, ResetOutcome, Spend, StoreCheck, StoreError,
-    StoreFuture,
+    Acquired, Fleet, LeaseFuture, RateStore, Released, ResetFuture, ResetOutcome, Spend,
+    StoreCheck, StoreError, StoreFuture,
 };
 use crate::config::RedisTarget;
 use crate::limit::{Algorithm, Decision, Grant, Key, NEVER};
@@ -87,6 +88,8 @@ pub struct RedisStore {
     health: Arc<Health>,
     /// The lease script (takes and give-backs go out on their own, not through the batcher).
     lease: scripts::Script,
+    /// The concurrency script (`lua/concurrency.lua`), called on its own like the lease's.
+    concurrency: scripts::Script,
     /// How to follow the reset channel (started by [`RedisStore::follow_resets`]).
     resets: Follower,
     /// The lifetime of every background task of the store (the prober, the dispatcher, the
@@ -182,6 +185,7 @@ impl RedisStore {
             prefix: options.key_prefix,
             timeout: options.timeout,
             lease: scripts.lease().clone(),
+            concurrency: scripts.concurrency().clone(),
             health,
             resets,
             _stop_tasks: alive.clone().drop_guard(),
@@ -249,10 +253,10 @@ impl RedisStore {
         let (algorithm, limit, period, capacity) = match check.algorithm {
             Algorithm::TokenBucket(b) => ("tb", b.limit(), b.period_us(), b.capacity()),
             Algorithm::FixedWindow(w) => ("fw", w.limit(), w.period_us(), 0),
-            Algorithm::SlidingLog(_) => {
+            Algorithm::SlidingLog(_) | Algorithm::Concurrency(_) => {
                 return Err(StoreError::failed(
                     ErrorKind::Other,
-                    "a sliding log is never leased",
+                    "a sliding log or a concurrency limit is never leased",
                 ))
             }
         };
@@ -411,6 +415,28 @@ impl RedisStore {
     }
 }
 
+/// A concurrency limit's permits are taken by [`RateStore::acquire`] (its own script), never
+/// in a batch: the check path keeps them apart, this is the store's own guard.
+fn has_permits(checks: &[StoreCheck]) -> bool {
+    checks
+        .iter()
+        .any(|c| matches!(c.algorithm, Algorithm::Concurrency(_)))
+}
+
+/// [`has_permits`]: an error, for a path that would record them.
+fn refuse_permits(checks: &[StoreCheck]) -> Result<(), StoreError> {
+    match checks
+        .iter()
+        .position(|c| matches!(c.algorithm, Algorithm::Concurrency(_)))
+    {
+        Some(_) => Err(StoreError::failed(
+            ErrorKind::Other,
+            "a concurrency limit is checked by acquiring a permit, not in a batch",
+        )),
+        None => Ok(()),
+    }
+}
+
 fn failed(error: &redis::RedisError) -> StoreError {
     StoreError::failed(ErrorKind::of(error), error.to_string())
 }
@@ -442,10 +468,18 @@ impl RateStore for RedisStore {
             if !self.health.allows_calls() {
                 return Err(StoreError::CircuitOpen);
             }
+            let deadline = deadline.unwrap_or(self.timeout);
+            if has_permits(checks) {
+                // A read (`/v1/counters`, `/v1/explain`, a probe) peeks at the permits; the
+                // check path takes them with `acquire`, never here.
+                return match spend {
+                    Spend::DryRun => self.peek_with_permits(checks, deadline).await,
+                    Spend::Record => refuse_permits(checks).map(|()| Vec::new()),
+                };
+            }
             // The batcher reports each call's outcome to the breaker (a bad key, or a check
             // that waited too long inside sluice, says nothing about Redis).
-            self.check_group(checks, spend, deadline.unwrap_or(self.timeout))
-                .await
+            self.check_group(checks, spend, deadline).await
         })
     }
 
@@ -458,6 +492,7 @@ impl RateStore for RedisStore {
             if !self.health.allows_calls() {
                 return Err(StoreError::CircuitOpen);
             }
+            refuse_permits(checks)?;
             self.spend_group(checks, deadline.unwrap_or(self.timeout))
                 .await
         })
@@ -528,6 +563,26 @@ impl RateStore for RedisStore {
                 .first()
                 .map_or(0, |&n| u64::try_from(n).unwrap_or(0)))
         })
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        check: &'a StoreCheck,
+        permit: u128,
+        spend: Spend,
+        deadline: Option<Duration>,
+    ) -> LeaseFuture<'a, Acquired> {
+        let deadline = deadline.unwrap_or(self.timeout);
+        Box::pin(self.acquire_permit(check, permit, spend, deadline))
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a Key,
+        permit: u128,
+        deadline: Option<Duration>,
+    ) -> LeaseFuture<'a, Released> {
+        Box::pin(self.release_permit(key, permit, deadline.unwrap_or(self.timeout)))
     }
 
     fn reset<'a>(&'a self, key: &'a Key) -> ResetFuture<'a> {

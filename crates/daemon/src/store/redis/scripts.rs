@@ -25,6 +25,10 @@ const SLIDING_LOG: &str = include_str!("../../../lua/sliding_log.lua");
 const FIXED_WINDOW: &str = include_str!("../../../lua/fixed_window.lua");
 const BATCH: &str = include_str!("../../../lua/batch.lua");
 const LEASE: &str = include_str!("../../../lua/lease.lua");
+const CONCURRENCY: &str = include_str!("../../../lua/concurrency.lua");
+
+/// Where the concurrency script's test-only `now_us` is (see `lua/concurrency.lua`).
+pub(crate) const CONCURRENCY_NOW_ARGV: usize = 5;
 
 /// Where the lease script's test-only `now_us` is (see `lua/lease.lua`).
 pub(crate) const LEASE_NOW_ARGV: usize = 9;
@@ -62,6 +66,7 @@ pub struct Scripts {
     batch: Script,
     node_batch: Script,
     lease: Script,
+    concurrency: Script,
 }
 
 /// The first line of the Cluster node script: script flags (Redis >= 7.0) that let one call touch
@@ -130,6 +135,12 @@ impl Default for Scripts {
                 functions(LEASE),
                 entry(LEASE),
             ]),
+            concurrency: compose(&[
+                STATE,
+                functions(CONCURRENCY),
+                &now_prelude(CONCURRENCY_NOW_ARGV),
+                entry(CONCURRENCY),
+            ]),
             node_batch: Script::new(format!("{NODE_FLAGS}{batch}")),
             batch: Script::new(batch),
         }
@@ -146,6 +157,7 @@ impl Scripts {
             &self.fixed_window,
             &self.batch,
             &self.lease,
+            &self.concurrency,
         ]
         .map(|s| Arc::clone(&s.source))
         .to_vec()
@@ -168,12 +180,18 @@ impl Scripts {
         &self.lease
     }
 
+    /// The concurrency script (`lua/concurrency.lua`): permits acquired, peeked and released.
+    pub fn concurrency(&self) -> &Script {
+        &self.concurrency
+    }
+
     /// The script for `algorithm`.
     pub fn for_algorithm(&self, algorithm: &Algorithm) -> &Script {
         match algorithm {
             Algorithm::TokenBucket(_) => &self.token_bucket,
             Algorithm::SlidingLog(_) => &self.sliding_log,
-            Algorithm::FixedWindow(_) => &self.fixed_window,
+            // Never sent: the store refuses a concurrency check before encoding it.
+            Algorithm::FixedWindow(_) | Algorithm::Concurrency(_) => &self.fixed_window,
         }
     }
 }

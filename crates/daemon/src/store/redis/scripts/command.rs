@@ -69,13 +69,14 @@ pub(crate) const fn single_now_argv(quota: usize) -> usize {
     quota + 3
 }
 
-/// An item's algorithm kind in the packed checks.
+/// An item's algorithm kind in the packed checks. A concurrency limit is never packed: it has
+/// its own script (`lua/concurrency.lua`), and the store refuses its checks before encoding.
 pub(crate) fn kind(algorithm: &Algorithm) -> u64 {
     match algorithm {
         Algorithm::TokenBucket(_) => TOKEN_BUCKET,
         Algorithm::SlidingLog(_) => SLIDING_LOG,
         Algorithm::FixedWindow(w) if w.calendar_of().is_some() => CALENDAR_WINDOW,
-        Algorithm::FixedWindow(_) => FIXED_WINDOW,
+        Algorithm::FixedWindow(_) | Algorithm::Concurrency(_) => FIXED_WINDOW,
     }
 }
 
@@ -108,6 +109,7 @@ pub(crate) fn quota_args(algorithm: &Algorithm, near: Option<Micros>) -> impl It
             }
             None => ([w.limit(), w.period_us(), 0, 0, 0], QUOTA),
         },
+        Algorithm::Concurrency(c) => ([c.limit(), c.ttl_us(), 0, 0, 0], QUOTA),
     };
     args.into_iter().take(len)
 }

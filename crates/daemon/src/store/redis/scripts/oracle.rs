@@ -67,6 +67,7 @@ pub trait ScriptCalls {
             Algorithm::TokenBucket(b) => ("tb", b.limit(), b.period_us(), b.capacity()),
             Algorithm::FixedWindow(w) => ("fw", w.limit(), w.period_us(), 0),
             Algorithm::SlidingLog(l) => ("sl", l.limit(), l.period_us(), 0),
+            Algorithm::Concurrency(c) => ("cc", c.limit(), c.ttl_us(), 0),
         };
         let mut args = vec![mode.as_bytes().to_vec(), kind.as_bytes().to_vec()];
         args.extend(

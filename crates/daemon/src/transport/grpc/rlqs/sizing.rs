@@ -78,7 +78,7 @@ pub fn assignment(
                 .max()
                 .map(|(tokens, ttl_s)| (tokens * cost, ttl_s))?
         }
-        Algorithm::SlidingLog(_) => return None,
+        Algorithm::SlidingLog(_) | Algorithm::Concurrency(_) => return None,
     };
     let tokens = (usable / cost).min(u64::from(u32::MAX));
     (tokens > 0 && ttl_s > 0).then_some(Assignment { tokens, ttl_s })
@@ -116,7 +116,7 @@ pub fn renewal(
                     >= needed
             })
             .unwrap_or(0),
-        Algorithm::SlidingLog(_) => 0,
+        Algorithm::SlidingLog(_) | Algorithm::Concurrency(_) => 0,
     };
     (ttl_s > 0).then_some(ttl_s)
 }
@@ -156,7 +156,7 @@ pub fn fair_share(algorithm: &Algorithm, cost: u64) -> u64 {
     let quota = match algorithm {
         Algorithm::FixedWindow(window) => window.limit(),
         Algorithm::TokenBucket(bucket) => bucket.capacity(),
-        Algorithm::SlidingLog(_) => 0,
+        Algorithm::SlidingLog(_) | Algorithm::Concurrency(_) => 0,
     };
     (quota / FAIR_SHARE / cost.max(1)).max(1)
 }
