@@ -252,7 +252,7 @@ where
         // Padding is never held: its window goes back at once; the data's when it is taken.
         let size = data.len() as u32;
         self.recv_unreleased += len - size;
-        let max_body = self.config.max_message_bytes.saturating_add(5);
+        let max_body = self.config.max_body_bytes;
         let window = self.config.stream_window;
         let Some(stream) = self.streams.get_mut(&id) else {
             // A stream already closed (reset, refused, answered): the client may not know yet.
@@ -271,7 +271,7 @@ where
         stream.received += u64::from(size);
         if !stream.length_agrees(end) {
             self.recv_unreleased += size;
-            tracing::debug!("gRPC request body disagrees with its content-length; reset");
+            tracing::debug!("HTTP/2 request body disagrees with its content-length; reset");
             return self.reset(id, Code::Protocol);
         }
         if end {
@@ -319,11 +319,7 @@ where
             frame::window_update(&mut self.wbuf, id, more);
         }
         if over {
-            let status = Status::resource_exhausted(format!(
-                "request message over limits.max_body_bytes ({} bytes)",
-                self.config.max_message_bytes
-            ));
-            return self.refuse(id, status);
+            return self.refuse(id, Refused::BodyTooLarge);
         }
         if end {
             self.start_unary(id);
@@ -368,13 +364,13 @@ where
         }
     }
 
-    /// Refuses a stream with a gRPC status (trailers only), counted.
-    pub(super) fn refuse(&mut self, id: u32, status: Status) -> Result<()> {
-        self.service.refused(&status);
+    /// Refuses a stream with the service's answer for `why`.
+    pub(super) fn refuse(&mut self, id: u32, why: Refused) -> Result<()> {
+        let answer = self.service.refuse(why);
         if let Some(stream) = self.streams.get_mut(&id) {
             stream.kind = Kind::Answering;
         }
-        self.answer(id, Err(status));
+        self.answer(id, Outcome::Answer(answer));
         Ok(())
     }
 
@@ -383,12 +379,12 @@ where
         let Some(stream) = self.streams.get_mut(&id) else {
             return;
         };
-        let Kind::Gathering { body, trace, .. } =
+        let Kind::Gathering { body, kept, .. } =
             std::mem::replace(&mut stream.kind, Kind::Answering)
         else {
             return;
         };
-        let future = self.service.unary(trace, body.freeze());
+        let future = self.service.unary(kept, body.freeze());
         self.answering.push(Answering::new(id, future));
     }
 }

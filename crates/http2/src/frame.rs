@@ -46,6 +46,7 @@ pub(super) const SETTINGS_MAX_HEADER_LIST_SIZE: u16 = 0x6;
 pub(super) enum Code {
     NoError = 0x0,
     Protocol = 0x1,
+    Internal = 0x2,
     FlowControl = 0x3,
     StreamClosed = 0x5,
     FrameSize = 0x6,

@@ -8,30 +8,49 @@ use std::time::Duration;
 use proptest::prelude::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::super::budget::{connection_base, Budget};
 use super::*;
+use crate::budget::{connection_base, Budget};
 
 const UNARY: &[u8] = b"/s/Unary";
 const TASK: &[u8] = b"/s/Task";
 
-/// Answers a unary call with its own body; a task call with an empty answer.
+/// Answers a unary call with its own body; a task call, once it has its whole body, with an
+/// empty answer.
 struct Stub;
 
 impl Service for Stub {
+    const METHODS: &'static [&'static [u8]] = &[b"POST"];
     fn is_unary(&self, path: &[u8]) -> bool {
         path == UNARY
     }
-    fn unary(self: &Arc<Self>, _trace: Trace, body: Bytes) -> UnaryFuture {
-        Box::pin(async move { Ok(BytesMut::from(&body[..])) })
-    }
-    fn stream(self: &Arc<Self>, request: hyper::Request<RecvBody>) -> StreamFuture {
+    fn unary(self: &Arc<Self>, _kept: Kept, body: Bytes) -> UnaryFuture {
         Box::pin(async move {
-            // Takes the whole body, then answers.
-            let _ = request.into_body().collect().await;
-            hyper::Response::new(tonic::body::Body::empty())
+            Answer::Whole {
+                head: Block::Encoded(b"\x88"),
+                body: BytesMut::from(&body[..]),
+                trailers: Block::Fields(HeaderMap::new()),
+            }
         })
     }
-    fn refused(&self, _status: &Status) {}
+    fn stream(
+        self: &Arc<Self>,
+        request: http::Request<RecvBody>,
+        responder: Responder,
+    ) -> StreamFuture {
+        Box::pin(async move {
+            let mut body = request.into_body();
+            while let Some(Ok(_)) = body.next().await {}
+            if let Ok(sending) = responder.head(StatusCode::OK, HeaderMap::new()).await {
+                let _ = sending.end().await;
+            }
+        })
+    }
+    fn refuse(&self, _why: Refused) -> Answer {
+        Answer::Bodiless {
+            head: Block::Encoded(b"\x88"),
+            trailers: Block::Fields(HeaderMap::new()),
+        }
+    }
     type Open = ();
     fn opened(&self) {}
 }
@@ -45,7 +64,7 @@ fn config() -> Config {
         keepalive_interval: Duration::from_secs(30),
         keepalive_timeout: Duration::from_secs(20),
         body_read_timeout: Duration::from_secs(10),
-        max_message_bytes: 64 * 1024,
+        max_body_bytes: 64 * 1024 + 5,
     }
 }
 
@@ -74,7 +93,7 @@ async fn serve(input: &[u8]) -> (Vec<u8>, usize, Arc<Budget>) {
         config.max_concurrent_streams,
         PER_STREAM_BYTES,
     );
-    let budget = Budget::new(4 * base, base);
+    let budget = Budget::new(4 * base, base, |_, _| {});
     let charge = budget.admit().expect("room for one");
     let (client, server) = tokio::io::duplex(64 * 1024);
     let connection = tokio::spawn(Connection::new(server, Arc::new(Stub), config, charge));
