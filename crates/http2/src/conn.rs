@@ -37,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 use crate::budget::{Charge, Refusal};
 use crate::frame::{self, Code, Head};
 use crate::hpack::{self, Decoder};
+use crate::state::{Closed, FrameError, Recv, State};
 
 mod headers;
 mod recv;
@@ -623,7 +624,7 @@ where
                         return Err(Fail::Goaway(Code::FrameSize, "PRIORITY not 5 bytes"));
                     }
                     self.send_rst(head.stream, Code::FrameSize);
-                    self.close(head.stream);
+                    self.close(head.stream, Closed::ResetByUs);
                     self.count_reset()?;
                 }
                 self.idle_frame()

@@ -3,8 +3,9 @@
 //! with anything else served on a task per stream. It knows nothing of what it serves: a
 //! [`Service`] says which paths are unary, answers them ([`Answer`]), serves the others
 //! ([`Responder`]) and says how a stream the connection refuses is answered ([`Refused`]). One
-//! connection is a [`Connection`] (its windows, bounds and keepalive); the memory [`Budget`] is
-//! what every connection draws from. What it costs per call against h2 and hyper is in
+//! connection is a [`Connection`] (its windows, bounds and keepalive), each of its streams in
+//! an RFC 9113 section 5.1 [`State`] (the table of what each frame does in each state is in
+//! its doc); the memory [`Budget`] is what every connection draws from. What it costs per call against h2 and hyper is in
 //! docs/benchmarks.md.
 //!
 //! Every bound, beside hyperium/h2's (its server defaults) where it has one; after `sluice:`,
@@ -36,9 +37,12 @@ mod conn;
 mod frame;
 mod hpack;
 mod huffman;
+mod state;
 
 pub use budget::{connection_base, Budget, Charge, Refusal, Warn};
 pub use conn::{
     Answer, Block, Broken, Config, Connection, Gone, Kept, RecvBody, Refused, Responder, Sending,
     Service, StreamFuture, UnaryFuture, PER_STREAM_BYTES,
 };
+pub use frame::Code;
+pub use state::{Closed, FrameError, Recv, State};

@@ -256,16 +256,18 @@ where
         if let Some(stream) = self.streams.get_mut(&id) {
             // Trailers: they must end the stream and carry no pseudo-header; their content is
             // not used otherwise.
-            if !stream.recv_open {
-                return self.reset(id, Code::StreamClosed);
-            }
-            if !end_stream || request.pseudo || request.malformed.is_some() {
+            let next = match stream.state.recv(Recv::Headers { end_stream }) {
+                Ok(next) => next,
+                Err(FrameError::Stream(code)) => return self.reset(id, code),
+                Err(FrameError::Connection(code)) => {
+                    return Err(Fail::Goaway(code, "HEADERS on a closed stream"))
+                }
+                Err(FrameError::Ignored) => return Ok(()),
+            };
+            if request.pseudo || request.malformed.is_some() || !stream.length_agrees(true) {
                 return self.reset(id, Code::Protocol);
             }
-            if !stream.length_agrees(true) {
-                return self.reset(id, Code::Protocol);
-            }
-            stream.recv_open = false;
+            stream.state = next;
             if let Kind::Gathering { .. } = stream.kind {
                 self.start_unary(id);
             } else if let Kind::Task { body, .. } = &mut stream.kind {
@@ -274,14 +276,17 @@ where
             self.finish_if_done(id);
             return Ok(());
         }
-        if id <= self.last_stream {
-            // Trailers on a stream we reset: the client may not know yet. Anything else opens
-            // a stream below one already opened.
-            if self.reset_by_us.contains(&id) {
-                return Ok(());
-            }
-            return Err(protocol("a new stream id not above the last one"));
-        }
+        // The reset memory is looked at only for a HEADERS on a stream closed and forgotten.
+        let reset = id <= self.last_stream && self.reset_by_us.contains(&id);
+        let state = match State::forgotten(id, self.last_stream, reset)
+            .recv(Recv::Headers { end_stream })
+        {
+            Ok(state) => state,
+            // Trailers on a stream we reset: the client may not know yet.
+            Err(FrameError::Ignored) => return Ok(()),
+            // Anything else opens a stream below one already opened.
+            Err(_) => return Err(protocol("a new stream id not above the last one")),
+        };
         if id.is_multiple_of(2) {
             return Err(protocol("a client stream with an even id"));
         }
@@ -318,7 +323,7 @@ where
             return self.count_reset();
         }
         let mut stream = Stream {
-            recv_open: !end_stream,
+            state,
             recv_window: i64::from(self.config.stream_window),
             recv_unreleased: 0,
             held: 0,
@@ -329,7 +334,6 @@ where
             kind: Kind::Answering,
             out: VecDeque::new(),
             out_bytes: 0,
-            done: false,
             _open: self.service.opened(),
         };
         if decoded.oversized {

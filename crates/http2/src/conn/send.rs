@@ -72,7 +72,7 @@ where
         stream.kind = Kind::Answered;
         // The call is over: the body it held gives its connection window back.
         self.recv_unreleased += std::mem::take(&mut stream.held);
-        if stream.done {
+        if stream.state.sent_end() {
             // Reset while it was being answered: its place is free now.
             self.remove(id);
             return;
@@ -82,7 +82,7 @@ where
             Outcome::Panicked => self.service.refuse(Refused::Panicked),
             Outcome::Cancelled => {
                 // Only a reset cancels a call, and a reset stream is done: not reached.
-                self.close(id);
+                self.close(id, Closed::ResetByUs);
                 return;
             }
         };
@@ -117,7 +117,7 @@ where
                     stream.send_window -= len as i64;
                     let trailers = block_bytes(trailers);
                     write_block(&mut self.wbuf, id, &trailers, true, self.peer_max_frame);
-                    stream.done = true;
+                    stream.state = stream.state.send_end();
                 } else {
                     let body = body.freeze();
                     stream.out_bytes += body.len();
@@ -131,7 +131,7 @@ where
                 put_block(&head, &mut block);
                 put_block(&trailers, &mut block);
                 write_block(&mut self.wbuf, id, &block, true, self.peer_max_frame);
-                stream.done = true;
+                stream.state = stream.state.send_end();
             }
         }
         self.flush(id);
@@ -148,7 +148,7 @@ where
         let Some(stream) = self.streams.get_mut(&id) else {
             return;
         };
-        if stream.done {
+        if stream.state.sent_end() {
             return;
         }
         match event {
@@ -175,7 +175,7 @@ where
                         "an HTTP/2 client left its window closed with 256 KiB queued; stream reset"
                     );
                     self.send_rst(id, Code::Cancel);
-                    self.close(id);
+                    self.close(id, Closed::ResetByUs);
                     return;
                 }
             }
@@ -190,7 +190,7 @@ where
                     // The call ended without ending its answer.
                     tracing::debug!("an HTTP/2 streamed call ended without its answer's end");
                     self.send_rst(id, Code::Internal);
-                    self.close(id);
+                    self.close(id, Closed::ResetByUs);
                 }
                 return;
             }
@@ -261,12 +261,12 @@ where
                 Out::Trailers(block) => {
                     write_block(&mut self.wbuf, id, &block[..], true, self.peer_max_frame);
                     stream.out.pop_front();
-                    stream.done = true;
+                    stream.state = stream.state.send_end();
                 }
                 Out::End => {
                     frame::head(&mut self.wbuf, 0, frame::DATA, frame::END_STREAM, id);
                     stream.out.pop_front();
-                    stream.done = true;
+                    stream.state = stream.state.send_end();
                 }
             }
         }
@@ -280,10 +280,10 @@ where
             return;
         };
         // A call still being answered keeps its place, reset or not.
-        if !stream.done || matches!(stream.kind, Kind::Answering) {
+        if !stream.state.sent_end() || matches!(stream.kind, Kind::Answering) {
             return;
         }
-        if stream.recv_open {
+        if stream.state.recv_open() {
             // The client is still sending: tell it the answer is complete.
             self.send_rst(id, Code::NoError);
         }

@@ -25,8 +25,9 @@ pub(super) type Streams<O> = HashMap<u32, Stream<O>, BuildHasherDefault<IdHasher
 
 /// One stream the server still has work for.
 pub(super) struct Stream<O> {
-    /// The client may still send (no END_STREAM or reset yet).
-    pub(super) recv_open: bool,
+    /// Where it is in RFC 9113 section 5.1: whether the client may still send, whether the
+    /// answer's end is written (or the stream reset).
+    pub(super) state: State,
     /// What the client may still send before a WINDOW_UPDATE.
     pub(super) recv_window: i64,
     /// Received and not yet given back as stream window.
@@ -47,8 +48,6 @@ pub(super) struct Stream<O> {
     /// Waiting for the client's window, in order.
     pub(super) out: VecDeque<Out>,
     pub(super) out_bytes: usize,
-    /// The answer's end has been written (or the stream reset).
-    pub(super) done: bool,
     /// The stream's work, counted as open until the stream goes.
     pub(super) _open: O,
 }
