@@ -114,8 +114,9 @@ pub enum Block {
     /// Encoded already (a constant): HPACK of static-table references and literals without
     /// indexing only, since the server keeps no dynamic table; `:status` first in a head.
     Encoded(&'static [u8]),
-    /// Fields, encoded as literals without indexing.
-    Fields(HeaderMap),
+    /// Fields, encoded as literals without indexing (boxed: an answer is moved through the
+    /// call's future and the connection, and most answers are constants).
+    Fields(Box<HeaderMap>),
 }
 
 /// A unary call's answer.

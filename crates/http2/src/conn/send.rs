@@ -47,6 +47,18 @@ fn put_block(block: &Block, out: &mut BytesMut) {
     }
 }
 
+/// Writes `block` as a header block (a constant as it is).
+fn write_any_block(out: &mut BytesMut, id: u32, block: &Block, end_stream: bool, max_frame: usize) {
+    match block {
+        Block::Encoded(encoded) => write_block(out, id, encoded, end_stream, max_frame),
+        Block::Fields(fields) => {
+            let mut encoded = BytesMut::with_capacity(64);
+            encode_headers(fields, &mut encoded);
+            write_block(out, id, &encoded, end_stream, max_frame);
+        }
+    }
+}
+
 /// `block` encoded, as bytes to queue (a constant is not copied).
 fn block_bytes(block: Block) -> Bytes {
     match block {
@@ -95,15 +107,7 @@ where
                 body,
                 trailers,
             } => {
-                match &head {
-                    Block::Encoded(encoded) => {
-                        write_block(&mut self.wbuf, id, encoded, false, self.peer_max_frame)
-                    }
-                    Block::Fields(_) => {
-                        let head = block_bytes(head);
-                        write_block(&mut self.wbuf, id, &head, false, self.peer_max_frame);
-                    }
-                }
+                write_any_block(&mut self.wbuf, id, &head, false, self.peer_max_frame);
                 let room = self.send_window.min(stream.send_window);
                 if stream.out.is_empty()
                     && body.len() <= self.peer_max_frame
@@ -115,8 +119,7 @@ where
                     self.wbuf.put_slice(&body);
                     self.send_window -= len as i64;
                     stream.send_window -= len as i64;
-                    let trailers = block_bytes(trailers);
-                    write_block(&mut self.wbuf, id, &trailers, true, self.peer_max_frame);
+                    write_any_block(&mut self.wbuf, id, &trailers, true, self.peer_max_frame);
                     stream.state = stream.state.send_end();
                 } else {
                     let body = body.freeze();

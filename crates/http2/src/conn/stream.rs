@@ -90,8 +90,7 @@ pub(super) enum Out {
     End,
 }
 
-/// How a unary call ended (moved once a call: its size is no cost worth a box).
-#[allow(clippy::large_enum_variant)]
+/// How a unary call ended.
 pub(super) enum Outcome {
     Answer(Answer),
     /// The client reset the stream: nobody reads an answer.

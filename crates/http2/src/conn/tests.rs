@@ -31,7 +31,7 @@ impl Service for Stub {
             Answer::Whole {
                 head: Block::Encoded(b"\x88"),
                 body: BytesMut::from(&body[..]),
-                trailers: Block::Fields(HeaderMap::new()),
+                trailers: Block::Fields(Box::default()),
             }
         })
     }
@@ -51,7 +51,7 @@ impl Service for Stub {
     fn refuse(&self, _why: Refused) -> Answer {
         Answer::Bodiless {
             head: Block::Encoded(b"\x88"),
-            trailers: Block::Fields(HeaderMap::new()),
+            trailers: Block::Fields(Box::default()),
         }
     }
     type Open = ();

@@ -60,7 +60,7 @@ pub(super) fn status_trailers(status: &Status) -> HeaderMap {
 fn refusal(status: &Status) -> Answer {
     Answer::Bodiless {
         head: Block::Encoded(GRPC_HEAD),
-        trailers: Block::Fields(status_trailers(status)),
+        trailers: Block::Fields(Box::new(status_trailers(status))),
     }
 }
 
