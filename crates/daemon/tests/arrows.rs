@@ -122,3 +122,41 @@ fn every_module_of_the_library_is_placed() {
         }
     }
 }
+
+/// What the HTTP/2 package (`crates/http2`) may depend on. It cannot name the daemon: the
+/// dependency points the other way, and the compiler refuses a cycle. This keeps anything of
+/// gRPC (tonic, prost, hyper) and every sluice package out of it too.
+const HTTP2_DEPENDENCIES: &[&str] = &[
+    "bytes",
+    "futures-util",
+    "http",
+    "memchr",
+    "tokio",
+    "tokio-util",
+    "tracing",
+];
+
+#[test]
+fn the_http2_package_depends_on_nothing_of_grpc_or_the_daemon() {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../http2/Cargo.toml");
+    let text = std::fs::read_to_string(manifest).expect("crates/http2/Cargo.toml");
+    let section = text
+        .split("\n[dependencies]\n")
+        .nth(1)
+        .expect("a [dependencies] section");
+    let section = section.split("\n[").next().unwrap_or(section);
+    let mut unexpected = Vec::new();
+    for line in section.lines() {
+        let name: String = line
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+            .collect();
+        if !name.is_empty() && !HTTP2_DEPENDENCIES.contains(&name.as_str()) {
+            unexpected.push(name);
+        }
+    }
+    assert!(
+        unexpected.is_empty(),
+        "crates/http2 depends on {unexpected:?}, beyond {HTTP2_DEPENDENCIES:?}"
+    );
+}

@@ -9,7 +9,7 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{IntCounterVec, IntGauge, Opts};
 
-use super::http2::{Budget, Refusal};
+use sluice_http2::{Budget, Refusal};
 
 /// Reads a [`Budget`] at each scrape.
 pub(crate) struct BudgetMetrics {

@@ -1,6 +1,6 @@
 //! The gRPC listeners' connections: the check listeners' accept loop (at most
 //! `limits.max_connections` open, back-off on accept errors, drain on shutdown) with each
-//! connection served by sluice's own HTTP/2 server ([`super::http2`]) under bounds: concurrent
+//! connection served by sluice's own HTTP/2 server ([`sluice_http2`]) under bounds: concurrent
 //! streams, header list size and flow-control windows (memory per connection), keepalive PINGs
 //! (a dead peer is closed), a handshake timeout (the preface and SETTINGS must arrive in time,
 //! or the connection is dropped), an idle timeout and a maximum age (a graceful GOAWAY; Envoy
@@ -16,13 +16,13 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::http2::{self, Budget};
 use super::stream::{StreamLimits, Streams};
 use super::Rls;
 use crate::config::Settings;
 use crate::telemetry::Metrics;
 use crate::transport::request_caps::MAX_HEADER_BYTES;
 use crate::transport::serve::{accept_loop, Bounds};
+use sluice_http2::{self as http2, Budget, Refusal};
 
 /// Flow-control window of one stream: far above a rate limit request, bounds what a stalled
 /// stream buffers.
@@ -86,7 +86,27 @@ impl ConnectionBounds {
             self.max_concurrent_streams,
             http2::PER_STREAM_BYTES,
         );
-        Budget::new(self.memory_bytes, base)
+        Budget::new(self.memory_bytes, base, warn)
+    }
+}
+
+/// The budget's log line, at most once a minute for each kind of refusal.
+fn warn(kind: Refusal, budget: &Budget) {
+    match kind {
+        Refusal::Calm => tracing::warn!(
+            "a gRPC client sent too many frames that make no progress, or caused too many \
+             resets; GOAWAY(ENHANCE_YOUR_CALM) (counted in \
+             sluice_grpc_budget_refusals_total{{kind=\"enhance_your_calm\"}}; logged at most \
+             once a minute)"
+        ),
+        Refusal::Connection | Refusal::Stream => tracing::warn!(
+            refused = kind.as_str(),
+            used_bytes = budget.used(),
+            budget_bytes = budget.limit(),
+            "the gRPC connections are at their memory budget (limits.grpc_memory_bytes); \
+             refusing new streams of the heaviest connections and new connections (counted \
+             in sluice_grpc_budget_refusals_total; logged at most once a minute)"
+        ),
     }
 }
 
@@ -169,7 +189,8 @@ async fn connection<IO>(
         keepalive_interval: bounds.keepalive_interval,
         keepalive_timeout: bounds.keepalive_timeout,
         body_read_timeout: bounds.stream.body_read_timeout,
-        max_message_bytes: bounds.stream.max_message_bytes,
+        // A message and its 5-byte gRPC prefix.
+        max_body_bytes: bounds.stream.max_message_bytes.saturating_add(5),
     };
     let mut conn = http2::Connection::new(io, service, config, charge);
     let handshake_by = after(started, bounds.handshake_timeout);

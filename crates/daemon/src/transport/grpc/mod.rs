@@ -2,7 +2,8 @@
 //! over gRPC on TCP and on a Unix socket (Envoy's `pipe` address), with the standard gRPC health
 //! service: a thin adapter that turns each request into one all-or-nothing group of checks
 //! ([`question`]) and the group's verdict into Envoy's answer ([`answer`]). Connections are
-//! served by sluice's own HTTP/2 server ([`http2`]) under the check listeners' bounds and one
+//! served by sluice's own HTTP/2 server (the `sluice-http2` package, [`sluice_http2`]) under the
+//! check listeners' bounds and one
 //! memory budget for every gRPC connection ([`connection`]), each stream's request read whole
 //! and checked, then `ShouldRateLimit` answered directly (prost in, the answer encoded straight
 //! from the verdict) and anything else (health, RLQS) on a task of its own ([`stream`]). Any
@@ -13,7 +14,6 @@ mod answer;
 mod budget_metrics;
 mod code;
 pub mod connection;
-mod http2;
 pub mod proto;
 mod question;
 mod rlqs;
@@ -33,7 +33,10 @@ use proto::envoy::service::ratelimit::v3::RateLimitRequest;
 pub use code::GrpcCode;
 
 /// Registers the gRPC listeners' memory budget metrics on `metrics`' registry.
-pub(crate) fn register_budget_metrics(budget: std::sync::Arc<http2::Budget>, metrics: &Metrics) {
+pub(crate) fn register_budget_metrics(
+    budget: std::sync::Arc<sluice_http2::Budget>,
+    metrics: &Metrics,
+) {
     budget_metrics::BudgetMetrics::register(budget, metrics.registry());
 }
 

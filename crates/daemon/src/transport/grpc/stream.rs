@@ -1,12 +1,14 @@
 //! What the gRPC listeners serve on each stream ([`Streams`], the HTTP/2 server's
-//! [`super::http2::Service`]). `ShouldRateLimit` is a unary call, answered on its connection's
+//! [`sluice_http2::Service`]), and what makes its HTTP answers gRPC ones: the answer's head and
+//! `grpc-status` trailers, a refusal as a trailers-only answer ([`status_trailers`]). `ShouldRateLimit` is a unary call, answered on its connection's
 //! task: its body gathered by the connection (at most `limits.max_body_bytes` of message, whole
 //! within `limits.body_read_timeout`, or `RESOURCE_EXHAUSTED` / `DEADLINE_EXCEEDED`), checked
 //! here to be exactly one complete, uncompressed length-prefixed message (else
 //! `INVALID_ARGUMENT`), decoded with prost and answered without tonic: the answer is encoded
 //! straight into one framed buffer. RLQS streams and the health service run on a task per
 //! stream: RLQS reads its messages as they come ([`super::rlqs`]), health reads its one
-//! message whole under the same bounds and is answered by tonic's routes.
+//! message whole under the same bounds and is answered by tonic's routes; their answers go to
+//! the connection through its [`Responder`] ([`respond`]).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -14,18 +16,22 @@ use std::task::Poll;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use http_body_util::{BodyExt, Full};
+use futures_util::StreamExt;
+use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Body, Frame};
-use hyper::Request;
+use hyper::header::HeaderValue;
+use hyper::{HeaderMap, Request, Response};
 use prost::Message;
+use sluice_http2::{Answer, Block, Kept, RecvBody, Refused, Responder, StreamFuture, UnaryFuture};
 use tonic::codegen::Service as _;
 use tonic::Status;
 
 use super::connection::{Activity, OpenStream};
-use super::http2::{RecvBody, StreamFuture, Trace, UnaryFuture};
 use super::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use super::{GrpcCode, Rls, SHOULD_RATE_LIMIT};
+use crate::config::HumanDuration;
 use crate::telemetry::{Carrier, Metrics};
+use crate::transport::request_caps::MAX_HEADER_BYTES;
 use crate::transport::Transport;
 
 /// The gRPC message prefix: a compressed flag and a big-endian length.
@@ -33,6 +39,47 @@ const PREFIX_BYTES: usize = 5;
 /// Room for a framed answer: one descriptor's status and the rate-limit headers fit (a
 /// `BytesMut` grows past it as needed).
 const ANSWER_BYTES: usize = 256;
+
+/// A gRPC answer's head: `:status: 200` (indexed) and `content-type: application/grpc` (a
+/// literal without indexing whose name is static-table entry 31, prefix 15 + 16).
+const GRPC_HEAD: &[u8] = b"\x88\x0f\x10\x10application/grpc";
+/// `grpc-status: 0`, a literal without indexing with a literal name.
+const GRPC_OK: &[u8] = b"\x00\x0bgrpc-status\x010";
+
+/// A status as trailers: `grpc-status`, and `grpc-message` percent-encoded, as tonic writes them.
+pub(super) fn status_trailers(status: &Status) -> HeaderMap {
+    let mut trailers = HeaderMap::with_capacity(2);
+    if status.add_header(&mut trailers).is_err() {
+        // A message no header can carry: the code alone.
+        trailers.insert("grpc-status", HeaderValue::from(status.code() as i32));
+    }
+    trailers
+}
+
+/// A call refused with `status`: a trailers-only answer.
+fn refusal(status: &Status) -> Answer {
+    Answer::Bodiless {
+        head: Block::Encoded(GRPC_HEAD),
+        trailers: Block::Fields(Box::new(status_trailers(status))),
+    }
+}
+
+/// A unary call's request fields it keeps: its trace context ([`Trace`]).
+const KEPT: &[&[u8]] = &[b"traceparent", b"tracestate"];
+
+/// A unary call's trace context, the only request fields it reads.
+struct Trace(Kept);
+
+impl Carrier for Trace {
+    fn value(&self, name: &str) -> Option<&str> {
+        let index = match name {
+            "traceparent" => 0,
+            "tracestate" => 1,
+            _ => return None,
+        };
+        std::str::from_utf8(self.0.get(index)?).ok()
+    }
+}
 
 /// What one stream's request may take.
 #[derive(Debug, Clone, Copy)]
@@ -71,35 +118,51 @@ impl Streams {
     }
 }
 
-impl super::http2::Service for Streams {
+impl sluice_http2::Service for Streams {
+    // gRPC is POST only: any other method is no call this server answers.
+    const METHODS: &'static [&'static [u8]] = &[b"POST"];
+    const KEPT: &'static [&'static [u8]] = KEPT;
+
     fn is_unary(&self, path: &[u8]) -> bool {
         path == SHOULD_RATE_LIMIT.as_bytes()
     }
 
-    fn unary(self: &Arc<Self>, trace: Trace, body: Bytes) -> UnaryFuture {
+    fn unary(self: &Arc<Self>, kept: Kept, body: Bytes) -> UnaryFuture {
         if let Err(status) = check_framing(&body) {
-            return Box::pin(std::future::ready(Err(counted(&self.metrics, status))));
+            return Box::pin(std::future::ready(refusal(&counted(&self.metrics, status))));
         }
         let rls = Arc::clone(&self.rls);
-        Box::pin(async move { should_rate_limit(&rls, &trace, &body).await })
+        Box::pin(async move {
+            match should_rate_limit(&rls, &Trace(kept), &body).await {
+                Ok(framed) => Answer::Whole {
+                    head: Block::Encoded(GRPC_HEAD),
+                    body: framed,
+                    trailers: Block::Encoded(GRPC_OK),
+                },
+                Err(status) => refusal(&status),
+            }
+        })
     }
 
-    fn stream(self: &Arc<Self>, request: Request<RecvBody>) -> StreamFuture {
+    fn stream(self: &Arc<Self>, request: Request<RecvBody>, responder: Responder) -> StreamFuture {
         let open = self.activity.stream_opened();
         let limits = self.limits;
         if request.uri().path() == super::rlqs::STREAM_RATE_LIMIT_QUOTAS {
             // A long-lived stream: read as its messages arrive, never whole.
             let answer = super::rlqs::serve(self.rls.clone(), request.into_body(), limits, open);
-            return Box::pin(std::future::ready(answer));
+            return Box::pin(respond(answer, responder));
         }
         let mut routes = self.routes.clone();
         let metrics = self.metrics.clone();
         Box::pin(async move {
             let _open = open;
             let (parts, body) = request.into_parts();
+            let body = StreamBody::new(body.map(|chunk| chunk.map(Frame::data)));
             let message = match read(body, limits).await {
                 Ok(message) => message,
-                Err(status) => return counted(&metrics, status).into_http(),
+                Err(status) => {
+                    return respond(counted(&metrics, status).into_http(), responder).await
+                }
             };
             let ready = std::future::poll_fn(|cx| {
                 <tonic::service::Routes as tonic::codegen::Service<Request<Full<Bytes>>>>::poll_ready(
@@ -117,14 +180,32 @@ impl super::http2::Service for Streams {
                 Err(never) => match never {},
             };
             match answer {
-                Ok(answer) => answer,
+                Ok(answer) => respond(answer, responder).await,
                 Err(never) => match never {},
             }
         })
     }
 
-    fn refused(&self, status: &Status) {
-        count(&self.metrics, status);
+    fn refuse(&self, why: Refused) -> Answer {
+        let status = match why {
+            Refused::HeadersTooLarge => {
+                Status::resource_exhausted(format!("request headers over {MAX_HEADER_BYTES} bytes"))
+            }
+            Refused::BodyTooLarge => Status::resource_exhausted(format!(
+                "request message over limits.max_body_bytes ({} bytes)",
+                self.limits.max_message_bytes
+            )),
+            Refused::BodyTimeout => Status::deadline_exceeded(format!(
+                "the request message did not arrive within limits.body_read_timeout ({})",
+                HumanDuration(
+                    u64::try_from(self.limits.body_read_timeout.as_micros()).unwrap_or(u64::MAX)
+                )
+            )),
+            // Answered, not counted as a refusal.
+            Refused::Panicked => return refusal(&Status::internal("the check failed")),
+        };
+        count(&self.metrics, &status);
+        refusal(&status)
     }
 
     fn shaken(&self) {
@@ -135,6 +216,40 @@ impl super::http2::Service for Streams {
 
     fn opened(&self) -> OpenStream {
         self.activity.stream_opened()
+    }
+}
+
+/// Sends tonic's `answer` through the connection's `responder`: its head, its body as it comes,
+/// and its trailers (a status the body fails with, as `grpc-status` trailers), or its end.
+async fn respond(answer: Response<tonic::body::Body>, responder: Responder) {
+    let (parts, mut body) = answer.into_parts();
+    let Ok(mut sending) = responder.head(parts.status, parts.headers).await else {
+        return;
+    };
+    loop {
+        match body.frame().await {
+            None => {
+                let _ = sending.end().await;
+                return;
+            }
+            Some(Err(status)) => {
+                let _ = sending.trailers(status_trailers(&status)).await;
+                return;
+            }
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => {
+                    if sending.data(data).await.is_err() {
+                        return;
+                    }
+                }
+                Err(frame) => {
+                    if let Ok(trailers) = frame.into_trailers() {
+                        let _ = sending.trailers(trailers).await;
+                        return;
+                    }
+                }
+            },
+        }
     }
 }
 

@@ -30,13 +30,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, StreamBody};
+use futures_util::StreamExt;
+use http_body_util::StreamBody;
 use hyper::body::Frame;
 
-use super::http2::RecvBody;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::Response;
 use prost::Message;
+use sluice_http2::RecvBody;
 use tokio::sync::mpsc;
 use tonic::Status;
 
@@ -178,7 +179,7 @@ pub(super) fn serve(
         if status.code() != tonic::Code::Ok {
             tracing::debug!(%status, "an RLQS stream ended");
         }
-        let trailers = super::http2::status_trailers(&status);
+        let trailers = super::stream::status_trailers(&status);
         let _ = answers.send(Frame::trailers(trailers)).await;
     });
     let frames = futures_util::stream::unfold(queued, |mut queued| async move {
@@ -208,7 +209,7 @@ async fn run(
         } else {
             STREAM_IDLE
         };
-        let frame = match tokio::time::timeout(wait, body.frame()).await {
+        let data = match tokio::time::timeout(wait, body.next()).await {
             Err(_) if deframer.is_partial() => {
                 return Err(Status::deadline_exceeded(
                     "a message did not arrive whole within limits.body_read_timeout",
@@ -217,10 +218,7 @@ async fn run(
             // Idle (the Envoy is gone or has no bucket left) or half-closed: done.
             Err(_) | Ok(None) => return Ok(()),
             Ok(Some(Err(_))) => return Err(Status::cancelled("the stream broke off")),
-            Ok(Some(Ok(frame))) => frame,
-        };
-        let Ok(data) = frame.into_data() else {
-            continue;
+            Ok(Some(Ok(data))) => data,
         };
         deframer.push(&data);
         while let Some(message) = deframer.next_message()? {

@@ -106,7 +106,13 @@ where
             self.flush_blocked();
             return Ok(());
         }
-        self.idle_check(head.stream)?;
+        match self.state(head.stream).recv(Recv::WindowUpdate) {
+            Err(FrameError::Connection(code)) => {
+                return Err(Fail::Goaway(code, "WINDOW_UPDATE on a stream not opened"))
+            }
+            Err(_) => return Ok(()),
+            Ok(_) => {}
+        }
         let Some(stream) = self.streams.get_mut(&head.stream) else {
             return Ok(());
         };
@@ -121,12 +127,14 @@ where
         Ok(())
     }
 
-    /// A frame on a stream the client has not opened yet is a connection error.
-    pub(super) fn idle_check(&self, stream: u32) -> Result<()> {
-        if stream > self.last_stream {
-            return Err(protocol("a frame on a stream not opened"));
+    /// Stream `id`'s state: kept, or forgotten (idle above the last stream opened, else
+    /// closed; taken as ended, since what a DATA, WINDOW_UPDATE or RST_STREAM does there does
+    /// not depend on how it closed, and a HEADERS looks at the reset memory itself).
+    pub(super) fn state(&self, id: u32) -> State {
+        match self.streams.get(&id) {
+            Some(stream) => stream.state,
+            None => State::forgotten(id, self.last_stream, false),
         }
-        Ok(())
     }
 
     pub(super) fn rst_stream(&mut self, head: Head, payload: &[u8]) -> Result<()> {
@@ -136,12 +144,17 @@ where
         if payload.len() != 4 {
             return Err(Fail::Goaway(Code::FrameSize, "RST_STREAM not 4 bytes"));
         }
-        self.idle_check(head.stream)?;
-        if !self.streams.contains_key(&head.stream) {
-            return Ok(());
+        match self.state(head.stream).recv(Recv::RstStream) {
+            Err(FrameError::Connection(code)) => {
+                Err(Fail::Goaway(code, "RST_STREAM on a stream not opened"))
+            }
+            // Closed already: never a reset for a reset.
+            Err(_) => Ok(()),
+            Ok(_) => {
+                self.close(head.stream, Closed::ResetByPeer);
+                self.count_reset()
+            }
         }
-        self.close(head.stream);
-        self.count_reset()
     }
 
     /// Counts a client reset or a refused stream; past the bound, the connection goes.
@@ -170,12 +183,11 @@ where
     /// Closes a stream either side reset: nothing more is sent or received on it, a task's body
     /// breaks off and the task is cancelled; a call being answered is dropped (a check not yet
     /// sent to the store is not sent) and the stream goes once the call is.
-    pub(super) fn close(&mut self, id: u32) {
+    pub(super) fn close(&mut self, id: u32, how: Closed) {
         let Some(stream) = self.streams.get_mut(&id) else {
             return;
         };
-        stream.recv_open = false;
-        stream.done = true;
+        stream.state = State::Closed(how);
         self.out_total -= stream.out_bytes;
         stream.out_bytes = 0;
         stream.out.clear();
@@ -212,7 +224,7 @@ where
     /// bound as the client's own resets are.
     pub(super) fn reset(&mut self, id: u32, code: Code) -> Result<()> {
         self.send_rst(id, code);
-        self.close(id);
+        self.close(id, Closed::ResetByUs);
         self.count_reset()
     }
 
@@ -233,7 +245,11 @@ where
         if id == 0 {
             return Err(protocol("DATA on stream 0"));
         }
-        self.idle_check(id)?;
+        let end = head.flags & frame::END_STREAM != 0;
+        let verdict = self.state(id).recv(Recv::Data { end_stream: end });
+        if let Err(FrameError::Connection(code)) = verdict {
+            return Err(Fail::Goaway(code, "DATA on a stream not opened"));
+        }
         // Flow control counts the whole payload, padding included.
         let len = payload.len() as u32;
         self.recv_window -= i64::from(len);
@@ -245,24 +261,31 @@ where
         }
         let data = frame::unpad(payload, head.flags)
             .ok_or_else(|| protocol("padding longer than the frame"))?;
-        let end = head.flags & frame::END_STREAM != 0;
         if data.is_empty() && !end {
             self.idle_frame()?;
         }
         // Padding is never held: its window goes back at once; the data's when it is taken.
         let size = data.len() as u32;
         self.recv_unreleased += len - size;
-        let max_body = self.config.max_message_bytes.saturating_add(5);
+        let max_body = self.config.max_body_bytes;
         let window = self.config.stream_window;
         let Some(stream) = self.streams.get_mut(&id) else {
             // A stream already closed (reset, refused, answered): the client may not know yet.
             self.recv_unreleased += size;
             return Ok(());
         };
-        if !stream.recv_open {
-            self.recv_unreleased += size;
-            return self.reset(id, Code::StreamClosed);
-        }
+        let next = match verdict {
+            Ok(next) => next,
+            Err(FrameError::Stream(code)) => {
+                self.recv_unreleased += size;
+                return self.reset(id, code);
+            }
+            Err(_) => {
+                // A stream we reset: the client may not know yet.
+                self.recv_unreleased += size;
+                return Ok(());
+            }
+        };
         stream.recv_window -= i64::from(len);
         if stream.recv_window < 0 {
             self.recv_unreleased += size;
@@ -271,12 +294,10 @@ where
         stream.received += u64::from(size);
         if !stream.length_agrees(end) {
             self.recv_unreleased += size;
-            tracing::debug!("gRPC request body disagrees with its content-length; reset");
+            tracing::debug!("HTTP/2 request body disagrees with its content-length; reset");
             return self.reset(id, Code::Protocol);
         }
-        if end {
-            stream.recv_open = false;
-        }
+        stream.state = next;
         let mut over = false;
         let mut taken = size;
         match &mut stream.kind {
@@ -319,11 +340,7 @@ where
             frame::window_update(&mut self.wbuf, id, more);
         }
         if over {
-            let status = Status::resource_exhausted(format!(
-                "request message over limits.max_body_bytes ({} bytes)",
-                self.config.max_message_bytes
-            ));
-            return self.refuse(id, status);
+            return self.refuse(id, Refused::BodyTooLarge);
         }
         if end {
             self.start_unary(id);
@@ -350,7 +367,7 @@ where
             stream.held -= taken;
             self.recv_unreleased += taken;
             stream.recv_unreleased += taken;
-            if stream.recv_open && stream.recv_unreleased >= window / 2 {
+            if stream.state.recv_open() && stream.recv_unreleased >= window / 2 {
                 let more = std::mem::take(&mut stream.recv_unreleased);
                 stream.recv_window += i64::from(more);
                 frame::window_update(&mut self.wbuf, id, more);
@@ -368,13 +385,13 @@ where
         }
     }
 
-    /// Refuses a stream with a gRPC status (trailers only), counted.
-    pub(super) fn refuse(&mut self, id: u32, status: Status) -> Result<()> {
-        self.service.refused(&status);
+    /// Refuses a stream with the service's answer for `why`.
+    pub(super) fn refuse(&mut self, id: u32, why: Refused) -> Result<()> {
+        let answer = self.service.refuse(why);
         if let Some(stream) = self.streams.get_mut(&id) {
             stream.kind = Kind::Answering;
         }
-        self.answer(id, Err(status));
+        self.answer(id, Outcome::Answer(answer));
         Ok(())
     }
 
@@ -383,12 +400,12 @@ where
         let Some(stream) = self.streams.get_mut(&id) else {
             return;
         };
-        let Kind::Gathering { body, trace, .. } =
+        let Kind::Gathering { body, kept, .. } =
             std::mem::replace(&mut stream.kind, Kind::Answering)
         else {
             return;
         };
-        let future = self.service.unary(trace, body.freeze());
+        let future = self.service.unary(kept, body.freeze());
         self.answering.push(Answering::new(id, future));
     }
 }

@@ -1,11 +1,12 @@
-//! The memory budget the gRPC listeners' connections share: every buffer a connection holds
+//! The memory budget a listener's connections share: every buffer a connection holds
 //! (read and write buffers, request bodies, answers waiting for the client's window, a header
 //! block being joined, its streams and calls in progress) is counted against it.
 //!
 //! Each connection reserves its base when it is accepted ([`connection_base`]): everything a
 //! client can make it hold within the protocol's and the server's bounds before the server can
 //! say no (its connection window, a read, its write buffer, a header block, a full table of
-//! streams with a call each): a connection the budget cannot reserve that for is refused. Past its base, a connection draws from what the others leave: while the listener
+//! streams with a call each): a connection the budget cannot reserve that for is refused. Past
+//! its base, a connection draws from what the others leave: while the listener
 //! is over its budget, new streams of connections over their base are refused
 //! (`REFUSED_STREAM`) and the body bytes they hold are not given back as window until their
 //! call takes them. A well-behaved client stays within its base and is served throughout.
@@ -21,16 +22,17 @@ const BUFFERS: usize = 160 * 1024;
 
 /// What a connection with `connection_window` and `streams` concurrent streams reserves when it
 /// is accepted, each stream costing `per_stream` (its state and a call in progress).
-pub(crate) fn connection_base(connection_window: u32, streams: u32, per_stream: usize) -> usize {
+pub fn connection_base(connection_window: u32, streams: u32, per_stream: usize) -> usize {
     BUFFERS + connection_window as usize + streams as usize * per_stream
 }
 
-/// Refusals are logged at most once per this interval (they are counted always).
+/// Refusals are told (the budget's `warn`) at most once per this interval (they are counted
+/// always).
 const WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// Why a budget refused something.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Refusal {
+pub enum Refusal {
     /// A new connection: closed at once.
     Connection,
     /// A new stream: `REFUSED_STREAM`.
@@ -40,11 +42,21 @@ pub(crate) enum Refusal {
     Calm,
 }
 
+impl std::fmt::Debug for Budget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Budget")
+            .field("limit", &self.limit)
+            .field("base", &self.base)
+            .field("used", &self.used())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Refusal {
     /// Every kind, for metric labels.
-    pub(crate) const ALL: [Refusal; 3] = [Self::Connection, Self::Stream, Self::Calm];
+    pub const ALL: [Refusal; 3] = [Self::Connection, Self::Stream, Self::Calm];
 
-    pub(crate) fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::Connection => "connection",
             Self::Stream => "stream",
@@ -53,9 +65,13 @@ impl Refusal {
     }
 }
 
-/// The budget of every connection of the gRPC listeners.
-#[derive(Debug)]
+/// What a budget calls, at most once a minute for each kind, when it refuses: the owner's log
+/// line (what was refused, the budget's use and limit).
+pub type Warn = fn(Refusal, &Budget);
+
+/// The budget every connection of one or more listeners draws from.
 pub struct Budget {
+    warn: Warn,
     limit: usize,
     /// What each connection reserves.
     base: usize,
@@ -67,8 +83,10 @@ pub struct Budget {
 }
 
 impl Budget {
-    pub(crate) fn new(limit: usize, base: usize) -> Arc<Self> {
+    /// A budget of `limit` bytes, `base` reserved by each connection; `warn` tells of refusals.
+    pub fn new(limit: usize, base: usize, warn: Warn) -> Arc<Self> {
         Arc::new(Self {
+            warn,
             limit,
             base,
             used: AtomicUsize::new(0),
@@ -79,17 +97,17 @@ impl Budget {
     }
 
     /// The budget, in bytes.
-    pub(crate) fn limit(&self) -> usize {
+    pub fn limit(&self) -> usize {
         self.limit
     }
 
     /// What the connections hold now, in bytes.
-    pub(crate) fn used(&self) -> usize {
+    pub fn used(&self) -> usize {
         self.used.load(Ordering::Relaxed)
     }
 
     /// Refusals of `kind` so far.
-    pub(crate) fn refusals(&self, kind: Refusal) -> u64 {
+    pub fn refusals(&self, kind: Refusal) -> u64 {
         self.refused[kind as usize].load(Ordering::Relaxed)
     }
 
@@ -98,7 +116,7 @@ impl Budget {
     }
 
     /// Reserves a new connection's base, or refuses it (counted) when the budget has no room.
-    pub(crate) fn admit(self: &Arc<Self>) -> Option<Charge> {
+    pub fn admit(self: &Arc<Self>) -> Option<Charge> {
         let mut used = self.used();
         loop {
             if used + self.base > self.limit {
@@ -122,7 +140,7 @@ impl Budget {
         }
     }
 
-    /// Counts a refusal, and says so in the log at most once a minute for each kind.
+    /// Counts a refusal, and tells of it (`warn`) at most once a minute for each kind.
     pub(crate) fn refuse(&self, kind: Refusal) {
         self.refused[kind as usize].fetch_add(1, Ordering::Relaxed);
         let now = u64::try_from(self.started.elapsed().as_millis())
@@ -138,22 +156,7 @@ impl Budget {
         {
             return;
         }
-        match kind {
-            Refusal::Calm => tracing::warn!(
-                "a gRPC client sent too many frames that make no progress, or caused too many \
-                 resets; GOAWAY(ENHANCE_YOUR_CALM) (counted in \
-                 sluice_grpc_budget_refusals_total{{kind=\"enhance_your_calm\"}}; logged at most \
-                 once a minute)"
-            ),
-            Refusal::Connection | Refusal::Stream => tracing::warn!(
-                refused = kind.as_str(),
-                used_bytes = self.used(),
-                budget_bytes = self.limit,
-                "the gRPC connections are at their memory budget (limits.grpc_memory_bytes); \
-                 refusing new streams of the heaviest connections and new connections (counted \
-                 in sluice_grpc_budget_refusals_total; logged at most once a minute)"
-            ),
-        }
+        (self.warn)(kind, self);
     }
 }
 
@@ -204,7 +207,7 @@ mod tests {
     #[test]
     fn connections_past_the_budget_are_refused_and_charges_return_on_drop() {
         const BASE: usize = 1000;
-        let budget = Budget::new(3 * BASE, BASE);
+        let budget = Budget::new(3 * BASE, BASE, |_, _| {});
         let mut a = budget.admit().unwrap();
         let b = budget.admit().unwrap();
         let c = budget.admit().unwrap();

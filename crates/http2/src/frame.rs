@@ -41,11 +41,12 @@ pub(super) const SETTINGS_INITIAL_WINDOW_SIZE: u16 = 0x4;
 pub(super) const SETTINGS_MAX_FRAME_SIZE: u16 = 0x5;
 pub(super) const SETTINGS_MAX_HEADER_LIST_SIZE: u16 = 0x6;
 
-/// Error codes (RFC 9113 section 7).
+/// Error codes (RFC 9113 section 7): those the server sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Code {
+pub enum Code {
     NoError = 0x0,
     Protocol = 0x1,
+    Internal = 0x2,
     FlowControl = 0x3,
     StreamClosed = 0x5,
     FrameSize = 0x6,

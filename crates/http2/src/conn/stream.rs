@@ -25,8 +25,9 @@ pub(super) type Streams<O> = HashMap<u32, Stream<O>, BuildHasherDefault<IdHasher
 
 /// One stream the server still has work for.
 pub(super) struct Stream<O> {
-    /// The client may still send (no END_STREAM or reset yet).
-    pub(super) recv_open: bool,
+    /// Where it is in RFC 9113 section 5.1: whether the client may still send, whether the
+    /// answer's end is written (or the stream reset).
+    pub(super) state: State,
     /// What the client may still send before a WINDOW_UPDATE.
     pub(super) recv_window: i64,
     /// Received and not yet given back as stream window.
@@ -47,8 +48,6 @@ pub(super) struct Stream<O> {
     /// Waiting for the client's window, in order.
     pub(super) out: VecDeque<Out>,
     pub(super) out_bytes: usize,
-    /// The answer's end has been written (or the stream reset).
-    pub(super) done: bool,
     /// The stream's work, counted as open until the stream goes.
     pub(super) _open: O,
 }
@@ -67,7 +66,7 @@ pub(super) enum Kind {
     /// A unary call whose body is arriving.
     Gathering {
         body: BytesMut,
-        trace: Trace,
+        kept: Kept,
         by: Instant,
     },
     /// A unary call being answered on the connection's task.
@@ -91,10 +90,20 @@ pub(super) enum Out {
     End,
 }
 
+/// How a unary call ended.
+pub(super) enum Outcome {
+    Answer(Answer),
+    /// The client reset the stream: nobody reads an answer.
+    Cancelled,
+    /// The call panicked.
+    Panicked,
+}
+
 /// A unary call's answer being worked out, tagged with its stream.
 pub(super) struct Answering {
     pub(super) id: u32,
-    pub(super) future: UnaryFuture,
+    /// `None` once the client reset the stream.
+    pub(super) future: Option<UnaryFuture>,
     /// The waker of the task polling it, so that a client's reset can drop the call at once.
     pub(super) waker: Option<std::task::Waker>,
 }
@@ -103,15 +112,15 @@ impl Answering {
     pub(super) fn new(id: u32, future: UnaryFuture) -> Self {
         Self {
             id,
-            future,
+            future: Some(future),
             waker: None,
         }
     }
 
-    /// The client reset the stream: the call is dropped (a check not yet sent to the store is
-    /// never sent), and the stream's answer is a cancellation nobody reads.
+    /// The client reset the stream: the call is dropped (a call not yet past its first await
+    /// goes no further), and the stream goes once the connection polls this.
     pub(super) fn cancel(&mut self) {
-        self.future = Box::pin(async { Err(Status::cancelled("the client reset the stream")) });
+        self.future = None;
         if let Some(waker) = self.waker.take() {
             waker.wake();
         }
@@ -119,7 +128,7 @@ impl Answering {
 }
 
 impl Future for Answering {
-    type Output = (u32, Result<BytesMut, Status>);
+    type Output = (u32, Outcome);
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let id = self.id;
@@ -130,11 +139,15 @@ impl Future for Answering {
         {
             self.waker = Some(cx.waker().clone());
         }
-        // A panic in one call answers that call INTERNAL, not the connection's other calls.
-        match std::panic::catch_unwind(AssertUnwindSafe(|| self.future.as_mut().poll(cx))) {
-            Ok(Poll::Ready(answer)) => Poll::Ready((id, answer)),
+        let Some(future) = self.future.as_mut() else {
+            return Poll::Ready((id, Outcome::Cancelled));
+        };
+        // A panic in one call answers that call (the service's refusal), not the connection's
+        // other calls.
+        match std::panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+            Ok(Poll::Ready(answer)) => Poll::Ready((id, Outcome::Answer(answer))),
             Ok(Poll::Pending) => Poll::Pending,
-            Err(_) => Poll::Ready((id, Err(Status::internal("the check failed")))),
+            Err(_) => Poll::Ready((id, Outcome::Panicked)),
         }
     }
 }

@@ -5,19 +5,25 @@
 
 use super::*;
 
-/// A request's trace context, the only headers a unary call reads.
+/// The request fields a unary call keeps ([`Service::KEPT`]): each value by the index of its
+/// name there, the last one sent when a field is repeated.
 #[derive(Debug, Default)]
-pub(crate) struct Trace {
-    pub(super) parent: Option<String>,
-    pub(super) state: Option<String>,
-}
+pub struct Kept(Vec<(usize, Bytes)>);
 
-impl Carrier for Trace {
-    fn value(&self, name: &str) -> Option<&str> {
-        match name {
-            "traceparent" => self.parent.as_deref(),
-            "tracestate" => self.state.as_deref(),
-            _ => None,
+impl Kept {
+    /// The value of the field named `Service::KEPT[index]`, if the request sent it.
+    pub fn get(&self, index: usize) -> Option<&[u8]> {
+        self.0
+            .iter()
+            .find(|(at, _)| *at == index)
+            .map(|(_, value)| &value[..])
+    }
+
+    fn keep(&mut self, index: usize, value: &[u8]) {
+        let value = Bytes::copy_from_slice(value);
+        match self.0.iter_mut().find(|(at, _)| *at == index) {
+            Some(kept) => kept.1 = value,
+            None => self.0.push((index, value)),
         }
     }
 }
@@ -35,7 +41,7 @@ pub(super) struct RequestHead {
     pub(super) regular: bool,
     /// Kept only for calls served on a task.
     pub(super) headers: Vec<(Bytes, Bytes)>,
-    pub(super) trace: Trace,
+    pub(super) kept: Kept,
     /// A pseudo-header was seen (trailers must have none).
     pub(super) pseudo: bool,
     /// `content-length`, when sent.
@@ -56,13 +62,13 @@ impl RequestHead {
             }
             let repeated = match pseudo {
                 b"method" => {
-                    // gRPC is POST only: any other method (or a method that is not a token)
-                    // is no call this server answers.
-                    if value != b"POST" {
-                        self.malformed = Some("a :method other than POST");
+                    // A method the service does not serve (or one that is not a token) is no
+                    // call this server answers.
+                    let Some(method) = S::METHODS.iter().find(|&&m| m == value) else {
+                        self.malformed = Some("a :method the service does not serve");
                         return;
-                    }
-                    self.method.replace(Bytes::from_static(b"POST")).is_some()
+                    };
+                    self.method.replace(Bytes::from_static(method)).is_some()
                 }
                 b"path" => {
                     if value.is_empty() {
@@ -113,11 +119,11 @@ impl RequestHead {
                 }
                 self.content_length = length;
             }
-            b"traceparent" => {
-                self.trace.parent = std::str::from_utf8(value).ok().map(str::to_owned)
+            _ => {
+                if let Some(index) = S::KEPT.iter().position(|&kept| kept == name) {
+                    self.kept.keep(index, value);
+                }
             }
-            b"tracestate" => self.trace.state = std::str::from_utf8(value).ok().map(str::to_owned),
-            _ => {}
         }
         if self.unary != Some(true) {
             self.headers
@@ -141,22 +147,22 @@ pub(super) fn http_request(
     path: &Bytes,
     authority: Option<&Bytes>,
     headers: &[(Bytes, Bytes)],
-) -> std::result::Result<hyper::Request<()>, ()> {
+) -> std::result::Result<http::Request<()>, ()> {
     let uri = match authority {
-        Some(authority) => hyper::Uri::builder()
+        Some(authority) => http::Uri::builder()
             .scheme("http")
             .authority(authority.as_ref())
             .path_and_query(path.as_ref())
             .build(),
-        None => hyper::Uri::builder().path_and_query(path.as_ref()).build(),
+        None => http::Uri::builder().path_and_query(path.as_ref()).build(),
     }
     // An authority `http::Uri` does not take (an Istio cluster name) is not needed here.
-    .or_else(|_| hyper::Uri::builder().path_and_query(path.as_ref()).build())
+    .or_else(|_| http::Uri::builder().path_and_query(path.as_ref()).build())
     .map_err(|_| ())?;
-    let mut request = hyper::Request::builder()
-        .method(hyper::Method::from_bytes(method).map_err(|_| ())?)
+    let mut request = http::Request::builder()
+        .method(http::Method::from_bytes(method).map_err(|_| ())?)
         .uri(uri)
-        .version(hyper::Version::HTTP_2)
+        .version(http::Version::HTTP_2)
         .body(())
         .map_err(|_| ())?;
     let map = request.headers_mut();
@@ -250,16 +256,18 @@ where
         if let Some(stream) = self.streams.get_mut(&id) {
             // Trailers: they must end the stream and carry no pseudo-header; their content is
             // not used otherwise.
-            if !stream.recv_open {
-                return self.reset(id, Code::StreamClosed);
-            }
-            if !end_stream || request.pseudo || request.malformed.is_some() {
+            let next = match stream.state.recv(Recv::Headers { end_stream }) {
+                Ok(next) => next,
+                Err(FrameError::Stream(code)) => return self.reset(id, code),
+                Err(FrameError::Connection(code)) => {
+                    return Err(Fail::Goaway(code, "HEADERS on a closed stream"))
+                }
+                Err(FrameError::Ignored) => return Ok(()),
+            };
+            if request.pseudo || request.malformed.is_some() || !stream.length_agrees(true) {
                 return self.reset(id, Code::Protocol);
             }
-            if !stream.length_agrees(true) {
-                return self.reset(id, Code::Protocol);
-            }
-            stream.recv_open = false;
+            stream.state = next;
             if let Kind::Gathering { .. } = stream.kind {
                 self.start_unary(id);
             } else if let Kind::Task { body, .. } = &mut stream.kind {
@@ -268,14 +276,17 @@ where
             self.finish_if_done(id);
             return Ok(());
         }
-        if id <= self.last_stream {
-            // Trailers on a stream we reset: the client may not know yet. Anything else opens
-            // a stream below one already opened.
-            if self.reset_by_us.contains(&id) {
-                return Ok(());
-            }
-            return Err(protocol("a new stream id not above the last one"));
-        }
+        // The reset memory is looked at only for a HEADERS on a stream closed and forgotten.
+        let reset = id <= self.last_stream && self.reset_by_us.contains(&id);
+        let state = match State::forgotten(id, self.last_stream, reset)
+            .recv(Recv::Headers { end_stream })
+        {
+            Ok(state) => state,
+            // Trailers on a stream we reset: the client may not know yet.
+            Err(FrameError::Ignored) => return Ok(()),
+            // Anything else opens a stream below one already opened.
+            Err(_) => return Err(protocol("a new stream id not above the last one")),
+        };
         if id.is_multiple_of(2) {
             return Err(protocol("a client stream with an even id"));
         }
@@ -298,7 +309,7 @@ where
             return self.count_reset();
         }
         if let Some(reason) = request.malformed {
-            tracing::debug!(reason, "malformed gRPC request headers; stream reset");
+            tracing::debug!(reason, "malformed HTTP/2 request headers; stream reset");
             self.send_rst(id, Code::Protocol);
             return self.count_reset();
         }
@@ -312,7 +323,7 @@ where
             return self.count_reset();
         }
         let mut stream = Stream {
-            recv_open: !end_stream,
+            state,
             recv_window: i64::from(self.config.stream_window),
             recv_unreleased: 0,
             held: 0,
@@ -323,7 +334,6 @@ where
             kind: Kind::Answering,
             out: VecDeque::new(),
             out_bytes: 0,
-            done: false,
             _open: self.service.opened(),
         };
         if decoded.oversized {
@@ -331,16 +341,12 @@ where
             // Counted as a refusal: a client that keeps sending oversized lists (an HPACK
             // bomb) costs a decode each and goes past the bound.
             self.count_reset()?;
-            let status = Status::resource_exhausted(format!(
-                "request headers over {} bytes",
-                self.config.max_header_list
-            ));
-            return self.refuse(id, status);
+            return self.refuse(id, Refused::HeadersTooLarge);
         }
         if unary {
             stream.kind = Kind::Gathering {
                 body: BytesMut::new(),
-                trace: std::mem::take(&mut request.trace),
+                kept: std::mem::take(&mut request.kept),
                 // From the read that brought the headers: no second look at the clock.
                 by: later(self.last_read, self.config.body_read_timeout),
             };
@@ -375,7 +381,8 @@ where
             cancel: cancel.clone(),
         };
         self.streams.insert(id, stream);
-        let future = self.service.stream(http.map(|()| body));
+        let responder = Responder::new(id, self.events.clone());
+        let future = self.service.stream(http.map(|()| body), responder);
         tokio::spawn(drive(id, future, self.events.clone(), cancel));
         Ok(())
     }

@@ -1,17 +1,17 @@
 //! One HTTP/2 connection (RFC 9113, server side), served on one task: frames read and written
 //! in batches, unary calls polled on the connection's own task (no task, channel or body per
-//! stream), everything else (streaming calls, health) handed to a task per stream with its
-//! request body fed through a channel the stream's window bounds.
+//! stream), everything else (streamed calls) handed to a task per stream with its request body
+//! fed through a channel the stream's window bounds.
 //!
-//! Bounds (the table is in the module above): SETTINGS_MAX_CONCURRENT_STREAMS counts every
+//! Bounds (the table is in the crate's doc): SETTINGS_MAX_CONCURRENT_STREAMS counts every
 //! stream whose work is not done (a stream the client reset goes when its call is dropped, at
-//! once); a header block's encoded size, frames and decoded list; each stream's request body
-//! (`limits.max_body_bytes`, and `limits.body_read_timeout` to arrive whole); flow-control
+//! once); a header block's encoded size, frames and decoded list; each unary request body
+//! ([`Config::max_body_bytes`], and [`Config::body_read_timeout`] to arrive whole); flow-control
 //! windows both ways, the connection's given back only as calls take their bodies; what the
 //! streams may have queued for a client that does not open its window; resets and refused
 //! streams, and frames that make no progress, per 10 s (GOAWAY `ENHANCE_YOUR_CALM` past them);
 //! the write buffer (reading stops while a client does not read what it is sent); and what the
-//! connection holds in all, charged to the listeners' budget. A client that does not ACK a
+//! connection holds in all, charged to its [`crate::Budget`]. A client that does not ACK a
 //! keepalive PING in time is closed.
 
 use std::collections::{HashMap, VecDeque};
@@ -27,19 +27,17 @@ use std::time::Duration;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures_util::stream::FuturesUnordered;
 use futures_util::StreamExt;
-use http_body_util::BodyExt;
-use hyper::header::{HeaderName, HeaderValue};
-use hyper::{HeaderMap, StatusCode};
+use http::header::{HeaderName, HeaderValue};
+use http::{HeaderMap, StatusCode};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
-use tonic::Status;
 
-use super::budget::{Charge, Refusal};
-use super::frame::{self, Code, Head};
-use super::hpack::{self, Decoder};
-use crate::telemetry::Carrier;
+use crate::budget::{Charge, Refusal};
+use crate::frame::{self, Code, Head};
+use crate::hpack::{self, Decoder};
+use crate::state::{Closed, FrameError, Recv, State};
 
 mod headers;
 mod recv;
@@ -50,11 +48,10 @@ mod task;
 mod tests;
 
 use self::headers::Continuing;
-pub(crate) use self::headers::Trace;
-pub(crate) use self::send::status_trailers;
-use self::stream::{Answering, Kind, Out, Stream, Streams};
-pub(crate) use self::task::RecvBody;
-use self::task::{drive, Broken, Event, Taken};
+pub use self::headers::Kept;
+use self::stream::{Answering, Kind, Out, Outcome, Stream, Streams};
+use self::task::{drive, Event, Taken};
+pub use self::task::{Broken, Gone, RecvBody, Responder, Sending};
 
 /// Read at most this much per read call.
 const READ_BYTES: usize = 16 * 1024;
@@ -82,7 +79,7 @@ const MAX_TURNS: u32 = 16;
 const STREAM_BYTES: usize = 512;
 const CALL_BYTES: usize = 2 * 1024;
 /// What a stream with a call in progress is counted for, besides its body.
-pub(crate) const PER_STREAM_BYTES: usize = STREAM_BYTES + CALL_BYTES;
+pub const PER_STREAM_BYTES: usize = STREAM_BYTES + CALL_BYTES;
 /// Events queued from a connection's stream tasks.
 const EVENTS: usize = 64;
 /// The payloads of the keepalive PING and of the PING that ends a drain's first step.
@@ -93,41 +90,91 @@ const RESET_MEMORY: usize = 256;
 
 /// What a connection allows.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Config {
-    pub(crate) max_concurrent_streams: u32,
+pub struct Config {
+    /// SETTINGS_MAX_CONCURRENT_STREAMS: streams whose work is not done.
+    pub max_concurrent_streams: u32,
     /// SETTINGS_MAX_HEADER_LIST_SIZE: a request's decoded header list.
-    pub(crate) max_header_list: usize,
+    pub max_header_list: usize,
     /// SETTINGS_INITIAL_WINDOW_SIZE: what the client may send on a stream before we read it.
-    pub(crate) stream_window: u32,
+    pub stream_window: u32,
     /// What the client may send on the connection before its calls take it: what all its
     /// streams' bodies hold together.
-    pub(crate) connection_window: u32,
-    pub(crate) keepalive_interval: Duration,
-    pub(crate) keepalive_timeout: Duration,
-    /// Longest a request body may take to arrive whole.
-    pub(crate) body_read_timeout: Duration,
-    /// Largest request message (without its 5-byte prefix).
-    pub(crate) max_message_bytes: usize,
+    pub connection_window: u32,
+    pub keepalive_interval: Duration,
+    pub keepalive_timeout: Duration,
+    /// Longest a unary call's request body may take to arrive whole.
+    pub body_read_timeout: Duration,
+    /// Largest unary request body.
+    pub max_body_bytes: usize,
 }
 
-/// A unary call's answer: the framed message, or the status refusing it.
-pub(crate) type UnaryFuture = Pin<Box<dyn Future<Output = Result<BytesMut, Status>> + Send>>;
-/// A streaming call's answer.
-pub(crate) type StreamFuture =
-    Pin<Box<dyn Future<Output = hyper::Response<tonic::body::Body>> + Send>>;
+/// A header block of an answer.
+#[derive(Debug, Clone)]
+pub enum Block {
+    /// Encoded already (a constant): HPACK of static-table references and literals without
+    /// indexing only, since the server keeps no dynamic table; `:status` first in a head.
+    Encoded(&'static [u8]),
+    /// Fields, encoded as literals without indexing (boxed: an answer is moved through the
+    /// call's future and the connection, and most answers are constants).
+    Fields(Box<HeaderMap>),
+}
+
+/// A unary call's answer.
+#[derive(Debug)]
+pub enum Answer {
+    /// A head, a body (one DATA frame when the client's windows allow), and trailers that end
+    /// the stream.
+    Whole {
+        head: Block,
+        body: BytesMut,
+        trailers: Block,
+    },
+    /// No body: the head and the trailers in one header block that ends the stream (gRPC's
+    /// trailers-only answer).
+    Bodiless { head: Block, trailers: Block },
+}
+
+/// Why the connection refuses a stream before any call of the service answers it; the service
+/// says how ([`Service::refuse`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// Its request header list went over [`Config::max_header_list`], decoded.
+    HeadersTooLarge,
+    /// Its unary request body went over [`Config::max_body_bytes`].
+    BodyTooLarge,
+    /// Its unary request body did not arrive whole within [`Config::body_read_timeout`].
+    BodyTimeout,
+    /// Its unary call panicked (the connection's other calls go on).
+    Panicked,
+}
+
+/// A unary call's answer, worked out on the connection's task.
+pub type UnaryFuture = Pin<Box<dyn Future<Output = Answer> + Send>>;
+/// A streamed call, served on a task of its own: it answers through its [`Responder`].
+pub type StreamFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// What a connection serves.
-pub(crate) trait Service: Send + Sync + 'static {
+pub trait Service: Send + Sync + 'static {
+    /// The request methods served; a request with any other is malformed (`RST_STREAM`
+    /// `PROTOCOL_ERROR`).
+    const METHODS: &'static [&'static [u8]];
+    /// The request fields a unary call keeps ([`Kept`], by their index here), lower case; the
+    /// others are checked and dropped.
+    const KEPT: &'static [&'static [u8]] = &[];
     /// Whether calls to `path` are unary: answered whole, from the whole request body, on the
     /// connection's task.
     fn is_unary(&self, path: &[u8]) -> bool;
     /// Answers one unary call: `body` is the request body as it came (the connection checked
     /// only its size).
-    fn unary(self: &Arc<Self>, trace: Trace, body: Bytes) -> UnaryFuture;
-    /// Serves any other call on its own task.
-    fn stream(self: &Arc<Self>, request: hyper::Request<RecvBody>) -> StreamFuture;
-    /// Counts a call the connection refused before any service saw it.
-    fn refused(&self, status: &Status);
+    fn unary(self: &Arc<Self>, kept: Kept, body: Bytes) -> UnaryFuture;
+    /// Serves any other call on its own task, answering through `responder`.
+    fn stream(
+        self: &Arc<Self>,
+        request: http::Request<RecvBody>,
+        responder: Responder,
+    ) -> StreamFuture;
+    /// The answer to a stream the connection refuses (counted by the service as it likes).
+    fn refuse(&self, why: Refused) -> Answer;
     /// The handshake is in (the client's preface and first SETTINGS).
     fn shaken(&self) {}
     /// Held while a stream's work lasts (it counts the stream as open).
@@ -177,7 +224,7 @@ impl Tally {
 }
 
 /// One connection, served when awaited.
-pub(crate) struct Connection<IO, S: Service> {
+pub struct Connection<IO, S: Service> {
     io: IO,
     service: Arc<S>,
     config: Config,
@@ -239,7 +286,7 @@ where
     IO: AsyncRead + AsyncWrite + Unpin,
     S: Service,
 {
-    pub(crate) fn new(io: IO, service: Arc<S>, config: Config, charge: Charge) -> Self {
+    pub fn new(io: IO, service: Arc<S>, config: Config, charge: Charge) -> Self {
         let now = Instant::now();
         let (events, event_rx) = mpsc::channel(EVENTS);
         let mut wbuf = BytesMut::with_capacity(READ_BYTES);
@@ -308,7 +355,7 @@ where
     }
 
     /// Asks the connection to go: GOAWAY now, the streams already open served to their end.
-    pub(crate) fn graceful_shutdown(&mut self) {
+    pub fn graceful_shutdown(&mut self) {
         self.shutdown_asked = true;
     }
 
@@ -423,7 +470,7 @@ where
     /// What the connection holds: its buffers, the bodies its streams and calls hold (what the
     /// client sent and the connection window has not had back), what waits to be sent, a
     /// header block being joined, its streams and calls.
-    pub(super) fn held(&self) -> usize {
+    pub(crate) fn held(&self) -> usize {
         let bodies = i64::from(self.config.connection_window).max(frame::DEFAULT_WINDOW)
             - self.recv_window
             - i64::from(self.recv_unreleased);
@@ -578,7 +625,7 @@ where
                         return Err(Fail::Goaway(Code::FrameSize, "PRIORITY not 5 bytes"));
                     }
                     self.send_rst(head.stream, Code::FrameSize);
-                    self.close(head.stream);
+                    self.close(head.stream, Closed::ResetByUs);
                     self.count_reset()?;
                 }
                 self.idle_frame()

@@ -4,16 +4,6 @@
 
 use super::*;
 
-/// A status as trailers: `grpc-status`, and `grpc-message` percent-encoded, as tonic writes them.
-pub(crate) fn status_trailers(status: &Status) -> HeaderMap {
-    let mut trailers = HeaderMap::with_capacity(2);
-    if status.add_header(&mut trailers).is_err() {
-        // A message no header can carry: the code alone.
-        trailers.insert("grpc-status", HeaderValue::from(status.code() as i32));
-    }
-    trailers
-}
-
 pub(super) fn encode_headers(headers: &HeaderMap, block: &mut BytesMut) {
     for (name, value) in headers {
         hpack::encode_literal(name.as_str().as_bytes(), value.as_bytes(), block);
@@ -49,12 +39,37 @@ pub(super) const STATUS_200: u8 = 0x88;
 
 pub(super) const STATUS_NAME: usize = 8;
 
-/// A gRPC answer's head: `:status: 200` (indexed) and `content-type: application/grpc` (a
-/// literal without indexing whose name is static-table entry 31, prefix 15 + 16).
-pub(super) const GRPC_HEAD: &[u8] = b"\x88\x0f\x10\x10application/grpc";
+/// Appends `block` encoded.
+fn put_block(block: &Block, out: &mut BytesMut) {
+    match block {
+        Block::Encoded(encoded) => out.put_slice(encoded),
+        Block::Fields(fields) => encode_headers(fields, out),
+    }
+}
 
-/// `grpc-status: 0`, a literal without indexing with a literal name.
-pub(super) const GRPC_OK: &[u8] = b"\x00\x0bgrpc-status\x010";
+/// Writes `block` as a header block (a constant as it is).
+fn write_any_block(out: &mut BytesMut, id: u32, block: &Block, end_stream: bool, max_frame: usize) {
+    match block {
+        Block::Encoded(encoded) => write_block(out, id, encoded, end_stream, max_frame),
+        Block::Fields(fields) => {
+            let mut encoded = BytesMut::with_capacity(64);
+            encode_headers(fields, &mut encoded);
+            write_block(out, id, &encoded, end_stream, max_frame);
+        }
+    }
+}
+
+/// `block` encoded, as bytes to queue (a constant is not copied).
+fn block_bytes(block: Block) -> Bytes {
+    match block {
+        Block::Encoded(encoded) => Bytes::from_static(encoded),
+        Block::Fields(fields) => {
+            let mut out = BytesMut::with_capacity(64);
+            encode_headers(&fields, &mut out);
+            out.freeze()
+        }
+    }
+}
 
 impl<IO, S> Connection<IO, S>
 where
@@ -62,50 +77,64 @@ where
     S: Service,
 {
     /// A unary call's answer, written (or queued for the client's window).
-    pub(super) fn answer(&mut self, id: u32, answer: Result<BytesMut, Status>) {
+    pub(super) fn answer(&mut self, id: u32, outcome: Outcome) {
         let Some(stream) = self.streams.get_mut(&id) else {
             return;
         };
         stream.kind = Kind::Answered;
         // The call is over: the body it held gives its connection window back.
         self.recv_unreleased += std::mem::take(&mut stream.held);
-        if stream.done {
+        if stream.state.sent_end() {
             // Reset while it was being answered: its place is free now.
             self.remove(id);
             return;
         }
+        let answer = match outcome {
+            Outcome::Answer(answer) => answer,
+            Outcome::Panicked => self.service.refuse(Refused::Panicked),
+            Outcome::Cancelled => {
+                // Only a reset cancels a call, and a reset stream is done: not reached.
+                self.close(id, Closed::ResetByUs);
+                return;
+            }
+        };
+        let Some(stream) = self.streams.get_mut(&id) else {
+            return;
+        };
         match answer {
-            Ok(message) => {
-                write_block(&mut self.wbuf, id, GRPC_HEAD, false, self.peer_max_frame);
+            Answer::Whole {
+                head,
+                body,
+                trailers,
+            } => {
+                write_any_block(&mut self.wbuf, id, &head, false, self.peer_max_frame);
                 let room = self.send_window.min(stream.send_window);
                 if stream.out.is_empty()
-                    && message.len() <= self.peer_max_frame
-                    && i64::try_from(message.len()).is_ok_and(|len| len <= room)
+                    && body.len() <= self.peer_max_frame
+                    && i64::try_from(body.len()).is_ok_and(|len| len <= room)
                 {
                     // The usual case, written at once: nothing queued, nothing allocated.
-                    let len = message.len();
+                    let len = body.len();
                     frame::head(&mut self.wbuf, len, frame::DATA, 0, id);
-                    self.wbuf.put_slice(&message);
+                    self.wbuf.put_slice(&body);
                     self.send_window -= len as i64;
                     stream.send_window -= len as i64;
-                    write_block(&mut self.wbuf, id, GRPC_OK, true, self.peer_max_frame);
-                    stream.done = true;
+                    write_any_block(&mut self.wbuf, id, &trailers, true, self.peer_max_frame);
+                    stream.state = stream.state.send_end();
                 } else {
-                    let message = message.freeze();
-                    stream.out_bytes += message.len();
-                    self.out_total += message.len();
-                    stream.out.push_back(Out::Data(message));
-                    stream
-                        .out
-                        .push_back(Out::Trailers(Bytes::from_static(GRPC_OK)));
+                    let body = body.freeze();
+                    stream.out_bytes += body.len();
+                    self.out_total += body.len();
+                    stream.out.push_back(Out::Data(body));
+                    stream.out.push_back(Out::Trailers(block_bytes(trailers)));
                 }
             }
-            Err(status) => {
+            Answer::Bodiless { head, trailers } => {
                 let mut block = BytesMut::with_capacity(64);
-                block.put_slice(GRPC_HEAD);
-                encode_headers(&status_trailers(&status), &mut block);
+                put_block(&head, &mut block);
+                put_block(&trailers, &mut block);
                 write_block(&mut self.wbuf, id, &block, true, self.peer_max_frame);
-                stream.done = true;
+                stream.state = stream.state.send_end();
             }
         }
         self.flush(id);
@@ -113,14 +142,16 @@ where
 
     pub(super) fn event(&mut self, event: Event) {
         let id = match &event {
-            Event::Head(id, ..) | Event::Data(id, _) | Event::Trailers(id, _) | Event::End(id) => {
-                *id
-            }
+            Event::Head(id, ..)
+            | Event::Data(id, _)
+            | Event::Trailers(id, _)
+            | Event::End(id)
+            | Event::Gone(id) => *id,
         };
         let Some(stream) = self.streams.get_mut(&id) else {
             return;
         };
-        if stream.done {
+        if stream.state.sent_end() {
             return;
         }
         match event {
@@ -144,10 +175,10 @@ where
                 stream.out.push_back(Out::Data(data));
                 if self.out_total > MAX_QUEUED_OUT {
                     tracing::debug!(
-                        "a gRPC client left its window closed with 256 KiB queued; stream reset"
+                        "an HTTP/2 client left its window closed with 256 KiB queued; stream reset"
                     );
                     self.send_rst(id, Code::Cancel);
-                    self.close(id);
+                    self.close(id, Closed::ResetByUs);
                     return;
                 }
             }
@@ -157,6 +188,15 @@ where
                 stream.out.push_back(Out::Trailers(block.freeze()));
             }
             Event::End(_) => stream.out.push_back(Out::End),
+            Event::Gone(_) => {
+                if !matches!(stream.out.back(), Some(Out::Trailers(_) | Out::End)) {
+                    // The call ended without ending its answer.
+                    tracing::debug!("an HTTP/2 streamed call ended without its answer's end");
+                    self.send_rst(id, Code::Internal);
+                    self.close(id, Closed::ResetByUs);
+                }
+                return;
+            }
         }
         self.flush(id);
     }
@@ -224,12 +264,12 @@ where
                 Out::Trailers(block) => {
                     write_block(&mut self.wbuf, id, &block[..], true, self.peer_max_frame);
                     stream.out.pop_front();
-                    stream.done = true;
+                    stream.state = stream.state.send_end();
                 }
                 Out::End => {
                     frame::head(&mut self.wbuf, 0, frame::DATA, frame::END_STREAM, id);
                     stream.out.pop_front();
-                    stream.done = true;
+                    stream.state = stream.state.send_end();
                 }
             }
         }
@@ -243,10 +283,10 @@ where
             return;
         };
         // A call still being answered keeps its place, reset or not.
-        if !stream.done || matches!(stream.kind, Kind::Answering) {
+        if !stream.state.sent_end() || matches!(stream.kind, Kind::Answering) {
             return;
         }
-        if stream.recv_open {
+        if stream.state.recv_open() {
             // The client is still sending: tell it the answer is complete.
             self.send_rst(id, Code::NoError);
         }
@@ -292,18 +332,12 @@ where
             })
             .collect();
         for id in stalled {
-            let status = Status::deadline_exceeded(format!(
-                "the request message did not arrive within limits.body_read_timeout ({})",
-                crate::config::HumanDuration(
-                    u64::try_from(self.config.body_read_timeout.as_micros()).unwrap_or(u64::MAX)
-                )
-            ));
             // Answered, then reset (the client is still sending).
-            self.refuse(id, status)?;
+            self.refuse(id, Refused::BodyTimeout)?;
         }
         if let Some(sent) = self.ping_sent {
             if now.duration_since(sent) >= self.config.keepalive_timeout {
-                tracing::debug!("gRPC client did not answer a keepalive PING; closed");
+                tracing::debug!("HTTP/2 client did not answer a keepalive PING; closed");
                 return Err(Fail::Gone);
             }
         } else if now.duration_since(self.last_read) >= self.config.keepalive_interval {
