@@ -607,7 +607,9 @@ impl Leases {
                     // A starved bucket stays starved until a block is all it asked for (a
                     // window's units are a new window's); a bucket starves once a block is
                     // short and lasts this pod less than the pace of blocks.
-                    let short = grant.units < check.cost
+                    let bucket = matches!(entry.algorithm, Algorithm::TokenBucket(_));
+                    let short = bucket
+                        && grant.units < check.cost
                         && (entry.starved.is_some()
                             || starved::outpaced(
                                 &entry.algorithm,
@@ -689,9 +691,10 @@ impl Leases {
         self.run(jobs);
     }
 
-    /// The store denied `check` (no lease covered it) with `decision`, asked at `asked`: if the
-    /// counter could not admit a single unit and this pod checks the partition often enough to
-    /// lease it, the partition is over its limit here ([`starved`]).
+    /// The store denied `check` (no lease covered it) with `decision`: if the counter could not
+    /// admit a single unit and this pod checks the partition often enough to lease it, the
+    /// partition is over its limit here ([`starved`]). A denial asked before a reset this pod
+    /// has just heard of may start it again: at worst until the next block is due.
     pub fn denied(&self, check: &StoreCheck, decision: &Decision) {
         if decision.allowed || decision.remaining > 0 {
             return;
