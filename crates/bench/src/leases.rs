@@ -5,8 +5,11 @@
 //! server that parses the check body and answers without a limiter). Exactness rows run limits
 //! the load exceeds, on one daemon and on a fleet of daemons sharing one Redis, and print FAIL
 //! if ever more than the limit was admitted, then the under-admission once leases are given back.
+//! Over-the-limit rows put a hot key's demand at twice its rate on two daemons and count Redis
+//! calls per check with and without leases.
 
 mod exact;
+mod over;
 mod rows;
 
 use std::net::SocketAddr;
@@ -42,6 +45,9 @@ pub struct LeaseArgs {
     /// Only the exactness and fleet rows (no throughput rows).
     #[arg(long)]
     lease_exact_only: bool,
+    /// Only the over-the-limit rows (a hot key at twice its rate on two daemons).
+    #[arg(long)]
+    lease_over_only: bool,
 }
 
 /// Whether `--systems` asks for the lease rows.
@@ -56,10 +62,15 @@ pub async fn bench(args: &LeaseArgs, plan: &Plan, threads: usize, quick: bool) -
         .clone()
         .unwrap_or_else(|| vec![String::new()]);
     let runs = args.lease_runs.unwrap_or(if quick { 1 } else { 3 });
+    if args.lease_over_only {
+        return over::all(&variants, runs, threads).await;
+    }
     if !args.lease_exact_only {
         rows::throughput(plan, &variants, runs, threads).await?;
     }
-    exact::all(args, plan, &variants, runs, threads).await
+    let exact = exact::all(args, plan, &variants, runs, threads).await?;
+    let over = over::all(&variants, runs, threads).await?;
+    Ok(exact && over)
 }
 
 /// What the clients of one run saw, over warm-up and measurement.

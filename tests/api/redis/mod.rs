@@ -13,6 +13,7 @@ mod lease_epoch;
 mod lease_fleet;
 mod lease_ledger;
 mod lease_ops;
+mod lease_over_limit;
 mod lease_twins;
 mod leases;
 mod log_runs;

@@ -21,6 +21,9 @@
 //!   and the grant of a take that was out meanwhile (it may come from the forgotten counter).
 //! - **Answers**: an admission from a lease is `enforced` (the store counted the units at the
 //!   take); its `remaining` is what this pod's lease still holds, a floor of what is left.
+//! - **Over the limit** ([`starved`]): once a take finds the counter unable to admit a single
+//!   unit, the pod denies what its lease cannot cover here and takes the refill in blocks,
+//!   paced, instead of asking the counter per check.
 
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
@@ -36,6 +39,10 @@ use crate::config::LeaseSettings;
 use crate::limit::{bucket_lease_shrunk, Algorithm, Decision, Grant, Key, PolicySet};
 use crate::store::{RateStore, StoreCheck};
 
+use starved::{Starved, STARVED_FRACTION};
+
+mod starved;
+
 /// Shards of the lease table (a power of two).
 const SHARDS: usize = 16;
 /// Most leases held per partition: the one in use and the next one taken before it runs out.
@@ -50,6 +57,19 @@ const BACKOFF_MAX: Duration = Duration::from_secs(8);
 /// After a take that failed, no take for this long (the check path reports store failures).
 const QUIET_FAILED: Duration = Duration::from_secs(1);
 
+/// Where the lease bookkeeping reads the time (a test steps it by hand).
+type Now = Arc<dyn Fn() -> Instant + Send + Sync>;
+
+/// What this pod's leases make of one request ([`Leases::admit`]).
+#[derive(Debug)]
+pub enum Leased {
+    /// Admitted from the leases: each counter's decision, in order.
+    Admitted(Vec<Decision>),
+    /// Denied here: the counters that are over their limit on this pod ([`starved`]) and
+    /// cannot cover the cost, each with its index in the request and its answer.
+    Denied(Vec<(usize, Decision)>),
+}
+
 /// The lease metrics.
 #[derive(Clone)]
 struct LeaseMetrics {
@@ -62,6 +82,8 @@ struct LeaseMetrics {
     checks: IntCounterVec,
     /// `sluice_lease_units_held{policy}`: units this pod holds (what a crash would take along).
     held: IntGaugeVec,
+    /// `sluice_lease_denials_total{policy}`: checks denied here, the partition over its limit.
+    denials: IntCounterVec,
 }
 
 impl LeaseMetrics {
@@ -94,6 +116,14 @@ impl LeaseMetrics {
             ),
             &["policy"],
         )?;
+        let denials = IntCounterVec::new(
+            Opts::new(
+                "sluice_lease_denials_total",
+                "Checks denied without a store round trip: the leased partition is over its limit on this pod and its lease is used up until the next block is due",
+            ),
+            &["policy"],
+        )?;
+        registry.register(Box::new(denials.clone()))?;
         registry.register(Box::new(takes.clone()))?;
         registry.register(Box::new(units.clone()))?;
         registry.register(Box::new(checks.clone()))?;
@@ -103,6 +133,7 @@ impl LeaseMetrics {
             units,
             checks,
             held,
+            denials,
         })
     }
 
@@ -203,6 +234,8 @@ struct Entry {
     /// Resets of the counter this pod heard of: a take sent before one may have run on the
     /// counter the reset forgot, so its grant is dropped.
     resets: u64,
+    /// Over its limit on this pod: checks the lease cannot cover are denied here.
+    starved: Option<Starved>,
 }
 
 impl Entry {
@@ -221,6 +254,7 @@ impl Entry {
             },
             last_use: now,
             resets: 0,
+            starved: None,
         }
     }
 
@@ -246,7 +280,7 @@ impl Entry {
             let unused = held.grant.units.saturating_sub(held.used);
             // A lease mostly wasted (a warm key's token bucket lease shrinks away within
             // milliseconds) costs a take and a give-back for a few checks: back off.
-            if held.used.saturating_mul(2) < held.grant.units {
+            if held.used.saturating_mul(2) < held.grant.units && self.starved.is_none() {
                 self.backoff = (self.backoff * 2).clamp(BACKOFF_MIN, BACKOFF_MAX);
                 self.quiet_until = Some(now + self.backoff);
             } else {
@@ -271,8 +305,8 @@ impl Entry {
 
 /// A give-back or take to run once the table's locks are released.
 enum Job {
-    /// A take, and the resets its entry had heard of when it was sent.
-    Take(StoreCheck, u64),
+    /// A take, the resets its entry had heard of when it was sent, and its fraction.
+    Take(StoreCheck, u64, u64),
     GiveBack(StoreCheck, Held),
 }
 
@@ -285,6 +319,7 @@ struct Inner {
     tasks: TaskTracker,
     /// Units being given back, per policy: still held until the store has them.
     returning: Mutex<HashMap<Arc<str>, u64>>,
+    now: Now,
 }
 
 /// This pod's quota leases (see the module documentation).
@@ -300,6 +335,16 @@ impl Leases {
         settings: LeaseSettings,
         registry: &Registry,
     ) -> prometheus::Result<Self> {
+        Self::with_clock(store, settings, registry, Arc::new(Instant::now))
+    }
+
+    /// As [`Leases::new`], reading the time from `now`.
+    fn with_clock(
+        store: Arc<dyn RateStore>,
+        settings: LeaseSettings,
+        registry: &Registry,
+        now: Now,
+    ) -> prometheus::Result<Self> {
         Ok(Self {
             inner: Arc::new(Inner {
                 store,
@@ -309,8 +354,24 @@ impl Leases {
                 metrics: LeaseMetrics::register(registry)?,
                 tasks: TaskTracker::new(),
                 returning: Mutex::default(),
+                now,
             }),
         })
+    }
+
+    /// Leases whose clock a test steps by hand.
+    #[cfg(test)]
+    pub(super) fn with_test_clock(
+        store: Arc<dyn RateStore>,
+        settings: LeaseSettings,
+        registry: &Registry,
+        now: impl Fn() -> Instant + Send + Sync + 'static,
+    ) -> Self {
+        Self::with_clock(store, settings, registry, Arc::new(now)).expect("metrics")
+    }
+
+    fn now(&self) -> Instant {
+        (self.inner.now)()
     }
 
     /// How long a lease may sit unused before it is given back (`leases.idle`).
@@ -330,10 +391,12 @@ impl Leases {
     }
 
     /// Admits `checks` (one request's counters, every one leasable and enforced) from this
-    /// pod's leases if every one has the units, consuming them all; `None` otherwise (the
-    /// store decides). Either way, starts takes where a lease runs low.
-    pub fn admit(&self, checks: &[StoreCheck]) -> Option<Vec<Decision>> {
-        let now = Instant::now();
+    /// pod's leases if every one has the units, consuming them all; else denies them here if a
+    /// counter the leases cannot cover is over its limit on this pod ([`starved`]), consuming
+    /// nothing; `None` otherwise (the store decides). Either way, starts takes where a lease
+    /// runs low or a block is due.
+    pub fn admit(&self, checks: &[StoreCheck]) -> Option<Leased> {
+        let now = self.now();
         // Each check's shard, locked in index order (no deadlock with a concurrent group).
         let shards: Vec<usize> = checks.iter().map(|c| self.shard_of(&c.key)).collect();
         let mut order = shards.clone();
@@ -404,23 +467,39 @@ impl Leases {
                 })
                 .collect::<Vec<_>>()
         });
+        let mut denials = Vec::new();
         for (at, check) in checks.iter().enumerate() {
             if let Some(entry) = guards[guard[at]].get_mut(&check.key) {
                 if check.generation == entry.revision {
                     self.maybe_take(check, entry, now, &mut jobs);
+                    // Over its limit here: denied until the next block, or while it is out.
+                    let starved = entry.starved.filter(|s| now < s.next || entry.taking);
+                    if let Some(starved) = starved.filter(|_| decisions.is_none()) {
+                        if entry.available(now) < check.cost {
+                            denials.push((at, starved.denial(&entry.algorithm, now)));
+                        }
+                    }
                 }
             }
         }
         drop(guards);
+        let metrics = &self.inner.metrics;
+        for &(at, _) in &denials {
+            let policy = checks[at].key.policy_name();
+            metrics.denials.with_label_values(&[policy]).inc();
+        }
         if let Some(first) = checks.first().filter(|_| decisions.is_some()) {
-            self.inner
-                .metrics
+            metrics
                 .checks
                 .with_label_values(&[first.key.policy_name()])
                 .inc();
         }
         self.run(jobs);
-        decisions
+        match decisions {
+            Some(decisions) => Some(Leased::Admitted(decisions)),
+            None if !denials.is_empty() => Some(Leased::Denied(denials)),
+            None => None,
+        }
     }
 
     /// Starts a take for `entry` if its lease is below half of what a take would ask for, none
@@ -428,18 +507,25 @@ impl Leases {
     fn maybe_take(&self, check: &StoreCheck, entry: &mut Entry, now: Instant, jobs: &mut Vec<Job>) {
         let settings = &self.inner.settings;
         let demand = entry.demand.per_second();
-        if entry.taking
-            || entry.held.len() >= HELD
-            || demand < settings.min_units
-            || entry.quiet_until.is_some_and(|until| now < until)
-        {
+        // A starved partition's blocks are paced by its own clock, not by a backoff.
+        let quiet = match entry.starved {
+            Some(starved) => now < starved.next,
+            None => entry.quiet_until.is_some_and(|until| now < until),
+        };
+        if entry.taking || entry.held.len() >= HELD || demand < settings.min_units || quiet {
             return;
         }
         let span = u128::from(settings.span.0);
         let want = u128::from(demand) * span / 1_000_000;
-        let want = u64::try_from(want)
-            .unwrap_or(u64::MAX)
-            .clamp(settings.min_units, settings.max_units);
+        let mut want = u64::try_from(want).unwrap_or(u64::MAX);
+        let mut fraction = settings.fraction;
+        if let Some(starved) = entry.starved {
+            fraction = STARVED_FRACTION;
+            if matches!(entry.algorithm, Algorithm::TokenBucket(_)) {
+                want = starved.want(demand);
+            }
+        }
+        let want = want.clamp(settings.min_units, settings.max_units);
         if entry.available(now) > want / 2 {
             return;
         }
@@ -450,11 +536,13 @@ impl Leases {
                 ..check.clone()
             },
             entry.resets,
+            fraction,
         ));
     }
 
     /// Moves `entry`'s grants into give-backs.
     fn retire(&self, key: &Key, entry: &mut Entry, jobs: &mut Vec<Job>) {
+        entry.starved = None;
         for held in entry.held.drain(..) {
             let check = StoreCheck {
                 key: key.clone(),
@@ -471,10 +559,10 @@ impl Leases {
         for job in jobs {
             let leases = self.clone();
             match job {
-                Job::Take(check, resets) => {
+                Job::Take(check, resets, fraction) => {
                     self.inner
                         .tasks
-                        .spawn(async move { leases.take(check, resets).await });
+                        .spawn(async move { leases.take(check, resets, fraction).await });
                 }
                 Job::GiveBack(check, held) => {
                     self.returning(&check.key, held.grant.units.saturating_sub(held.used), true);
@@ -486,13 +574,9 @@ impl Leases {
         }
     }
 
-    async fn take(&self, check: StoreCheck, resets: u64) {
-        let sent = Instant::now();
-        let taken = self
-            .inner
-            .store
-            .take(&check, self.inner.settings.fraction, None)
-            .await;
+    async fn take(&self, check: StoreCheck, resets: u64, fraction: u64) {
+        let sent = self.now();
+        let taken = self.inner.store.take(&check, fraction, None).await;
         let metrics = &self.inner.metrics;
         let policy = check.key.policy_name();
         let mut jobs = Vec::new();
@@ -503,7 +587,9 @@ impl Leases {
                 .as_ref()
                 .is_some_and(|e| e.revision == check.generation && e.algorithm == check.algorithm);
             let reset = entry.as_ref().is_some_and(|e| e.resets != resets);
-            let now = Instant::now();
+            let now = self.now();
+            let idle = self.inner.settings.idle.as_std();
+            let jitter = self.inner.hasher.hash_one(sent);
             match (entry, taken) {
                 // The counter was reset while the take was out: its units may belong to the
                 // counter the reset forgot (admitting them would add to a fresh quota) and
@@ -518,6 +604,24 @@ impl Leases {
                     entry.taking = false;
                     metrics.takes.with_label_values(&[policy, "granted"]).inc();
                     metrics.units(&check.key, "taken", grant.units);
+                    // A starved bucket stays starved until a block is all it asked for (a
+                    // window's units are a new window's); a bucket starves once a block is
+                    // short and lasts this pod less than the pace of blocks.
+                    let bucket = matches!(entry.algorithm, Algorithm::TokenBucket(_));
+                    let short = bucket
+                        && grant.units < check.cost
+                        && (entry.starved.is_some()
+                            || starved::outpaced(
+                                &entry.algorithm,
+                                grant.units,
+                                entry.demand.per_second(),
+                            ));
+                    entry.starved = short
+                        .then(|| {
+                            let (decision, hold) = (&grant.decision, grant.hold_us);
+                            Starved::after(&entry.algorithm, decision, hold, sent, idle, jitter)
+                        })
+                        .flatten();
                     entry.held.push_back(Held {
                         grant,
                         sent,
@@ -538,6 +642,34 @@ impl Leases {
                     };
                     jobs.push(Job::GiveBack(check.clone(), held));
                 }
+                (Some(entry), Ok(Some(grant))) if current && !reset => {
+                    metrics.takes.with_label_values(&[policy, "empty"]).inc();
+                    entry.taking = false;
+                    // Not a single unit left for a check: over the limit (see `starved`).
+                    // A few left: decided per check (a store's denial of the last one starves).
+                    let starve = entry.starved.is_some() || !grant.decision.allowed;
+                    let (decision, hold) = (&grant.decision, grant.hold_us);
+                    entry.starved = starve
+                        .then(|| {
+                            Starved::after(&entry.algorithm, decision, hold, sent, idle, jitter)
+                        })
+                        .flatten();
+                    if entry.starved.is_none() {
+                        // A bucket's next take once `fraction` units could have refilled: a
+                        // counter a busy fleet keeps near empty soon shows it can admit none.
+                        let refill = match entry.algorithm {
+                            Algorithm::TokenBucket(bucket) if starved::paced(&bucket) => {
+                                Duration::from_micros(
+                                    fraction
+                                        .saturating_sub(grant.decision.remaining)
+                                        .saturating_mul(bucket.period_us() / bucket.limit().max(1)),
+                                )
+                            }
+                            _ => QUIET_EMPTY,
+                        };
+                        entry.quiet_until = Some(now + refill.min(QUIET_EMPTY));
+                    }
+                }
                 (entry, Ok(_)) => {
                     metrics.takes.with_label_values(&[policy, "empty"]).inc();
                     if let Some(entry) = entry {
@@ -550,12 +682,40 @@ impl Leases {
                     metrics.takes.with_label_values(&[policy, "failed"]).inc();
                     if let Some(entry) = entry {
                         entry.taking = false;
+                        entry.starved = None;
                         entry.quiet_until = Some(now + QUIET_FAILED);
                     }
                 }
             }
         }
         self.run(jobs);
+    }
+
+    /// The store denied `check` (no lease covered it) with `decision`: if the counter could not
+    /// admit a single unit and this pod checks the partition often enough to lease it, the
+    /// partition is over its limit here ([`starved`]). A denial asked before a reset this pod
+    /// has just heard of may start it again: at worst until the next block is due.
+    pub fn denied(&self, check: &StoreCheck, decision: &Decision) {
+        if decision.allowed || decision.remaining > 0 {
+            return;
+        }
+        let now = self.now();
+        let idle = self.inner.settings.idle.as_std();
+        let mut table = self.lock(self.shard_of(&check.key));
+        let Some(entry) = table.get_mut(&check.key) else {
+            return;
+        };
+        if entry.revision != check.generation
+            || entry.algorithm != check.algorithm
+            || entry.starved.is_some()
+            || entry.demand.per_second() < self.inner.settings.min_units
+        {
+            return;
+        }
+        // A window's units come back when it ends: its denial's wait.
+        let hold = decision.retry_after_us;
+        let jitter = self.inner.hasher.hash_one(now);
+        entry.starved = Starved::after(&entry.algorithm, decision, hold, now, idle, jitter);
     }
 
     /// Counts `units` of `key`'s policy as being given back (`add`), or as given back.
@@ -612,6 +772,7 @@ impl Leases {
         for policy in policies.iter().filter(|p| p.lease()) {
             let name = policy.name();
             metrics.checks.with_label_values(&[name]);
+            metrics.denials.with_label_values(&[name]);
             metrics.held.with_label_values(&[name]);
             for fate in [
                 "taken", "admitted", "returned", "expired", "refilled", "dropped",
@@ -646,6 +807,7 @@ impl Leases {
     pub fn forget(&self, key: &Key) {
         if let Some(entry) = self.lock(self.shard_of(key)).get_mut(key) {
             entry.resets = entry.resets.wrapping_add(1);
+            entry.starved = None;
             let dropped: u64 = entry.held.drain(..).map(|h| h.grant.units - h.used).sum();
             self.inner.metrics.units(key, "dropped", dropped);
         }
@@ -656,6 +818,7 @@ impl Leases {
         for shard in 0..SHARDS {
             for (key, entry) in self.lock(shard).iter_mut() {
                 entry.resets = entry.resets.wrapping_add(1);
+                entry.starved = None;
                 let dropped: u64 = entry.held.drain(..).map(|h| h.grant.units - h.used).sum();
                 self.inner.metrics.units(key, "dropped", dropped);
             }
@@ -680,7 +843,7 @@ impl Leases {
 
     /// One sweep; `all`: give back every lease (shutdown).
     fn sweep(&self, all: bool) {
-        let now = Instant::now();
+        let now = self.now();
         let idle = self.inner.settings.idle.as_std();
         let mut jobs = Vec::new();
         let mut held: HashMap<Arc<str>, u64> = HashMap::new();

@@ -330,10 +330,13 @@ impl CheckService {
                 .enumerate()
                 .map(|(at, ((check, decision), part))| {
                     if check.enforce {
+                        let leased = self.leases.as_ref().filter(|_| part.policy.lease());
                         if let Some(hot) = &self.hot {
-                            let leased = self.leases.as_ref().filter(|_| part.policy.lease());
                             let at_most = leased.map(Leases::idle);
                             hot.remember_for(&check.key, check.cost, &decision, asked, at_most);
+                        }
+                        if let Some(leases) = leased.filter(|_| spend == Spend::Record) {
+                            leases.denied(&check, &decision);
                         }
                     }
                     PolicyDecision {
@@ -373,8 +376,9 @@ impl CheckService {
     }
 
     /// An admission from this pod's quota leases, when every part of `plan` is an enforced,
-    /// leased policy's and every counter's lease holds the cost (see [`lease`]). The checks
-    /// move into the verdict.
+    /// leased policy's and every counter's lease holds the cost (see [`lease`]): the checks
+    /// move into the verdict. Or a denial from them, when a counter the leases cannot cover
+    /// is over its limit on this pod: nothing is asked of the store (and nothing spent).
     fn admit_leased(&self, plan: &mut Plan, spend: Spend) -> Option<Verdict> {
         let leases = self.leases.as_ref()?;
         let leased = spend == Spend::Record
@@ -389,7 +393,27 @@ impl CheckService {
         if !leased {
             return None;
         }
-        let decisions = leases.admit(&plan.checks)?;
+        let decisions = match leases.admit(&plan.checks)? {
+            lease::Leased::Admitted(decisions) => decisions,
+            lease::Leased::Denied(denials) => {
+                let denied = denials
+                    .into_iter()
+                    .map(|(at, decision)| {
+                        let (check, part) = (&plan.checks[at], &plan.parts[at]);
+                        PolicyDecision {
+                            mode: Mode::Enforced,
+                            advertised_us: check.algorithm.advertised_us(),
+                            policy: Arc::clone(&part.policy),
+                            key: check.key.clone(),
+                            decision,
+                            window_index: part.window_index,
+                            part: at,
+                        }
+                    })
+                    .collect();
+                return Some(verdict::decide(denied));
+            }
+        };
         let evaluated = std::mem::take(&mut plan.checks)
             .into_iter()
             .zip(decisions)
@@ -464,6 +488,8 @@ impl CheckService {
 
 #[cfg(test)]
 mod lease_tests;
+#[cfg(test)]
+mod over_limit_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
