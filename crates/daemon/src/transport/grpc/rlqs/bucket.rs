@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use super::actions;
 use super::metrics::{Kind, Refusal};
-use super::sizing::{self, Backing, Held, Terms, DELIVERY_MARGIN_US};
-use super::{Quota, ShareGuard};
+use super::pool::Pool;
+use super::sizing::{self, Held, Terms, DELIVERY_MARGIN_US};
+use super::Quota;
 use crate::check::CheckService;
 use crate::limit::{FailureMode, Grant};
 use crate::store::StoreCheck;
@@ -61,98 +62,6 @@ pub(super) struct Bucket {
     held_back: bool,
     blanket: Option<(bool, Instant)>,
     pool: Option<Pool>,
-}
-
-/// The units a bucket holds and the assignment they back.
-struct Pool {
-    check: StoreCheck,
-    /// The origin of the µs the math counts in.
-    base: Instant,
-    grants: Vec<(Grant, Held)>,
-    /// Units used (admissions reported, counted from the earliest to expire) or expired.
-    used: u64,
-    /// The terms last sent, and when Envoy stops admitting on them at the latest.
-    sent: Option<(Terms, Instant)>,
-    /// The most tokens and refill a second of the last two assignments sent (Envoy's bucket
-    /// holds at most these between two reports); none sent yet: no bound.
-    bound: (u64, u64),
-    /// The last report taken in.
-    noted: Option<Instant>,
-    /// The most tokens Envoy's bucket may hold: at the last report (`level`), or as the last
-    /// assignment sent left it; and how much of an admission on the replaced bucket counts
-    /// against it (a smaller replacement starts at its share of the old level).
-    level: u64,
-    scale: (u64, u64),
-    share: ShareGuard,
-}
-
-impl Pool {
-    fn us(&self, at: Instant) -> u64 {
-        u64::try_from(at.saturating_duration_since(self.base).as_micros()).unwrap_or(u64::MAX)
-    }
-
-    fn held(&self) -> Vec<Held> {
-        self.grants.iter().map(|(_, held)| *held).collect()
-    }
-
-    fn expired(&self, at: Instant) -> u64 {
-        sizing::expired(&self.check.algorithm, &self.held(), self.us(at))
-    }
-
-    /// Takes in `allowed` requests reported at `now`; drops grants wholly expired.
-    fn note(&mut self, allowed: u64, now: Instant) {
-        let cost = self.check.cost.max(1);
-        let admitted = allowed.saturating_mul(cost);
-        let at = self.us(now);
-        let last = self.noted.replace(now).map_or(0, |last| self.us(last));
-        if let Some((terms, _)) = self.sent {
-            // Refilled since the last report (and the margin), less what it admitted.
-            let span = at.saturating_sub(last).saturating_add(DELIVERY_MARGIN_US);
-            let spent =
-                u128::from(allowed) * u128::from(self.scale.0) / u128::from(self.scale.1.max(1));
-            self.level = self
-                .level
-                .saturating_add(sizing::refill(self.bound.1, span))
-                .min(terms.tokens)
-                .saturating_sub(u64::try_from(spent).unwrap_or(u64::MAX));
-            self.scale = (1, 1);
-        }
-        self.used = sizing::used_after(
-            &self.check.algorithm,
-            &self.held(),
-            self.used,
-            (last, at),
-            admitted,
-            (
-                self.bound.0.saturating_mul(cost),
-                self.bound.1.saturating_mul(cost),
-                self.sent.map_or(u64::MAX, |(_, end)| self.us(end + MARGIN)),
-            ),
-        );
-        let algorithm = self.check.algorithm;
-        let used = &mut self.used;
-        self.grants.retain(|(_, held)| {
-            let gone = sizing::expired(&algorithm, std::slice::from_ref(held), at) >= held.units;
-            if gone {
-                *used = used.saturating_sub(held.units);
-            }
-            !gone
-        });
-    }
-
-    fn backing<'a>(&'a self, held: &'a [Held]) -> Backing<'a> {
-        Backing {
-            algorithm: &self.check.algorithm,
-            held,
-            used: self.used,
-            cost: self.check.cost,
-        }
-    }
-
-    /// Whether Envoy may still admit on the last assignment sent.
-    fn running(&self, now: Instant) -> bool {
-        self.sent.is_some_and(|(_, end)| now < end + MARGIN)
-    }
 }
 
 impl Bucket {
@@ -351,17 +260,8 @@ impl Bucket {
         for _ in 0..TAKES {
             let asked = Instant::now().max(now);
             let (short, fraction) = {
-                let pool = self.pool.get_or_insert_with(|| Pool {
-                    check: check.clone(),
-                    base: now.checked_sub(MARGIN).unwrap_or(now),
-                    grants: Vec::new(),
-                    used: 0,
-                    sent: None,
-                    bound: (u64::MAX, u64::MAX),
-                    noted: None,
-                    level: 0,
-                    scale: (1, 1),
-                    share: quota.shares.join(&check.key),
+                let pool = self.pool.get_or_insert_with(|| {
+                    Pool::open(check.clone(), now, quota.shares.join(&check.key))
                 });
                 if pool.grants.len() >= MAX_GRANTS {
                     return None;
@@ -459,35 +359,7 @@ impl Bucket {
         let renewal = pool
             .sent
             .is_some_and(|(last, _)| last.tokens == terms.tokens && last.per_s == terms.per_s);
-        let last = pool
-            .sent
-            .map_or((0, 0), |(last, _)| (last.tokens, last.per_s));
-        // What Envoy's bucket holds once this lands: a running one's level (a replacement: in
-        // proportion, Envoy 1.40 starts it at the old one's remaining fraction), else full.
-        let old = pool
-            .sent
-            .filter(|_| pool.running(sent))
-            .map(|(last, _)| last.tokens);
-        (pool.level, pool.scale) = match old {
-            Some(m_old) if m_old == terms.tokens => (pool.level, (1, 1)),
-            Some(m_old) => {
-                let scaled = u128::from(pool.level) * u128::from(terms.tokens);
-                let scaled =
-                    u64::try_from(scaled.div_ceil(u128::from(m_old.max(1)))).unwrap_or(u64::MAX);
-                let scale = if terms.tokens < m_old {
-                    (terms.tokens, m_old)
-                } else {
-                    (1, 1)
-                };
-                (
-                    scaled.max(pool.level).min(terms.tokens.max(pool.level)),
-                    scale,
-                )
-            }
-            None => (terms.tokens, (1, 1)),
-        };
-        pool.bound = (terms.tokens.max(last.0), terms.per_s.max(last.1));
-        pool.sent = Some((terms, sent + MARGIN + Duration::from_secs(terms.ttl_s)));
+        pool.record(terms, sent);
         if renewal {
             quota.metrics.assigned(Kind::Renewal);
         } else {
