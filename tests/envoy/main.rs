@@ -27,4 +27,5 @@ mod redis_down;
 mod replies;
 mod rlqs;
 mod rlqs_copy;
+mod rlqs_steady;
 mod rls;

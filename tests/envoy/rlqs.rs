@@ -438,6 +438,8 @@ policies:
         admitted <= bound,
         "admitted {admitted} > {bound}: {codes:?}"
     );
-    assert!(admitted >= 10, "not even the burst: {codes:?}");
+    // Each Envoy's first assignment is its burst share (2 of 10): a burst under the span of an
+    // assignment (6.5 s of a rate of 2) backs no refill (docs/envoy.md).
+    assert!(admitted >= 4, "not even two burst shares: {codes:?}");
     assert_eq!(admitted + count(&codes, 429), codes.len(), "{codes:?}");
 }

@@ -2,7 +2,7 @@
 //! Units lost to Envoys that did not report their use (a closed stream, a replaced
 //! assignment) are `assigned - given_back - reported allowed` (times the cost, 1 for most
 //! policies): never admitted, never returned before their lease ended; `written_off` counts
-//! the replaced assignments' part of it.
+//! the part dropped when a bucket's policy changed or it was given a blanket rule.
 
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts};
 
@@ -103,8 +103,9 @@ pub struct RlqsMetrics {
     pub assigned: IntCounter,
     /// `sluice_rlqs_units_given_back_total`.
     pub given_back: IntCounter,
-    /// `sluice_rlqs_units_written_off_total`: what replaced assignments had left (their use
-    /// after their last report is not known, so none of it is given back).
+    /// `sluice_rlqs_units_written_off_total`: what a bucket's units had left when its policy
+    /// changed or it was given a blanket rule (what Envoy admits on them is no longer followed,
+    /// so none of it is given back).
     pub written_off: IntCounter,
     /// `sluice_rlqs_unmatched_buckets_total`: new buckets that match no policy (`ALLOW_ALL`).
     pub unmatched: IntCounter,
@@ -153,7 +154,7 @@ impl RlqsMetrics {
             ),
             written_off: counter(
                 "sluice_rlqs_units_written_off_total",
-                "Units left to RLQS assignments replaced before their end, never given back.",
+                "Units an RLQS bucket held when its policy changed or a blanket rule replaced them, never given back.",
             ),
             unmatched: counter(
                 "sluice_rlqs_unmatched_buckets_total",

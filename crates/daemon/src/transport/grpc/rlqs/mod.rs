@@ -21,6 +21,7 @@ mod bucket;
 pub(super) mod budget;
 mod frames;
 mod metrics;
+mod pool;
 mod session;
 mod sizing;
 

@@ -25,6 +25,7 @@ use crate::transport::grpc::proto::envoy::service::rate_limit_quota::v3::{
 const POLICIES: &str = "
 policies:
   - {name: window, match: {b: window}, key: [b], algorithm: fixed_window, limit: 100, period: 1h}
+  - {name: big, match: {b: big}, key: [b], algorithm: fixed_window, limit: 1000, period: 1h}
   - {name: blocked, match: {b: blocked}, key: [b], deny: true, period: 1m}
   - {name: log, match: {b: log}, key: [b], algorithm: sliding_log, limit: 10, period: 1h}
   - {name: two, match: {b: two}, key: [b], algorithm: fixed_window, limit: 10, period: 1h}
@@ -87,19 +88,6 @@ async fn first_assignment(session: &mut Session, at: Instant) -> TokenBucket {
     }
 }
 
-/// The strategy of a replacement: a `DENY_ALL` that clears Envoy's running bucket, then the
-/// fresh assignment, in one message.
-fn replacement(actions: &[BucketAction]) -> Strategy {
-    let [clear, fresh] = actions else {
-        panic!("a replacement is two actions: {actions:?}");
-    };
-    assert_eq!(
-        strategy(std::slice::from_ref(clear)),
-        Strategy::BlanketRule(BlanketRule::DenyAll as i32)
-    );
-    strategy(std::slice::from_ref(fresh))
-}
-
 /// The time to live of the one assignment in `actions`, in seconds.
 fn ttl_s(actions: &[BucketAction]) -> i64 {
     match actions {
@@ -123,148 +111,97 @@ async fn left(service: &CheckService, bucket: &str) -> u64 {
     verdict.evaluated[0].decision.remaining + 1
 }
 
+/// The token bucket of the one assignment in `actions`.
+fn bucket(actions: &[BucketAction]) -> TokenBucket {
+    match strategy(actions) {
+        Strategy::TokenBucket(bucket) => bucket,
+        other => panic!("a token bucket: {other:?}"),
+    }
+}
+
+/// A token bucket's (max_tokens, tokens a second).
+fn terms(bucket: &TokenBucket) -> (u32, u32) {
+    let per_s = match bucket.fill_interval {
+        Some(prost_types::Duration {
+            seconds: 1,
+            nanos: 0,
+        }) => bucket.tokens_per_fill.unwrap_or(0),
+        _ => 0,
+    };
+    (bucket.max_tokens, per_s)
+}
+
 #[tokio::test]
-async fn a_lease_backs_each_assignment_and_its_unused_part_comes_back() {
+async fn units_back_each_assignment_are_topped_up_with_demand_and_come_back_at_the_end() {
     let (mut session, service) = session();
     let t0 = Instant::now();
-    // The first report (the request no_assignment_behavior denied): a small first lease.
+    // Reports 5 s apart, as Envoy 1.40 makes them.
+    let at = |s: u64| t0 + Duration::from_secs(s);
+    // A burst from idle: a quarter of the window's 100 as tokens, a token a second, for the
+    // report interval and a second; backed to its end (25 + 7 over 6.5 s taken).
     let first = session.report(&usage("window", 0, 1), t0).await;
-    let Strategy::TokenBucket(bucket) = strategy(&first) else {
-        panic!("a token bucket: {first:?}");
-    };
-    assert_eq!(bucket.max_tokens, 3, "one request a second, for 3 s");
-    assert_eq!(ttl_s(&first), 9, "the longest time to live");
-    assert_eq!(left(&service, "window").await, 97, "taken before sent");
-    // Half a second on, 1 of 3 used: a renewal would add too little.
-    let half = t0 + Duration::from_millis(500);
+    assert_eq!(terms(&bucket(&first)), (25, 1));
+    assert_eq!(ttl_s(&first), 6);
+    assert_eq!(left(&service, "window").await, 68, "taken before sent");
+    // One admitted a second: 3 a second and 2 tokens; Envoy's running bucket may still hold 20
+    // until this lands, 13 more taken.
+    let second = session.report(&usage("window", 5, 0), at(5)).await;
+    assert_eq!(terms(&bucket(&second)), (2, 3));
+    assert_eq!(left(&service, "window").await, 55);
+    // Two a second: 3 tokens and 4 a second, backed by what is held.
+    let third = session.report(&usage("window", 10, 0), at(10)).await;
+    assert_eq!(terms(&bucket(&third)), (3, 4));
+    assert_eq!(left(&service, "window").await, 55);
+    // The same demand: the same settings (Envoy keeps its bucket), a fresh time to live, the
+    // units topped up for it.
+    let renewal = session.report(&usage("window", 10, 0), at(15)).await;
+    assert_eq!(bucket(&renewal), bucket(&third));
+    assert_eq!(left(&service, "window").await, 46);
+    // No demand: the assignment runs out; once over and reported, all but the 25 admitted
+    // come back.
     assert!(session
-        .report(&usage("window", 1, 0), half)
+        .report(&usage("window", 0, 0), at(20))
         .await
         .is_empty());
-    // Three seconds on, one more used: renewed with the same bucket (Envoy keeps its
-    // tokens), nothing taken.
-    let t3 = t0 + Duration::from_secs(3);
-    let renewal = session.report(&usage("window", 1, 0), t3).await;
-    assert_eq!(strategy(&renewal), Strategy::TokenBucket(bucket));
-    assert_eq!(ttl_s(&renewal), 9);
-    assert_eq!(left(&service, "window").await, 97);
-    // No demand in the next report: not renewed; over (3 s + 9 s), and reported after that:
-    // the unused unit comes back.
-    let t6 = t0 + Duration::from_secs(6);
-    assert!(session.report(&usage("window", 0, 0), t6).await.is_empty());
-    let later = t0 + Duration::from_secs(13);
     assert!(session
-        .report(&usage("window", 0, 0), later)
+        .report(&usage("window", 0, 0), at(30))
         .await
         .is_empty());
-    assert_eq!(left(&service, "window").await, 98);
+    assert_eq!(left(&service, "window").await, 75);
 }
 
 #[tokio::test]
-async fn a_used_up_assignment_is_replaced_by_a_fresh_envoy_bucket() {
+async fn an_assignment_is_never_more_than_the_units_left_back() {
     let (mut session, service) = session();
     let t0 = Instant::now();
-    let first = first_assignment(&mut session, t0).await;
-    // A second on, all 3 used and 20 denied: Envoy's bucket admits nothing more, so a fresh
-    // one replaces it at once, sized by the demand.
-    let t1 = t0 + Duration::from_secs(1);
-    let Strategy::TokenBucket(second) =
-        replacement(&session.report(&usage("window", 3, 20), t1).await)
-    else {
-        panic!("a token bucket");
-    };
-    assert!(second.max_tokens > first.max_tokens, "sized by the demand");
-    assert_ne!(
-        first.fill_interval, second.fill_interval,
-        "Envoy keeps a bucket whose settings repeat"
-    );
-    let taken = u64::from(second.max_tokens);
-    assert_eq!(left(&service, "window").await, 100 - 3 - taken);
-    // Two of it used by the next report: renewed, never replaced (what Envoy admitted since
-    // this report would be counted nowhere).
-    let t4 = t0 + Duration::from_secs(4);
-    let renewal = session.report(&usage("window", 2, 0), t4).await;
-    assert_eq!(strategy(&renewal), Strategy::TokenBucket(second));
-    assert_eq!(left(&service, "window").await, 100 - 3 - taken);
-}
-
-#[tokio::test]
-async fn an_assignment_that_will_not_last_is_replaced_and_its_rest_written_off() {
-    let (mut session, service) = session();
-    let t0 = Instant::now();
-    let first = first_assignment(&mut session, t0).await;
-    assert_eq!(first.max_tokens, 3);
-    // A second on, 2 of 3 used at 2 a second: the last token will not last until the next
-    // report. A fresh bucket replaces it (6 tokens: 2 a second for 3 s); the 1 left is written
-    // off, never given back (what Envoy admitted after this report is not known).
-    let t1 = t0 + Duration::from_secs(1);
-    let Strategy::TokenBucket(second) =
-        replacement(&session.report(&usage("window", 2, 0), t1).await)
-    else {
-        panic!("a token bucket");
-    };
-    assert_eq!(second.max_tokens, 6);
-    assert_ne!(
-        first.fill_interval, second.fill_interval,
-        "a fresh Envoy bucket"
-    );
-    assert_eq!(left(&service, "window").await, 100 - 3 - 6);
-    // The next report counts what the old bucket admitted after t1 against the new lease
-    // (over-counted, never under): 1 of 6 reported, it will last: renewed. Settled after its
-    // end: 5 come back.
-    let t2 = t0 + Duration::from_secs(2);
-    let renewal = session.report(&usage("window", 1, 0), t2).await;
-    assert_eq!(strategy(&renewal), Strategy::TokenBucket(second));
-    let over = t0 + Duration::from_secs(20);
-    assert!(session
-        .report(&usage("window", 0, 0), over)
-        .await
-        .is_empty());
-    assert_eq!(left(&service, "window").await, 100 - 3 - 6 + 5);
-}
-
-#[tokio::test]
-async fn a_replacement_that_would_hold_fewer_tokens_is_not_made() {
-    let (mut session, service) = session();
-    let t0 = Instant::now();
-    let first = first_assignment(&mut session, t0).await;
-    assert_eq!(first.max_tokens, 3);
-    // Others spend all but 1 of the 97 left.
+    // Others spend all but 10 of the window's 100.
     let spend = CheckRequest {
         policy: None,
         descriptors: [("b".to_owned(), "window".to_owned())]
             .into_iter()
             .collect(),
-        cost: 96,
+        cost: 90,
         spend: Spend::Record,
     };
     let spent = service.check(&spend).await.expect("a check");
     assert_eq!(spent.outcome.as_str(), "allowed");
-    // Demand that 2 tokens will not serve: a replacement would have 1 unit for it, fewer than
-    // the running one has left. It is given back and the running one renewed.
-    let t2 = t0 + Duration::from_secs(2);
-    let renewal = session.report(&usage("window", 1, 11), t2).await;
-    assert_eq!(strategy(&renewal), Strategy::TokenBucket(first));
-    assert_eq!(left(&service, "window").await, 1);
-}
-
-#[tokio::test]
-async fn a_renewal_never_reaches_envoy_after_the_running_assignment_ends() {
-    let (mut session, _) = session();
-    let t0 = Instant::now();
+    // A burst from idle asks for 25 tokens and a refill: the 10 left back 10 tokens and no
+    // refill for the longest time to live.
     let first = session.report(&usage("window", 0, 1), t0).await;
-    assert_eq!(ttl_s(&first), 9);
-    // A report 8.5 s on (a late one): the assignment may end at Envoy before a renewal
-    // arrives, and a late renewal would be a fresh, full bucket. Nothing is sent.
-    let late = t0 + Duration::from_millis(8_500);
+    assert_eq!(terms(&bucket(&first)), (10, 0));
+    let one = CheckRequest {
+        cost: 1,
+        spend: Spend::DryRun,
+        ..spend
+    };
+    let verdict = service.check(&one).await.expect("a check");
+    assert_eq!(verdict.outcome.as_str(), "denied", "all 10 taken");
+    // All 10 admitted, more asked: nothing is left to back more; nothing is sent.
+    let t1 = t0 + Duration::from_secs(1);
     assert!(session
-        .report(&usage("window", 1, 0), late)
+        .report(&usage("window", 10, 30), t1)
         .await
         .is_empty());
-    // Once over and reported, the next assignment is a fresh bucket.
-    let after = t0 + Duration::from_secs(10);
-    let next = session.report(&usage("window", 1, 0), after).await;
-    assert!(matches!(strategy(&next), Strategy::TokenBucket(_)));
 }
 
 #[tokio::test]
@@ -348,7 +285,7 @@ async fn an_oversized_id_is_neither_kept_nor_echoed_and_the_budget_is_released()
 }
 
 #[tokio::test]
-async fn a_claimed_demand_of_a_billion_takes_a_quarter_and_leaves_the_rest_to_others() {
+async fn a_claimed_demand_of_a_billion_leaves_another_client_its_share() {
     let (_, service) = session();
     let quota = Arc::new(Quota::new(&Metrics::new(), RlqsSettings::default()));
     let open = || {
@@ -358,34 +295,23 @@ async fn a_claimed_demand_of_a_billion_takes_a_quarter_and_leaves_the_rest_to_ot
     };
     let (mut greedy, mut steady) = (open(), open());
     let t0 = Instant::now();
-    let Strategy::TokenBucket(big) =
-        strategy(&greedy.report(&usage("window", 0, 1_000_000_000), t0).await)
-    else {
-        panic!("a token bucket");
-    };
-    assert_eq!(big.max_tokens, 25, "a quarter of the window's 100");
-    assert_eq!(left(&service, "window").await, 75);
-    // The other client, at 5 a second, gets all it asks for out of what is left (at most
-    // half of it while the two hold leases, at most a quarter of the limit).
-    let Strategy::TokenBucket(small) = strategy(&steady.report(&usage("window", 0, 5), t0).await)
-    else {
-        panic!("a token bucket for the steady client too");
-    };
-    assert_eq!(
-        small.max_tokens, 15,
-        "5 a second until two reports 1 s apart, and 1 s"
-    );
-    assert_eq!(left(&service, "window").await, 60);
-    // Admissions no assignment backed are a claim too.
-    let mut liar = open();
-    let Strategy::TokenBucket(claimed) =
-        strategy(&liar.report(&usage("window", 1_000_000_000, 0), t0).await)
-    else {
-        panic!("a token bucket");
-    };
-    assert_eq!(
-        claimed.max_tokens, 20,
-        "a quarter of the limit, a third of the 60 left"
-    );
-    assert_eq!(left(&service, "window").await, 40);
+    let at = |s: u64| t0 + Duration::from_secs(s);
+    // Denials are a claim: sized at most by the policy's burst share and fair rate, whatever
+    // their number (a quarter of the window's 1000; its rate rounds to 0 a second).
+    let big = greedy.report(&usage("big", 0, 1_000_000_000), t0).await;
+    assert_eq!(terms(&bucket(&big)), (250, 1));
+    assert_eq!(left(&service, "big").await, 743);
+    // The other client's burst from idle comes out of what is left (at most half of it).
+    let small = steady.report(&usage("big", 0, 5), t0).await;
+    assert_eq!(terms(&bucket(&small)), (250, 1));
+    assert_eq!(left(&service, "big").await, 486);
+    // A report on, the greedy client admitted nothing and still claims a billion: the claim
+    // adds nothing, nothing more is taken.
+    let again = greedy.report(&usage("big", 0, 1_000_000_000), at(5)).await;
+    assert_eq!(terms(&bucket(&again)), (1, 1));
+    assert_eq!(left(&service, "big").await, 486);
+    // The steady client, 5 admitted a second, gets what it asks for: 8 a second.
+    let next = steady.report(&usage("big", 25, 0), at(5)).await;
+    assert_eq!(terms(&bucket(&next)), (5, 8));
+    assert_eq!(left(&service, "big").await, 441);
 }

@@ -1,369 +1,330 @@
-//! The assignment math, pure (time passed in as µs): how many requests one Envoy may admit on
-//! a lease, for how long, and what may be given back afterwards.
+//! The assignment math, pure (times as µs on one base): what Envoy 1.40's filter may admit on
+//! an assignment, whether the units a bucket holds back all of it, and what a steady client's
+//! demand asks for.
 //!
-//! An assignment is a fresh Envoy token bucket that starts full with `max_tokens` and refills one
-//! token a day, for `assignment_time_to_live` whole seconds, after which Envoy falls back to the
-//! bucket's `no_assignment_behavior` (deny all). So within its life an Envoy admits at most
-//! `max_tokens` requests on it. Each token is backed by `cost` units taken from the store before
-//! the assignment is sent, and the assignment must end before the lease's terms do:
-//! - a **fixed window**'s units belong to their window: the assignment (counted from before the
-//!   take, plus [`DELIVERY_MARGIN_US`] for the answer to reach Envoy) ends before the window does;
-//! - a **token bucket**'s lease shrinks at the refill rate from `hold_us` after the take on:
-//!   only the units still held when the assignment can last be used are handed out.
+//! An assignment is an Envoy token bucket of `max_tokens` **m** that refills **f** tokens a
+//! second (`tokens_per_fill: f`, `fill_interval: 1s`), for `assignment_time_to_live` whole
+//! seconds. Envoy's bucket refills continuously, never holds more than m, and carries its level
+//! over to a replacement (in proportion) or a renewal (the same settings: the same bucket): from
+//! any instant `s` to the assignment's end `E`, Envoy admits at most `m + f (E - s)`.
+//!
+//! A bucket's units are the grants it holds ([`Held`]), each spent at the counter before any
+//! assignment it backs was sent, each usable until it **expires**: a fixed window's at the end
+//! of its window, a token bucket's one unit at a time at the refill rate from `hold_us` after
+//! its take on (`limit::bucket_lease_shrunk`). Every admission must be matched to a unit not yet
+//! used and not yet expired. With `used` the units already used or expired (reported
+//! admissions, counted conservatively), an assignment from `t` to `E` is backed when
+//! (1) `held - used >= m + f (E - t)` (every admission to come has a unit), and
+//! (2) `expired(v) + m + f (E - v) <= held` at every instant `v` of `[t, E]` (the admissions
+//! after `v` still find units that have not expired by then); piecewise linear, so checked at
+//! `t`, `E` and every grant's kinks between.
 
-use crate::limit::{bucket_lease_shrunk, Algorithm, Grant};
+use crate::limit::{bucket_lease_shrunk, Algorithm, TokenBucket};
 
 /// Longest an assignment is given for, in whole seconds (Envoy 1.40 reads only the seconds of
-/// `assignment_time_to_live`; 0 would expire at once). Envoy 1.40 reports every 5 s, and a
-/// running assignment is renewed (the same token bucket, a fresh time to live: Envoy keeps its
-/// bucket) at each report while the lease's terms allow, so it must outlive one report
-/// interval with room to spare: 9 s covers a 5 s interval and a late report.
+/// `assignment_time_to_live`; 0 would expire at once).
 pub const MAX_TTL_S: u64 = 9;
-
-/// A renewal is sent only while the assignment it renews has at least this long left at Envoy
-/// (counted from its earliest receipt): one arriving after the end would be a fresh, full
-/// bucket at Envoy, not a renewal.
-pub const RENEW_HEADROOM_US: u64 = 4 * DELIVERY_MARGIN_US;
-
-/// Longest one Envoy bucket is kept by renewals, from its first assignment: far below
-/// [`REFILL_INTERVAL_S`], so that it never refills a token.
-pub const MAX_LIFE_S: u64 = 3_600;
 
 /// Time allowed between sending an assignment and Envoy applying it (and its workers seeing
 /// it), and for a report to travel back: Envoy counts the time to live from its own receipt.
 pub const DELIVERY_MARGIN_US: u64 = 250_000;
 
-/// The refill interval of an assignment's bucket: one token a day, far beyond any time to
-/// live, so a drained bucket admits nothing more before it expires.
-pub const REFILL_INTERVAL_S: i64 = 86_400;
+/// A steady client's refill is its reported rate with this much more (in quarters), and one
+/// token a second: room for jitter between reports.
+const HEADROOM_QUARTERS: u64 = 5;
 
 const SECOND_US: u64 = 1_000_000;
 
 /// What one Envoy is told for one bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Assignment {
-    /// Requests it may admit (`max_tokens`).
+pub struct Terms {
+    /// Requests its bucket holds at most (`max_tokens`), at least 1.
     pub tokens: u64,
-    /// Whole seconds it may admit them for.
+    /// Requests it refills a second (`tokens_per_fill` per a 1 s `fill_interval`); 0: none.
+    pub per_s: u64,
+    /// Whole seconds it may admit for.
     pub ttl_s: u64,
 }
 
-/// The assignment a lease `grant` of `algorithm` backs for requests of `cost` units, `spent_us`
-/// after the instant just before the take was asked; `None` when it backs none (too few units,
-/// or too little time left in the window).
-pub fn assignment(
-    algorithm: &Algorithm,
-    grant: &Grant,
-    cost: u64,
-    spent_us: u64,
-) -> Option<Assignment> {
-    let cost = cost.max(1);
-    let (usable, ttl_s) = match algorithm {
-        Algorithm::FixedWindow(_) => {
-            let left = grant
-                .hold_us
-                .saturating_sub(spent_us)
-                .saturating_sub(DELIVERY_MARGIN_US);
-            (grant.units, (left / SECOND_US).min(MAX_TTL_S))
-        }
-        Algorithm::TokenBucket(bucket) => {
-            // The time to live that backs the most tokens (the longer one on a tie): a longer
-            // one loses more of the lease to the refill.
-            (1..=MAX_TTL_S)
-                .map(|ttl_s| {
-                    let until = spent_us + DELIVERY_MARGIN_US + ttl_s * SECOND_US;
-                    let shrunk = bucket_lease_shrunk(bucket, grant.hold_us, until, grant.units);
-                    ((grant.units - shrunk) / cost, ttl_s)
-                })
-                .max()
-                .map(|(tokens, ttl_s)| (tokens * cost, ttl_s))?
-        }
-        Algorithm::SlidingLog(_) | Algorithm::Concurrency(_) => return None,
-    };
-    let tokens = (usable / cost).min(u64::from(u32::MAX));
-    (tokens > 0 && ttl_s > 0).then_some(Assignment { tokens, ttl_s })
+/// One grant a bucket holds: `units` taken at the counter, `asked_us` just before the take was
+/// asked, and the grant's `hold_us` (see `limit::Grant`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    pub units: u64,
+    pub asked_us: u64,
+    pub hold_us: u64,
 }
 
-/// The time to live of a renewal of an assignment of `tokens` requests of `cost` on the lease
-/// `grant`, sent `spent_us` after the instant just before the take: the longest (at most
-/// [`MAX_TTL_S`]) at whose end, the margin included, the lease still backs every token (Envoy
-/// keeps its bucket, so its admissions on it, past and to come, are at most `tokens`); `None`
-/// when not even one second is backed.
-pub fn renewal(
-    algorithm: &Algorithm,
-    grant: &Grant,
-    cost: u64,
-    tokens: u64,
-    spent_us: u64,
-) -> Option<u64> {
-    let needed = tokens.saturating_mul(cost.max(1));
-    if needed > grant.units {
-        return None;
+fn token_bucket(algorithm: &Algorithm) -> Option<&TokenBucket> {
+    match algorithm {
+        Algorithm::TokenBucket(bucket) => Some(bucket),
+        _ => None,
     }
-    let ttl_s = match algorithm {
-        Algorithm::FixedWindow(_) => {
-            let left = grant
-                .hold_us
-                .saturating_sub(spent_us)
-                .saturating_sub(DELIVERY_MARGIN_US);
-            (left / SECOND_US).min(MAX_TTL_S)
+}
+
+/// Units of `held` expired at `at_us`: a token bucket's refilled, a fixed window's past its end
+/// (counted from before the take: never later than at the counter). A sliding log is never held.
+pub fn expired(algorithm: &Algorithm, held: &[Held], at_us: u64) -> u64 {
+    held.iter()
+        .map(|h| match algorithm {
+            Algorithm::TokenBucket(bucket) => {
+                bucket_lease_shrunk(bucket, h.hold_us, at_us.saturating_sub(h.asked_us), h.units)
+            }
+            Algorithm::FixedWindow(_) if at_us < h.asked_us.saturating_add(h.hold_us) => 0,
+            _ => h.units,
+        })
+        .fold(0, u64::saturating_add)
+}
+
+/// Units of `held` used or expired at `now_us`: the earliest to expire first, `before` at
+/// `last_us` (the last report) and `admitted` since, Envoy's bucket holding at most `tokens`
+/// and refilling `per_s` units a second meanwhile, until `end_us` (its assignment over) (so what it admitted after any instant `u` is
+/// at most its tokens and its refill since `u`: admissions spread out use units that were to
+/// expire anyway).
+pub fn used_after(
+    algorithm: &Algorithm,
+    held: &[Held],
+    before: u64,
+    (last_us, now_us): (u64, u64),
+    admitted: u64,
+    (tokens, per_s, end_us): (u64, u64, u64),
+) -> u64 {
+    // Nothing is admitted once the last assignment is over (`end_us`).
+    let since = |u: u64| {
+        let refilled = refill(per_s, end_us.min(now_us).saturating_sub(u));
+        if u >= end_us {
+            0
+        } else {
+            admitted.min(tokens.saturating_add(refilled))
         }
-        Algorithm::TokenBucket(bucket) => (1..=MAX_TTL_S)
-            .rev()
-            .find(|ttl_s| {
-                let until = spent_us + DELIVERY_MARGIN_US + ttl_s * SECOND_US;
-                grant.units - bucket_lease_shrunk(bucket, grant.hold_us, until, grant.units)
-                    >= needed
-            })
-            .unwrap_or(0),
-        Algorithm::SlidingLog(_) | Algorithm::Concurrency(_) => 0,
     };
-    (ttl_s > 0).then_some(ttl_s)
+    let mut at = kinks(algorithm, held, last_us, now_us);
+    if per_s > 0 && admitted > tokens {
+        let span = u128::from(admitted - tokens) * u128::from(SECOND_US) / u128::from(per_s);
+        let meet = end_us
+            .min(now_us)
+            .saturating_sub(u64::try_from(span).unwrap_or(u64::MAX));
+        if meet > last_us {
+            at.push(meet);
+        }
+    }
+    if (last_us..now_us).contains(&end_us) {
+        at.push(end_us);
+    }
+    at.into_iter()
+        .map(|u| expired(algorithm, held, u).saturating_add(since(u)))
+        .fold(before.saturating_add(admitted), u64::max)
 }
 
-/// Units of a lease `grant` not admitted, once its assignment is over and every request it
-/// admitted has been reported: what was taken, less what `admitted` requests of `cost` spent.
-/// What a token bucket refilled by itself meanwhile is the store's to subtract, exactly and on
-/// its own clock ([`crate::store::RateStore::give_back`]).
-pub fn unused(grant: &Grant, cost: u64, admitted: u64) -> u64 {
-    grant
-        .units
-        .saturating_sub(admitted.saturating_mul(cost.max(1)))
+/// Where `expired` changes slope between `from_us` and `to_us`.
+fn kinks(algorithm: &Algorithm, held: &[Held], from_us: u64, to_us: u64) -> Vec<u64> {
+    let mut at = vec![from_us, to_us];
+    for h in held {
+        let start = h.asked_us.saturating_add(h.hold_us);
+        at.push(start);
+        if let Some(bucket) = token_bucket(algorithm) {
+            let drain = u128::from(h.units) * u128::from(bucket.period_us())
+                / u128::from(bucket.limit().max(1));
+            at.push(start.saturating_add(u64::try_from(drain).unwrap_or(u64::MAX)));
+        }
+    }
+    at.retain(|v| (from_us..=to_us).contains(v));
+    at
 }
 
-/// Requests to ask a lease for: enough for `rate_per_s` (recent demand) until two more reports
-/// `interval_us` apart have come, plus a second, at least 1, at most what the quota allows at
-/// once (an assignment used up is replaced at the next report; one lasting is renewed).
-pub fn wanted(rate_per_s: u64, interval_us: u64, max_tokens: u64) -> u64 {
-    let horizon_us = u128::from(interval_us) * 2 + u128::from(SECOND_US);
-    let tokens = u128::from(rate_per_s)
-        .saturating_mul(horizon_us)
-        .div_ceil(u128::from(SECOND_US));
-    u64::try_from(tokens)
+/// Requests `per_s` a second admit over `span_us` (rounded up).
+pub fn refill(per_s: u64, span_us: u64) -> u64 {
+    let n = (u128::from(per_s) * u128::from(span_us)).div_ceil(u128::from(SECOND_US));
+    u64::try_from(n).unwrap_or(u64::MAX)
+}
+
+/// What a bucket holds, as the math sees it: its grants, the units of them used or expired
+/// (`used`), its algorithm and requests' cost.
+pub struct Backing<'a> {
+    pub algorithm: &'a Algorithm,
+    pub held: &'a [Held],
+    pub used: u64,
+    pub cost: u64,
+}
+
+impl Backing<'_> {
+    /// Units short of backing an Envoy bucket of `tokens` refilling `per_s` requests a second
+    /// from `from_us` to `end_us`: 0 when backed.
+    pub fn shortfall(&self, tokens: u64, per_s: u64, from_us: u64, end_us: u64) -> u64 {
+        let (algorithm, held) = (self.algorithm, self.held);
+        let cost = self.cost.max(1);
+        let total: u64 = held.iter().map(|h| h.units).fold(0, u64::saturating_add);
+        let burst = tokens.saturating_mul(cost);
+        let admits = |from: u64| {
+            burst.saturating_add(refill(per_s, end_us.saturating_sub(from)).saturating_mul(cost))
+        };
+        let count = self
+            .used
+            .saturating_add(admits(from_us))
+            .saturating_sub(total);
+        let lasting = kinks(algorithm, held, from_us, end_us)
+            .into_iter()
+            .map(|v| {
+                expired(algorithm, held, v)
+                    .saturating_add(admits(v))
+                    .saturating_sub(total)
+            })
+            .max()
+            .unwrap_or(0);
+        count.max(lasting)
+    }
+
+    /// The terms closest to `want` that `held` backs from `from_us` (with `carried` tokens the most
+    /// Envoy's running bucket may hold meanwhile), for an assignment sent at
+    /// `send_us` (it may admit until `send_us` + the margin + its time to live): the full refill for
+    /// the longest time to live down to `min_ttl_s`, else the most refill (the longer time to
+    /// live on a tie; lasting past the next report if any does), else the most tokens (up to
+    /// all the units held) any time to live backs, without refill. `None` when not even one token is
+    /// backed for a second.
+    pub fn backed(
+        &self,
+        want: Terms,
+        carried: u64,
+        min_ttl_s: u64,
+        from_us: u64,
+        send_us: u64,
+    ) -> Option<Terms> {
+        let end = |ttl_s: u64| send_us + DELIVERY_MARGIN_US + ttl_s * SECOND_US;
+        // Envoy's running bucket may hold up to `carried` until this one lands.
+        let ok = |tokens: u64, per_s: u64, ttl_s: u64| {
+            let burst = tokens.max(carried);
+            self.shortfall(burst, per_s, from_us, end(ttl_s)) == 0
+        };
+        let want_ttl = want.ttl_s.clamp(1, MAX_TTL_S);
+        let tokens = want.tokens.max(1);
+        for ttl_s in (min_ttl_s.clamp(1, want_ttl)..=want_ttl).rev() {
+            if ok(tokens, want.per_s, ttl_s) {
+                return Some(Terms {
+                    tokens,
+                    per_s: want.per_s,
+                    ttl_s,
+                });
+            }
+        }
+        // Less refill: the most, the longer time to live on a tie, lasting past the next
+        // report if any does.
+        let low = min_ttl_s.clamp(1, want_ttl);
+        for ttls in [low..=want_ttl, 1..=low.saturating_sub(1)] {
+            let best = ttls
+                .filter(|&ttl_s| ok(tokens, 1, ttl_s))
+                .map(|ttl_s| (most(1, want.per_s, |f| ok(tokens, f, ttl_s)), ttl_s))
+                .max();
+            if let Some((per_s, ttl_s)) = best {
+                return Some(Terms {
+                    tokens,
+                    per_s,
+                    ttl_s,
+                });
+            }
+        }
+        // Nothing lasts past the next report (a token bucket that refills fast, its burst
+        // under the span): the most tokens any time to live backs, no refill, the longer on a
+        // tie.
+        let held: u64 = self
+            .held
+            .iter()
+            .map(|h| h.units)
+            .fold(0, u64::saturating_add);
+        let cap = tokens.max(held / self.cost.max(1));
+        (1..=want_ttl)
+            .filter(|&ttl_s| ok(1, 0, ttl_s))
+            .map(|ttl_s| (most(1, cap, |m| ok(m, 0, ttl_s)), ttl_s))
+            .max()
+            .map(|(tokens, ttl_s)| Terms {
+                tokens,
+                per_s: 0,
+                ttl_s,
+            })
+    }
+}
+
+/// The largest value in `[low, high]` for which `fits` holds, given it holds at `low` and
+/// fails from some value on.
+fn most(low: u64, high: u64, fits: impl Fn(u64) -> bool) -> u64 {
+    let (mut low, mut high) = (low, high);
+    while low < high {
+        let mid = low + (high - low).div_ceil(2);
+        if fits(mid) {
+            low = mid;
+        } else {
+            high = mid - 1;
+        }
+    }
+    low
+}
+
+/// What a client's demand asks for, from the requests a second it was allowed and it claimed
+/// (denied, counted at most at the fair rate), and whether any was denied (`held_back`): a refill of its rate and a quarter more, plus
+/// one; twice what it was allowed while it is denied too (its assignment held it back: it
+/// grows fast, within what its takes get); as many tokens as half a second of it; a time to live
+/// that outlives the report interval ([`ttl_for`]).
+pub fn wanted(allowed_per_s: u64, claimed_per_s: u64, held_back: bool, interval_us: u64) -> Terms {
+    let allowed = u128::from(allowed_per_s);
+    let grown = if held_back {
+        allowed * 2
+    } else {
+        (allowed * u128::from(HEADROOM_QUARTERS)).div_ceil(4)
+    };
+    let claimed = (u128::from(claimed_per_s) * u128::from(HEADROOM_QUARTERS)).div_ceil(4);
+    let per_s = u64::try_from(grown + claimed + 1)
         .unwrap_or(u64::MAX)
-        .clamp(1, max_tokens.max(1))
+        .min(u64::from(u32::MAX));
+    Terms {
+        tokens: per_s / 2 + 1,
+        per_s,
+        ttl_s: ttl_for(interval_us),
+    }
+}
+
+/// The time to live for reports `interval_us` apart: the interval (to the nearest second) and
+/// a second, so that the next report's renewal lands before it ends (a longer one holds more
+/// of a token bucket's rate ahead).
+pub fn ttl_for(interval_us: u64) -> u64 {
+    (interval_us.saturating_add(SECOND_US / 2) / SECOND_US + 1).clamp(2, MAX_TTL_S)
+}
+
+/// The first assignment of a bucket, before any rate is known (a burst from idle): its share of
+/// the policy's burst ([`fair_share`]) and of its rate, for requests of `cost`.
+pub fn first(algorithm: &Algorithm, cost: u64, interval_us: u64) -> Terms {
+    Terms {
+        tokens: fair_share(algorithm, cost),
+        per_s: fair_rate(algorithm, cost),
+        ttl_s: ttl_for(interval_us),
+    }
 }
 
 /// One take's share of a limit: at most 1 / `FAIR_SHARE` of a fixed window's limit or of a
-/// token bucket's burst (a token bucket's take adds what the bucket refills during the
-/// assignment, [`ask_units`]), whatever demand a client reports.
+/// token bucket's burst as tokens, and of the policy's rate as refill, on demand a client only
+/// claims (denied, or admitted past what its units backed).
 pub const FAIR_SHARE: u64 = 4;
 
-/// The most requests of `cost` one take asks for ([`FAIR_SHARE`]), at least 1: a client that
-/// claims any demand still leaves three quarters of a limit to the others, and a stream that
-/// ends loses at most a quarter with its assignment.
+/// The tokens of a first assignment and the most a claim may add ([`FAIR_SHARE`]), at least 1.
 pub fn fair_share(algorithm: &Algorithm, cost: u64) -> u64 {
     let quota = match algorithm {
         Algorithm::FixedWindow(window) => window.limit(),
         Algorithm::TokenBucket(bucket) => bucket.capacity(),
         Algorithm::SlidingLog(_) | Algorithm::Concurrency(_) => 0,
     };
-    (quota / FAIR_SHARE / cost.max(1)).max(1)
+    (quota / FAIR_SHARE / cost.max(1)).clamp(1, u64::from(u32::MAX))
 }
 
-/// Units to take for `tokens` requests of `cost`: a token bucket's lease also loses what the
-/// bucket refills while the assignment can last (from a full bucket, at once), so that much more
-/// is asked; the store caps the take at what is left.
-pub fn ask_units(algorithm: &Algorithm, tokens: u64, cost: u64) -> u64 {
-    let units = tokens.saturating_mul(cost.max(1));
-    match algorithm {
-        Algorithm::TokenBucket(bucket) => {
-            let life = u128::from(MAX_TTL_S * SECOND_US + 2 * DELIVERY_MARGIN_US);
-            let refill =
-                (life * u128::from(bucket.limit())).div_ceil(u128::from(bucket.period_us()).max(1));
-            units.saturating_add(u64::try_from(refill).unwrap_or(u64::MAX))
-        }
-        _ => units,
-    }
+/// Requests a second of the policy's rate one claim may add ([`FAIR_SHARE`]).
+pub fn fair_rate(algorithm: &Algorithm, cost: u64) -> u64 {
+    // A token bucket's refill rate, not its capacity (`Algorithm::limit`).
+    let limit = token_bucket(algorithm).map_or(algorithm.limit(), TokenBucket::limit);
+    let per_s = u128::from(limit) * u128::from(SECOND_US)
+        / u128::from(algorithm.period_us().max(1))
+        / u128::from(FAIR_SHARE * cost.max(1));
+    u64::try_from(per_s)
+        .unwrap_or(u64::MAX)
+        .min(u64::from(u32::MAX))
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::limit::{Decision, FixedWindow, TokenBucket};
-
-    fn grant(units: u64, hold_us: u64) -> Grant {
-        Grant {
-            units,
-            decision: Decision {
-                allowed: true,
-                limit: 100,
-                remaining: 0,
-                reset_after_us: 0,
-                retry_after_us: 0,
-            },
-            window: 0,
-            hold_us,
-            at_us: 0,
-            epoch: 0,
-        }
-    }
-
-    #[test]
-    fn a_fixed_window_assignment_ends_before_the_window_with_the_margin() {
-        let alg: Algorithm = FixedWindow::new(100, 60 * SECOND_US).unwrap().into();
-        // 10 s left: the longest time to live.
-        let a = assignment(&alg, &grant(40, 10 * SECOND_US), 1, 1_000).unwrap();
-        assert_eq!(
-            a,
-            Assignment {
-                tokens: 40,
-                ttl_s: MAX_TTL_S
-            }
-        );
-        // 1.9 s left, 0.1 s spent since the take was asked: 1.55 s after the margin, 1 s.
-        let a = assignment(&alg, &grant(40, 1_900_000), 1, 100_000).unwrap();
-        assert_eq!(a.ttl_s, 1);
-        // 1.2 s left: not a whole second once the margin is off; nothing is assigned.
-        assert_eq!(assignment(&alg, &grant(40, 1_200_000), 1, 0), None);
-        // A cost of 3: 40 units back 13 requests.
-        let a = assignment(&alg, &grant(40, 10 * SECOND_US), 3, 0).unwrap();
-        assert_eq!(a.tokens, 13);
-        assert_eq!(assignment(&alg, &grant(2, 10 * SECOND_US), 3, 0), None);
-    }
-
-    #[test]
-    fn a_token_bucket_assignment_hands_out_only_what_is_still_held_when_it_ends() {
-        // 10 per second, burst 20: a unit refills every 0.1 s.
-        let bucket = TokenBucket::new(10, SECOND_US, 20).unwrap();
-        let alg: Algorithm = bucket.into();
-        // A full bucket (hold 0): over 2 s + 0.25 s margin + 0.05 s spent, 23 units would
-        // refill (all 20); over 1 s, 13: the shorter time to live keeps 7.
-        assert_eq!(
-            assignment(&alg, &grant(20, 0), 1, 50_000),
-            Some(Assignment {
-                tokens: 7,
-                ttl_s: 1
-            })
-        );
-        // A bucket 3 s in debt: nothing shrinks before a 2 s assignment ends (0.05 s + 0.25 s
-        // + 2 s); a longer one would back fewer.
-        assert_eq!(
-            assignment(&alg, &grant(20, 3 * SECOND_US), 1, 50_000),
-            Some(Assignment {
-                tokens: 20,
-                ttl_s: 2
-            })
-        );
-        // Too few units for even one second.
-        assert_eq!(assignment(&alg, &grant(5, 0), 1, 0), None);
-    }
-
-    #[test]
-    fn admissions_never_exceed_the_units_held_at_any_instant_of_the_assignment() {
-        // Whatever the lease, the assignment's tokens fit in what the lease still holds at the
-        // last instant Envoy may use them (the margin included), for every cost.
-        let bucket = TokenBucket::new(7, 3 * SECOND_US, 40).unwrap();
-        let alg: Algorithm = bucket.into();
-        for units in [1, 5, 17, 40] {
-            for hold_us in [0, 400_000, 1_700_000, 5 * SECOND_US] {
-                for spent_us in [0, 90_000, 900_000] {
-                    for cost in [1, 2, 5] {
-                        let g = grant(units, hold_us);
-                        let Some(a) = assignment(&alg, &g, cost, spent_us) else {
-                            continue;
-                        };
-                        let end = spent_us + DELIVERY_MARGIN_US + a.ttl_s * SECOND_US;
-                        let held = units - bucket_lease_shrunk(&bucket, hold_us, end, units);
-                        assert!(
-                            a.tokens * cost <= held,
-                            "{units} {hold_us} {spent_us} {cost}"
-                        );
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn what_is_given_back_is_what_was_not_admitted() {
-        assert_eq!(unused(&grant(40, 0), 1, 15), 25);
-        assert_eq!(unused(&grant(40, 0), 3, 15), 0, "45 > 40");
-    }
-
-    #[test]
-    fn a_token_bucket_asks_for_what_refills_during_the_assignment_too() {
-        let bucket: Algorithm = TokenBucket::new(2, SECOND_US, 10).unwrap().into();
-        // 9.5 s (the longest time to live and two margins) at 2 a second: 19 more.
-        assert_eq!(ask_units(&bucket, 3, 1), 22);
-        assert_eq!(ask_units(&bucket, 3, 2), 25);
-        let window: Algorithm = FixedWindow::new(100, SECOND_US).unwrap().into();
-        assert_eq!(ask_units(&window, 3, 2), 6);
-        // From a full bucket, the 8 units back 3 requests for 2 s (5 refill by 2.25 s), or 5
-        // for 1 s (3 refill by 1.25 s): the most tokens win.
-        assert_eq!(
-            assignment(&bucket, &grant(8, 0), 1, 0),
-            Some(Assignment {
-                tokens: 5,
-                ttl_s: 1
-            })
-        );
-    }
-
-    #[test]
-    fn demand_sizes_the_ask_within_the_quota() {
-        // Two report intervals and a second of demand.
-        assert_eq!(wanted(0, SECOND_US, 50), 1);
-        assert_eq!(wanted(4, SECOND_US, 50), 12);
-        assert_eq!(wanted(4, 5 * SECOND_US, 50), 44);
-        assert_eq!(wanted(400, 5 * SECOND_US, 50), 50);
-        assert_eq!(wanted(u64::MAX, u64::MAX, 0), 1);
-    }
-
-    #[test]
-    fn a_fixed_window_renewal_ends_before_the_window_with_the_margin() {
-        let alg: Algorithm = FixedWindow::new(100, 60 * SECOND_US).unwrap().into();
-        // 10 s of the window left at the take, 1 s spent: 8.75 s after the margin.
-        assert_eq!(
-            renewal(&alg, &grant(40, 10 * SECOND_US), 1, 40, SECOND_US),
-            Some(8)
-        );
-        // 0.75 s left after the margin: no whole second.
-        assert_eq!(
-            renewal(&alg, &grant(40, 10 * SECOND_US), 1, 40, 9 * SECOND_US),
-            None
-        );
-        // More tokens than the lease holds are never renewed.
-        assert_eq!(renewal(&alg, &grant(40, 10 * SECOND_US), 1, 41, 0), None);
-        assert_eq!(renewal(&alg, &grant(40, 10 * SECOND_US), 3, 14, 0), None);
-    }
-
-    #[test]
-    fn a_token_bucket_renewal_lasts_only_while_the_lease_backs_every_token() {
-        // Whatever the lease and the time spent, a renewal's tokens fit in what the lease
-        // still holds at its last instant, and a second more would not.
-        let bucket = TokenBucket::new(10, SECOND_US, 20).unwrap();
-        let alg: Algorithm = bucket.into();
-        let held = |units: u64, hold_us: u64, until: u64| {
-            units - bucket_lease_shrunk(&bucket, hold_us, until, units)
-        };
-        let mut renewed = 0;
-        for units in [5, 20] {
-            for hold_us in [0, 3 * SECOND_US, 12 * SECOND_US] {
-                for spent_us in [0, 400_000, 5 * SECOND_US] {
-                    for tokens in [1, 5, 20] {
-                        let g = grant(units, hold_us);
-                        let Some(ttl_s) = renewal(&alg, &g, 1, tokens, spent_us) else {
-                            continue;
-                        };
-                        renewed += 1;
-                        let end = spent_us + DELIVERY_MARGIN_US + ttl_s * SECOND_US;
-                        assert!(tokens <= held(units, hold_us, end));
-                        assert!(
-                            ttl_s == MAX_TTL_S || tokens > held(units, hold_us, end + SECOND_US),
-                            "{units} {hold_us} {spent_us} {tokens}: {ttl_s} s"
-                        );
-                    }
-                }
-            }
-        }
-        assert!(renewed > 5, "some renewals were possible: {renewed}");
-        // Deep in debt: the longest time to live.
-        assert_eq!(
-            renewal(&alg, &grant(20, 12 * SECOND_US), 1, 20, 0),
-            Some(MAX_TTL_S)
-        );
-        // A full bucket's lease shrinks at once: nothing backs 20 tokens for a second.
-        assert_eq!(renewal(&alg, &grant(20, 0), 1, 20, 0), None);
-    }
-}
+#[path = "sizing_tests.rs"]
+mod tests;
