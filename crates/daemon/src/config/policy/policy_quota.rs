@@ -9,8 +9,7 @@ use serde::Deserialize;
 use super::HumanDuration;
 use crate::limit::{
     Algorithm, Calendar, Concurrency, FixedWindow, PolicySet, Quota, QuotaError, SlidingLog,
-    TokenBucket,
-    MAX_WINDOWS,
+    TokenBucket, MAX_WINDOWS,
 };
 
 /// Largest limit or burst accepted (keeps all integer math far from overflow, in Lua too).
