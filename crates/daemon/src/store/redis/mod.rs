@@ -279,20 +279,7 @@ impl RedisStore {
                 .arg(epoch);
             cmd
         };
-        let call = async {
-            match conn.eval(&command("EVALSHA", &self.lease.sha)).await {
-                Err(error) if ErrorKind::of(&error) == ErrorKind::Noscript => {
-                    conn.eval(&command("EVAL", &self.lease.source)).await
-                }
-                other => other,
-            }
-        };
-        let reply = tokio::time::timeout(deadline, call)
-            .await
-            .map_err(|_| StoreError::Timeout)?
-            .map_err(|e| failed(&e))?;
-        redis::from_redis_value::<Vec<i64>>(reply)
-            .map_err(|e| StoreError::failed(ErrorKind::Other, format!("lease reply: {e}")))
+        eval_figures(&mut conn, &self.lease, command, deadline, "lease").await
     }
 
     /// Where `checks` were planned (see [`batcher::Origin`]).
@@ -439,6 +426,32 @@ fn refuse_permits(checks: &[StoreCheck]) -> Result<(), StoreError> {
 
 fn failed(error: &redis::RedisError) -> StoreError {
     StoreError::failed(ErrorKind::of(error), error.to_string())
+}
+
+/// One call of `script` outside the batcher within `deadline` (`EVALSHA`, then `EVAL` once on
+/// `NOSCRIPT`), its reply's integers; `command(verb, body)` is the call with its keys and
+/// arguments, `what` names the script in an error.
+async fn eval_figures(
+    conn: &mut conn::Conn,
+    script: &scripts::Script,
+    command: impl Fn(&str, &str) -> redis::Cmd,
+    deadline: Duration,
+    what: &str,
+) -> Result<Vec<i64>, StoreError> {
+    let call = async {
+        match conn.eval(&command("EVALSHA", &script.sha)).await {
+            Err(error) if ErrorKind::of(&error) == ErrorKind::Noscript => {
+                conn.eval(&command("EVAL", &script.source)).await
+            }
+            other => other,
+        }
+    };
+    let reply = tokio::time::timeout(deadline, call)
+        .await
+        .map_err(|_| StoreError::Timeout)?
+        .map_err(|e| failed(&e))?;
+    redis::from_redis_value::<Vec<i64>>(reply)
+        .map_err(|e| StoreError::failed(ErrorKind::Other, format!("{what} reply: {e}")))
 }
 
 /// Waits for a submitted check's decisions. The dispatcher answers every job (the call's own

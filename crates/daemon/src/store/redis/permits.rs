@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::{failed, keys, ErrorKind, RedisStore};
+use super::{eval_figures, keys, ErrorKind, RedisStore};
 use crate::limit::{Algorithm, Concurrency, Decision, Key, NEVER};
 use crate::store::{Acquired, Released, Spend, StoreCheck, StoreError};
 
@@ -140,19 +140,6 @@ impl RedisStore {
                 .arg(0);
             cmd
         };
-        let call = async {
-            match conn.eval(&command("EVALSHA", &self.concurrency.sha)).await {
-                Err(error) if ErrorKind::of(&error) == ErrorKind::Noscript => {
-                    conn.eval(&command("EVAL", &self.concurrency.source)).await
-                }
-                other => other,
-            }
-        };
-        let reply = tokio::time::timeout(deadline, call)
-            .await
-            .map_err(|_| StoreError::Timeout)?
-            .map_err(|e| failed(&e))?;
-        redis::from_redis_value::<Vec<i64>>(reply)
-            .map_err(|e| StoreError::failed(ErrorKind::Other, format!("permit reply: {e}")))
+        eval_figures(&mut conn, &self.concurrency, command, deadline, "permit").await
     }
 }
