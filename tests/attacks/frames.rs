@@ -30,9 +30,15 @@ async fn flood(attacker: &mut Attacker, unit: &[u8], max: usize) -> usize {
     written
 }
 
+/// One flood at a time: run side by side on a small machine, a dozen floods starve each other's
+/// readers, and a reader that falls a second behind loses the GOAWAY its server wrote behind
+/// the answers to its flood (the server drains the client's bytes for at most 1 s, then closes).
+static ONE_FLOOD: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Runs a flood of `unit` after `setup` on a fresh connection while a well-behaved client asks; asserts the
 /// attacker is told to calm down.
 async fn calmed(name: &str, setup: Vec<u8>, unit: Vec<u8>) {
+    let _one = ONE_FLOOD.lock().await;
     let daemon = Daemon::start("");
     let monitor = Monitor::start(&daemon).await;
     let mut attacker = Attacker::open(daemon.grpc, &[], 1 << 30).await;
