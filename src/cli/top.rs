@@ -94,7 +94,47 @@ fn table(status: u16, json: &serde_json::Value) -> String {
             "LAST WOULD-BLOCK (UTC)",
         );
     }
+    let held = lists("concurrency");
+    if !held.is_empty() {
+        out.push_str("\n\n");
+        held_blocks(&mut out, held, raw);
+    }
     out
+}
+
+/// One block per concurrency policy: its partitions with the slots held now.
+fn held_blocks(out: &mut String, lists: &[serde_json::Value], raw: bool) {
+    for (i, policy) in lists.iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        out.push_str(&format!(
+            "policy {}: permits held now, per partition this pod took permits in (at most {})\n",
+            field(policy, "policy"),
+            field(policy, "capacity"),
+        ));
+        out.push_str(&format!(
+            "{:>6} {:>6} {:>10} {:<24} {:<16} PARTITION",
+            "HELD", "LIMIT", "ACQUIRED", "LAST ACQUIRED (UTC)", "FINGERPRINT"
+        ));
+        for entry in policy["entries"].as_array().map_or(&[][..], Vec::as_slice) {
+            let partition = if raw {
+                field(entry, "partition")
+            } else {
+                "(loopback clients only)".to_owned()
+            };
+            let held = entry["held"]
+                .as_u64()
+                .map_or_else(|| "?".to_owned(), |n| n.to_string());
+            out.push_str(&format!(
+                "\n{held:>6} {:>6} {:>10} {:<24} {:<16} {partition}",
+                field(entry, "limit"),
+                field(entry, "acquired"),
+                utc(entry["last_acquired_unix_ms"].as_u64().unwrap_or(0)),
+                field(entry, "fingerprint"),
+            ));
+        }
+    }
 }
 
 /// One block per list of `lists`.

@@ -2,7 +2,9 @@
 //! (`python3 -m unittest`, `node --test`, `go test`) against real daemons started here: the
 //! daemon on the embedded store, or two daemons sharing one Redis; and, in both runs, a daemon
 //! whose Redis is down (so a fail-closed policy answers 503). The addresses reach the suites in
-//! `SLUICE_TEST_*` variables. Also: the CLI and the three example programs take one flag set.
+//! `SLUICE_TEST_*` variables. The live daemons serve the shipped policies and `slots`, a
+//! concurrency limit of one permit per `tenant` that only a release gives back within the run (its
+//! `permit_ttl` is an hour): the middlewares' permit scenarios read it. Also: the CLI and the three example programs take one flag set.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -11,8 +13,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use sluice::client::Target;
 
 use crate::helpers::{
-    repo_root, run_async, sluice_command, spawn_app, spawn_app_in, test_settings, ChildGuard,
-    Outcome, TestApp, SHIPPED_POLICIES,
+    repo_root, run_async, sluice_command, spawn_app, spawn_app_in, spawn_app_with, test_settings,
+    ChildGuard, Outcome, TestApp, SHIPPED_POLICIES,
 };
 use crate::redis_server::free_port;
 use crate::stores::{spawn_on_with, Store};
@@ -26,6 +28,15 @@ fn tcp_url(app: &TestApp) -> String {
         Target::Tcp(addr) => format!("http://{addr}"),
         Target::Unix(_) => unreachable!("tcp is a TCP target"),
     }
+}
+
+/// The shipped policies and `slots`: one request in flight per tenant, a permit held for an hour
+/// unless released.
+fn client_policies() -> String {
+    format!(
+        "{SHIPPED_POLICIES}\n  - {{name: slots, match: {{route: slots}}, key: [tenant], \
+         algorithm: concurrency, limit: 1, permit_ttl: 1h, failure_mode: closed}}\n"
+    )
 }
 
 /// A token that keeps this run's partitions apart from any other run's on a shared Redis.
@@ -202,7 +213,7 @@ async fn on_memory(suite: Suite) {
     if !tools::required(suite.tool()) {
         return;
     }
-    let app = spawn_app().await;
+    let app = spawn_app_with(&client_policies()).await;
     run_suite(suite, "memory", &app, None).await;
 }
 
@@ -212,8 +223,9 @@ async fn on_redis(suite: Suite) {
     }
     let store = Store::shared(crate::stores::Backend::Redis);
     let prefix = format!("clients-{}", run_token(suite.tool()));
-    let a = spawn_on_with(store.clone(), SHIPPED_POLICIES, &prefix, |_| {}).await;
-    let b = spawn_on_with(store, SHIPPED_POLICIES, &prefix, |_| {}).await;
+    let policies = client_policies();
+    let a = spawn_on_with(store.clone(), &policies, &prefix, |_| {}).await;
+    let b = spawn_on_with(store, &policies, &prefix, |_| {}).await;
     run_suite(suite, "redis", &a, Some(&b)).await;
 }
 

@@ -98,6 +98,13 @@ class Client:
         """POST /v1/report: spend a cost known only afterwards (an LLM's tokens)."""
         return self.call("/v1/report", _as_check(descriptors, kwargs).body())
 
+    def release(self, permit: str) -> Answer:
+        """POST /v1/release: gives back the permit an allowed check answered (`answer.permit`,
+        a concurrency policy's). 200 `{"released": true}`, or `false` when nothing was held any
+        more (released already, or expired): releasing is idempotent. Raises `SluiceError`
+        when the daemon cannot be asked (the permit then returns at its `permit_ttl`)."""
+        return self.call("/v1/release", {"permit": permit})
+
     def batch(self, checks: Sequence[Check]) -> Union[List[Dict[str, Any]], Answer]:
         """POST /v1/check/batch: independent checks in one call; returns the list of answers'
         bodies (dicts) in order, or the whole `Answer` when the batch is refused."""
@@ -244,6 +251,10 @@ class AsyncClient:
                      **kwargs: Any) -> Answer:
         """POST /v1/report; see `Client.report`."""
         return await self.call("/v1/report", _as_check(descriptors, kwargs).body())
+
+    async def release(self, permit: str) -> Answer:
+        """POST /v1/release; see `Client.release`."""
+        return await self.call("/v1/release", {"permit": permit})
 
     async def batch(self, checks: Sequence[Check]) -> Union[List[Dict[str, Any]], Answer]:
         """POST /v1/check/batch; see `Client.batch`."""
