@@ -14,8 +14,8 @@ const { holdPermit } = require('./permits');
  * every decision made without the sidecar (a warning is logged at most every `logIntervalMs`);
  * `onDenied(check, answer)` may return `{ status, headers, body }` to answer a denial its own way.
  * The middleware's `watch.count` counts the decisions made without the sidecar. An allowed
- * answer's permit (a concurrency policy) is released once, when the response finishes or its
- * connection closes (success, an error answered by the error handler, a timeout that destroys
+ * answer's permit (a concurrency policy) is released once, at the response's `close` (sent
+ * whole: success, an error answered by the error handler, a timeout that destroys
  * the socket, a client that leaves, also mid-stream); a failed release is logged with `log.warn`.
  */
 function sluice({ route, client = new Client(), log = console, onFallback = null, logIntervalMs, onDenied = null } = {}) {
@@ -32,11 +32,10 @@ function sluice({ route, client = new Client(), log = console, onFallback = null
         }
         if (reply.status === null) {
           if (reply.permit) {
-            // Given back once when the answer is sent (also an error handler's) or the
-            // connection closes first (the client left, a server timeout destroyed the socket).
-            const release = holdPermit(client, reply.permit, log);
-            res.once('finish', release);
-            res.once('close', release);
+            // Given back once at the response's `close`: emitted after it is sent whole (also an
+            // error handler's answer), or when its connection closes first (the client left,
+            // a server timeout destroyed the socket).
+            res.once('close', holdPermit(client, reply.permit, log));
           }
           return next();
         }

@@ -176,6 +176,7 @@ async function serveFetch(t, state, client) {
       state.finished.add(path);
       throw new Error('the handler failed');
     }
+    state.finished.add(path);
     const parts = ['one,', 'two,', 'three'];
     return new Response(new ReadableStream({
       pull(controller) {
@@ -295,6 +296,26 @@ for (const kind of ['express', 'fetch']) {
     socket.resetAndDestroy(); // abandoned mid-stream
     await releasedOnce(client, tenant);
     assert.ok(!state.finished.has('/stream'), 'given back when the client left, not when the stream would have ended');
+  });
+
+  test(`permit: ${kind} releases when the client leaves before the answer`, { skip }, async (t) => {
+    const state = scenario(t);
+    const client = await countingClient(t, false);
+    const port = await servers[kind](t, state, client);
+    const tenant = `gone-${kind}-${STORE}-${RUN}`;
+    assert.ok(await free(tenant));
+    const socket = net.connect(port, '127.0.0.1');
+    socket.on('error', () => {});
+    socket.write(`GET /ok?t=${tenant} HTTP/1.1\r\nHost: app\r\n\r\n`);
+    await eventually('the slot held while the handler waits', async () => !(await free(tenant)));
+    socket.resetAndDestroy();
+    await releasedOnce(client, tenant);
+    assert.ok(!state.finished.has('/ok'), 'given back when the client left, not when the handler ended');
+    // The handler goes on and ends; that releases nothing more.
+    state.open();
+    await eventually('the handler ended', async () => state.finished.has('/ok'));
+    await sleep(100);
+    assert.deepEqual(client.releases, [true]);
   });
 
   test(`permit: ${kind} logs a release that fails and answers whole`, { skip }, async (t) => {
