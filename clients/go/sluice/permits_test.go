@@ -299,6 +299,35 @@ func TestPermitReleasedWhenTheClientDisconnectsMidStream(t *testing.T) {
 	}
 }
 
+func TestPermitReleasedWhenTheClientLeavesBeforeTheAnswer(t *testing.T) {
+	s := servePermits(t, false)
+	tenant := ip("permit-gone")
+	if !slotFree(t, s.daemon, tenant) {
+		t.Fatal("the slot is free before the request")
+	}
+	conn, err := net.Dial("tcp", strings.TrimPrefix(s.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Write([]byte("GET /ok?t=" + tenant + " HTTP/1.1\r\nHost: app\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the slot held while the handler waits", func() bool { return !slotFree(t, s.daemon, tenant) })
+	_ = conn.(*net.TCPConn).SetLinger(0)
+	conn.Close()
+	s.releasedOnce(t, tenant)
+	if s.hasFinished("/ok") {
+		t.Fatal("given back when the client left, not when the handler ended")
+	}
+	// The handler goes on and ends; that releases nothing more.
+	s.openGate()
+	eventually(t, "the handler ended", func() bool { return s.hasFinished("/ok") })
+	time.Sleep(100 * time.Millisecond)
+	if got := s.releases.seen(); len(got) != 1 {
+		t.Fatalf("releases %v; want exactly one", got)
+	}
+}
+
 func TestPermitReleaseThatFailsIsLoggedAndTheAnswerIsWhole(t *testing.T) {
 	s := servePermits(t, true)
 	tenant := ip("permit-fail")
