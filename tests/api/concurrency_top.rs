@@ -52,7 +52,7 @@ async fn held(app: &TestApp) -> Vec<(String, Option<u64>, u64, u64)> {
 
 on_stores! {
 async fn top_shows_the_slots_held_in_concurrency_partitions(app: &OnStore<TestApp>)
-    via spawn, on [memory, redis]
+    via spawn, on [memory, redis, cluster]
 {
     let first = acquire(app, "acme").await;
     acquire(app, "acme").await;
@@ -72,7 +72,7 @@ async fn top_shows_the_slots_held_in_concurrency_partitions(app: &OnStore<TestAp
     assert_eq!(released.status, 200);
     assert_eq!(held(app).await, [("acme".into(), Some(1), 3, 2), ("beta".into(), Some(1), 3, 1)]);
 
-    if let Store::Redis(_) = app.store {
+    if !matches!(app.store, Store::Memory) {
         // Another pod's permits in the same partition count: held is read from Redis.
         let other = spawn_on_with(app.store.clone(), POLICIES, &app.prefix, |_| {}).await;
         acquire(&other, "beta").await;

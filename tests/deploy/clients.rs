@@ -121,6 +121,16 @@ impl Suite {
         }
     }
 
+    /// The name shared by the permit scenarios (a concurrency policy's permit released on every
+    /// path of a request, through real servers, and the plain release call) and how many pass.
+    fn permits(self) -> (&'static str, usize) {
+        match self {
+            Self::Python => ("test_permit_", 13),
+            Self::Node => ("permit:", 13),
+            Self::Go => ("TestPermit", 7),
+        }
+    }
+
     /// How many middlewares run each scenario (ASGI and WSGI; Express and fetch; net/http).
     fn middlewares(self) -> usize {
         match self {
@@ -207,6 +217,8 @@ async fn run_suite(suite: Suite, store: &str, a: &TestApp, b: Option<&TestApp>) 
     assert_eq!(suite.passed(&all, shared), shared_runs, "{shared}: {all}");
     let (real, runs) = suite.real_servers();
     assert_eq!(suite.passed(&all, real), runs, "{real}: {all}");
+    let (permits, runs) = suite.permits();
+    assert_eq!(suite.passed(&all, permits), runs, "{permits}: {all}");
 }
 
 async fn on_memory(suite: Suite) {
