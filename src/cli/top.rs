@@ -213,6 +213,38 @@ mod tests {
     use super::*;
 
     #[test]
+    fn concurrency_partitions_print_with_their_slots_held() {
+        let json = serde_json::json!({
+            "raw_partitions": true, "policies": [], "shadow": [],
+            "concurrency": [{"policy": "gen", "capacity": 64, "entries": [
+                {"fingerprint": "00000000000000aa", "partition": "acme", "held": 7, "limit": 8,
+                 "acquired": 12, "last_acquired_unix_ms": 0},
+                {"fingerprint": "00000000000000bb", "partition": "beta", "held": null, "limit": 8,
+                 "acquired": 1, "last_acquired_unix_ms": 0}]}]
+        });
+        let out = table(200, &json);
+        assert!(out.contains("policy gen: permits held now"), "{out}");
+        let rows: Vec<&str> = out
+            .lines()
+            .filter(|l| l.ends_with("acme") || l.ends_with("beta"))
+            .collect();
+        assert_eq!(rows.len(), 2, "{out}");
+        assert!(
+            rows[0]
+                .trim_start()
+                .starts_with("7      8         12 1970-01-01T00:00:00.000Z"),
+            "{out}"
+        );
+        assert!(rows[1].trim_start().starts_with('?'), "{out}");
+        // A daemon that lists none prints nothing of it.
+        let none = table(
+            200,
+            &serde_json::json!({"policies": [], "shadow": [], "concurrency": []}),
+        );
+        assert!(!none.contains("permits held"), "{none}");
+    }
+
+    #[test]
     fn times_print_in_utc() {
         assert_eq!(utc(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(utc(1_796_355_762_123), "2026-12-04T03:42:42.123Z");
