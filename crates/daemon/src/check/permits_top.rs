@@ -37,6 +37,14 @@ struct Recent {
     entries: HashMap<u64, Seen>,
 }
 
+/// A partition as listed, before its slots are read.
+struct Listed {
+    id: u64,
+    read: StoreCheck,
+    acquired: u64,
+    last_ms: u64,
+}
+
 struct Seen {
     /// The read of the partition's slots: its key and quota (tier included), cost 0.
     read: StoreCheck,
@@ -138,13 +146,18 @@ impl HeldPartitions {
     }
 
     /// `policy`'s partitions (`None`: not a listed concurrency policy), unread.
-    fn snapshot(&self, policy: &str) -> Option<Vec<(u64, StoreCheck, u64, u64)>> {
+    fn snapshot(&self, policy: &str) -> Option<Vec<Listed>> {
         let lists = self.lists.read().unwrap_or_else(|p| p.into_inner());
         let list = lists.get(policy)?.lock().unwrap_or_else(|p| p.into_inner());
         Some(
             list.entries
                 .iter()
-                .map(|(&id, seen)| (id, seen.read.clone(), seen.acquired, seen.last_ms))
+                .map(|(&id, seen)| Listed {
+                    id,
+                    read: seen.read.clone(),
+                    acquired: seen.acquired,
+                    last_ms: seen.last_ms,
+                })
                 .collect(),
         )
     }
@@ -172,7 +185,7 @@ impl CheckService {
             Some(name) => vec![name.to_owned()],
             None => self.permits.held.noted_policies(),
         };
-        let snapshots: Vec<(String, Vec<(u64, StoreCheck, u64, u64)>)> = names
+        let snapshots: Vec<(String, Vec<Listed>)> = names
             .into_iter()
             .filter_map(|name| {
                 let snapshot = self.permits.held.snapshot(&name)?;
@@ -181,7 +194,7 @@ impl CheckService {
             .collect();
         let reads: Vec<StoreCheck> = snapshots
             .iter()
-            .flat_map(|(_, entries)| entries.iter().map(|(_, read, _, _)| read.clone()))
+            .flat_map(|(_, entries)| entries.iter().map(|e| e.read.clone()))
             .collect();
         let decisions = if reads.is_empty() {
             Ok(Vec::new())
@@ -203,26 +216,34 @@ impl CheckService {
             .map(|(name, entries)| {
                 let mut listed: Vec<HeldEntry> = entries
                     .into_iter()
-                    .map(|(id, read, acquired, last_ms)| {
-                        let decision = decisions.as_ref().map(|d| d[at]);
-                        at += 1;
-                        let limit = decision.map_or_else(|| read.algorithm.limit(), |d| d.limit);
-                        let (partition, truncated) = if raw {
-                            let (shown, cut) = cut(read.key.partition().to_owned());
-                            (Some(shown), cut)
-                        } else {
-                            (None, false)
-                        };
-                        HeldEntry {
-                            fingerprint: format!("{id:016x}"),
-                            partition,
-                            partition_truncated: truncated,
-                            held: decision.map(|d| d.limit.saturating_sub(d.remaining)),
-                            limit,
-                            acquired,
-                            last_acquired_unix_ms: last_ms,
-                        }
-                    })
+                    .map(
+                        |Listed {
+                             id,
+                             read,
+                             acquired,
+                             last_ms,
+                         }| {
+                            let decision = decisions.as_ref().map(|d| d[at]);
+                            at += 1;
+                            let limit =
+                                decision.map_or_else(|| read.algorithm.limit(), |d| d.limit);
+                            let (partition, truncated) = if raw {
+                                let (shown, cut) = cut(read.key.partition().to_owned());
+                                (Some(shown), cut)
+                            } else {
+                                (None, false)
+                            };
+                            HeldEntry {
+                                fingerprint: format!("{id:016x}"),
+                                partition,
+                                partition_truncated: truncated,
+                                held: decision.map(|d| d.limit.saturating_sub(d.remaining)),
+                                limit,
+                                acquired,
+                                last_acquired_unix_ms: last_ms,
+                            }
+                        },
+                    )
                     .collect();
                 listed.sort_by(|a, b| {
                     (b.held, b.acquired, b.last_acquired_unix_ms)
