@@ -209,6 +209,28 @@ func (s *permitScenario) start(t *testing.T, path, tenant string, held bool) cha
 	return result
 }
 
+// rawGet asks path for tenant (whose slot must be free) on a connection of its own, left open.
+func (s *permitScenario) rawGet(t *testing.T, path, tenant string) net.Conn {
+	t.Helper()
+	if !slotFree(t, s.daemon, tenant) {
+		t.Fatal("the slot is free before the request")
+	}
+	conn, err := net.Dial("tcp", strings.TrimPrefix(s.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Write([]byte("GET " + path + "?t=" + tenant + " HTTP/1.1\r\nHost: app\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
+// abandon closes conn with a reset: a client gone.
+func abandon(conn net.Conn) {
+	_ = conn.(*net.TCPConn).SetLinger(0)
+	conn.Close()
+}
+
 func (s *permitScenario) releasedOnce(t *testing.T, tenant string) {
 	t.Helper()
 	eventually(t, "the slot back", func() bool { return slotFree(t, s.daemon, tenant) })
@@ -268,16 +290,7 @@ func TestPermitReleasedOnATimeout(t *testing.T) {
 func TestPermitReleasedWhenTheClientDisconnectsMidStream(t *testing.T) {
 	s := servePermits(t, false)
 	tenant := ip("permit-stream")
-	if !slotFree(t, s.daemon, tenant) {
-		t.Fatal("the slot is free before the request")
-	}
-	conn, err := net.Dial("tcp", strings.TrimPrefix(s.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Write([]byte("GET /stream?t=" + tenant + " HTTP/1.1\r\nHost: app\r\n\r\n")); err != nil {
-		t.Fatal(err)
-	}
+	conn := s.rawGet(t, "/stream", tenant)
 	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
 	seen := make([]byte, 0, 8192)
 	buf := make([]byte, 4096)
@@ -291,8 +304,7 @@ func TestPermitReleasedWhenTheClientDisconnectsMidStream(t *testing.T) {
 	if slotFree(t, s.daemon, tenant) {
 		t.Fatal("held while the stream runs")
 	}
-	_ = conn.(*net.TCPConn).SetLinger(0) // abandoned mid-stream: a reset
-	conn.Close()
+	abandon(conn) // mid-stream
 	s.releasedOnce(t, tenant)
 	if s.hasFinished("/stream") {
 		t.Fatal("given back when the client left, not when the stream would have ended")
@@ -302,19 +314,9 @@ func TestPermitReleasedWhenTheClientDisconnectsMidStream(t *testing.T) {
 func TestPermitReleasedWhenTheClientLeavesBeforeTheAnswer(t *testing.T) {
 	s := servePermits(t, false)
 	tenant := ip("permit-gone")
-	if !slotFree(t, s.daemon, tenant) {
-		t.Fatal("the slot is free before the request")
-	}
-	conn, err := net.Dial("tcp", strings.TrimPrefix(s.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Write([]byte("GET /ok?t=" + tenant + " HTTP/1.1\r\nHost: app\r\n\r\n")); err != nil {
-		t.Fatal(err)
-	}
+	conn := s.rawGet(t, "/ok", tenant)
 	eventually(t, "the slot held while the handler waits", func() bool { return !slotFree(t, s.daemon, tenant) })
-	_ = conn.(*net.TCPConn).SetLinger(0)
-	conn.Close()
+	abandon(conn)
 	s.releasedOnce(t, tenant)
 	if s.hasFinished("/ok") {
 		t.Fatal("given back when the client left, not when the handler ended")

@@ -245,6 +245,18 @@ async function start(t, kind, path, { fail = false, held = true } = {}) {
   return { state, client, tenant, outcome, port };
 }
 
+/** Serves, and asks `path` on a socket of its own, left open (the tenant's slot free before). */
+async function rawGet(t, kind, path, name) {
+  const state = scenario(t);
+  const client = await countingClient(t, false);
+  const port = await servers[kind](t, state, client);
+  const tenant = `${name}-${kind}-${STORE}-${RUN}`;
+  assert.ok(await free(tenant), 'the slot is free before the request');
+  const socket = net.connect(port, '127.0.0.1');
+  socket.write(`GET ${path}?t=${tenant} HTTP/1.1\r\nHost: app\r\n\r\n`);
+  return { state, client, tenant, socket };
+}
+
 async function releasedOnce(client, tenant) {
   await eventually('the slot back', () => free(tenant));
   await eventually('one release', async () => client.releases.length === 1);
@@ -276,13 +288,7 @@ for (const kind of ['express', 'fetch']) {
   });
 
   test(`permit: ${kind} releases when the client disconnects mid-stream`, { skip }, async (t) => {
-    const state = scenario(t);
-    const client = await countingClient(t, false);
-    const port = await servers[kind](t, state, client);
-    const tenant = `stream-${kind}-${STORE}-${RUN}`;
-    assert.ok(await free(tenant));
-    const socket = net.connect(port, '127.0.0.1');
-    socket.write(`GET /stream?t=${tenant} HTTP/1.1\r\nHost: app\r\n\r\n`);
+    const { state, client, tenant, socket } = await rawGet(t, kind, '/stream', 'stream');
     await new Promise((resolve, reject) => {
       let seen = '';
       socket.on('data', (data) => {
@@ -299,14 +305,8 @@ for (const kind of ['express', 'fetch']) {
   });
 
   test(`permit: ${kind} releases when the client leaves before the answer`, { skip }, async (t) => {
-    const state = scenario(t);
-    const client = await countingClient(t, false);
-    const port = await servers[kind](t, state, client);
-    const tenant = `gone-${kind}-${STORE}-${RUN}`;
-    assert.ok(await free(tenant));
-    const socket = net.connect(port, '127.0.0.1');
+    const { state, client, tenant, socket } = await rawGet(t, kind, '/ok', 'gone');
     socket.on('error', () => {});
-    socket.write(`GET /ok?t=${tenant} HTTP/1.1\r\nHost: app\r\n\r\n`);
     await eventually('the slot held while the handler waits', async () => !(await free(tenant)));
     socket.resetAndDestroy();
     await releasedOnce(client, tenant);

@@ -9,7 +9,6 @@ the daemon answered `released: true` to it).
 
 import asyncio
 import http.client
-import io
 import logging
 import os
 import socket
@@ -17,11 +16,11 @@ import sys
 import threading
 import time
 import unittest
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from sluice_ratelimit import CLOSED, AsyncClient, Check, Client, SluiceASGI, SluiceError, SluiceWSGI  # noqa: E402
+from servers import serve_asgi, serve_wsgi, uvicorn  # noqa: E402
 
 logging.getLogger("sluice_ratelimit").addHandler(logging.NullHandler())
 
@@ -31,13 +30,6 @@ RUN = os.environ.get("SLUICE_TEST_RUN", str(os.getpid()))
 T = 5.0
 #: How long a streamed answer lasts when nobody stops it (chunks of 1 KiB every 10 ms).
 STREAM_CHUNKS = 800
-
-try:
-    import uvicorn
-except ImportError:  # CI installs it (.ci/run): there, a missing uvicorn fails the suite
-    if os.environ.get("CI") == "true":
-        raise
-    uvicorn = None
 
 
 def closed_port():
@@ -276,15 +268,6 @@ class UvicornTest(Scenarios, unittest.TestCase):
         limited = SluiceASGI(app, route, client=client)
 
         async def with_timeout(scope, receive, send):
-            if scope["type"] == "lifespan":
-                while True:
-                    message = await receive()
-                    if message["type"] == "lifespan.startup":
-                        await send({"type": "lifespan.startup.complete"})
-                    elif message["type"] == "lifespan.shutdown":
-                        await client.close()
-                        await send({"type": "lifespan.shutdown.complete"})
-                        return
             started = []
 
             async def sending(message):
@@ -298,38 +281,7 @@ class UvicornTest(Scenarios, unittest.TestCase):
                     await send({"type": "http.response.start", "status": 504, "headers": []})
                     await send({"type": "http.response.body", "body": b"timeout"})
 
-        sock = socket.create_server(("127.0.0.1", 0))
-        server = uvicorn.Server(uvicorn.Config(with_timeout, log_level="critical", lifespan="on"))
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-        thread.start()
-
-        def stop():
-            server.should_exit = True
-            thread.join(T)
-            sock.close()
-
-        self.addCleanup(stop)
-        eventually("uvicorn started", lambda: server.started or not thread.is_alive(), 20)
-        self.assertTrue(server.started, "uvicorn started")
-        return sock.getsockname()[1]
-
-
-class _Quiet(WSGIRequestHandler):
-    """No access log, and the applications' raised errors stay out of the runner's lines."""
-
-    def log_message(self, *args):
-        pass
-
-    def get_stderr(self):
-        return io.StringIO()
-
-
-class _ThreadedWSGIServer(WSGIServer):
-    """wsgiref answers one request at a time: the daemon is asked meanwhile from the test, not
-    through it, so one is enough; errors of requests whose client left stay quiet."""
-
-    def handle_error(self, request, client_address):
-        pass
+        return serve_asgi(self, with_timeout, client, log_level="critical")
 
 
 class WsgirefTest(Scenarios, unittest.TestCase):
@@ -376,19 +328,7 @@ class WsgirefTest(Scenarios, unittest.TestCase):
             return body()
 
         client = CountingClient(counted, url=URL, timeout=T)
-        server = make_server("127.0.0.1", 0, SluiceWSGI(app, route, client=client),
-                             server_class=_ThreadedWSGIServer, handler_class=_Quiet)
-        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        thread.start()
-
-        def stop():
-            server.shutdown()
-            server.server_close()
-            client.close()
-            thread.join(T)
-
-        self.addCleanup(stop)
-        return server.server_address[1]
+        return serve_wsgi(self, SluiceWSGI(app, route, client=client), client)
 
 
 class PlainReleaseTest(unittest.TestCase):
