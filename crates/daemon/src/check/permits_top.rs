@@ -35,6 +35,8 @@ pub struct HeldPartitions {
 #[derive(Default)]
 struct Recent {
     entries: HashMap<u64, Seen>,
+    /// Acquisitions noted so far: orders the entries by recency.
+    noted: u64,
 }
 
 /// A partition as listed, before its slots are read.
@@ -50,6 +52,8 @@ struct Seen {
     read: StoreCheck,
     acquired: u64,
     last_ms: u64,
+    /// `Recent::noted` at its last acquisition.
+    last: u64,
 }
 
 /// One concurrency policy's partitions as served.
@@ -116,16 +120,19 @@ impl HeldPartitions {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let mut list = list.lock().unwrap_or_else(|p| p.into_inner());
+        list.noted += 1;
+        let last = list.noted;
         if let Some(seen) = list.entries.get_mut(&id) {
             seen.acquired += 1;
             seen.last_ms = now_ms;
+            seen.last = last;
             return;
         }
         if list.entries.len() >= TOP_CAPACITY {
             let oldest = list
                 .entries
                 .iter()
-                .min_by_key(|(_, seen)| seen.last_ms)
+                .min_by_key(|(_, seen)| seen.last)
                 .map(|(&id, _)| id);
             if let Some(oldest) = oldest {
                 list.entries.remove(&oldest);
@@ -141,6 +148,7 @@ impl HeldPartitions {
                 read,
                 acquired: 1,
                 last_ms: now_ms,
+                last,
             },
         );
     }
@@ -258,5 +266,51 @@ impl CheckService {
                 }
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse_policies;
+    use crate::limit::Key;
+
+    const SET: &str = "policies:\n  - {name: gen, key: [t], algorithm: concurrency, limit: 2}\n  - {name: other, key: [t], algorithm: fixed_window, limit: 1, period: 1h}\n";
+
+    fn check(set: &PolicySet, n: u64) -> StoreCheck {
+        let policy = set.get("gen").expect("gen");
+        StoreCheck {
+            key: Key::new(Arc::from("gen"), [n.to_string().as_str()]),
+            algorithm: policy.parts().quota.windows()[0].clone(),
+            cost: 1,
+            enforce: true,
+            generation: 0,
+        }
+    }
+
+    #[test]
+    fn a_list_keeps_the_most_recently_acquired_partitions_of_concurrency_policies() {
+        let set = parse_policies(std::path::Path::new("t.yaml"), SET).expect("valid");
+        let held = HeldPartitions::default();
+        held.replace_policies(&set, |_| false);
+        assert!(held.snapshot("other").is_none(), "not a concurrency policy");
+        for n in 0..TOP_CAPACITY as u64 {
+            held.note(n, &check(&set, n));
+        }
+        held.note(0, &check(&set, 0)); // 0 acquired again: 1 is now the least recent
+        held.note(1_000, &check(&set, 1_000));
+        let listed = held.snapshot("gen").expect("a list");
+        assert_eq!(listed.len(), TOP_CAPACITY);
+        let ids: Vec<u64> = listed.iter().map(|l| l.id).collect();
+        assert!(!ids.contains(&1) && ids.contains(&0) && ids.contains(&1_000));
+        let zero = listed.iter().find(|l| l.id == 0).expect("0 listed");
+        assert_eq!((zero.acquired, zero.read.cost), (2, 0), "read at cost 0");
+        assert_eq!(held.noted_policies(), ["gen"]);
+        // A reload that changes the policy starts its list afresh; one without it drops it.
+        held.replace_policies(&set, |name| name == "gen");
+        assert_eq!(held.snapshot("gen").map(|l| l.len()), Some(0));
+        let without = parse_policies(std::path::Path::new("t.yaml"), "policies:\n  - {name: other, key: [t], algorithm: fixed_window, limit: 1, period: 1h}\n").expect("valid");
+        held.replace_policies(&without, |_| false);
+        assert!(held.snapshot("gen").is_none());
     }
 }
