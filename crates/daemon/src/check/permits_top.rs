@@ -281,7 +281,7 @@ mod tests {
         let policy = set.get("gen").expect("gen");
         StoreCheck {
             key: Key::new(Arc::from("gen"), [n.to_string().as_str()]),
-            algorithm: policy.parts().quota.windows()[0].clone(),
+            algorithm: policy.parts().quota.windows()[0],
             cost: 1,
             enforce: true,
             generation: 0,
