@@ -9,6 +9,7 @@ pub(crate) mod exactness;
 mod failures;
 mod generation;
 mod lease_changes;
+mod lease_beneath;
 mod lease_epoch;
 mod lease_fleet;
 mod lease_ledger;
