@@ -65,7 +65,11 @@ fn holdable(grant: &Grant, elapsed_us: u64) -> u64 {
 async fn case(store: &dyn RateStore, pass: impl std::future::Future<Output = ()>) {
     let a = take(store, 5).await;
     let b = take(store, 5).await;
-    assert_eq!((a.units, b.units), (5, 5), "a full bucket of 10: {a:?} {b:?}");
+    assert_eq!(
+        (a.units, b.units),
+        (5, 5),
+        "a full bucket of 10: {a:?} {b:?}"
+    );
     assert!(b.hold_us >= 400_000, "B waits behind A's 5: {b:?}");
     let back = store
         .give_back(&check(5), 5, a, None)
@@ -100,11 +104,7 @@ async fn a_give_back_never_lands_beneath_a_later_take_on_redis() {
     let store = store(RedisTarget::Single(server.url()));
     connected(&store).await;
     // Redis reads its own clock: the 400 ms pass for real (B's hold is 500 ms).
-    case(
-        &store,
-        tokio::time::sleep(Duration::from_micros(LATER_US)),
-    )
-    .await;
+    case(&store, tokio::time::sleep(Duration::from_micros(LATER_US))).await;
 }
 
 /// The latest take's own give-back still lands (a holder alone keeps its give-backs).

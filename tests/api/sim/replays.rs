@@ -44,6 +44,18 @@ fn check(pick: super::ops::Pick, part: u8, cost: u64) -> super::ops::Op {
     }
 }
 
+/// Asserts the replay passes, with the leased lane's policy `lane`.
+#[allow(dead_code)]
+fn passes_lane(
+    store: Store,
+    specs: Vec<Spec>,
+    lane: super::lane::LaneSpec,
+    ops: Vec<super::ops::Op>,
+) {
+    let result = super::replay_lane(store, specs, lane, ops);
+    assert!(result.is_ok(), "{store:?}: {result:?}");
+}
+
 /// Asserts the replay passes.
 fn passes(store: Store, specs: Vec<Spec>, ops: Vec<super::ops::Op>) {
     let result = replay(store, specs, ops);
