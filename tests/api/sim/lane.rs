@@ -74,8 +74,9 @@ impl LaneSpec {
     pub fn apply(self, change: Change) -> Self {
         let mut next = self;
         match change {
-            Change::Limit(limit) => next.limit = limit.max(2),
-            Change::Burst(burst) => next.burst = burst.max(1),
+            // The generated 1 to 8 (10) scaled to the lane's 5 to 40 (50).
+            Change::Limit(limit) => next.limit = limit * 5,
+            Change::Burst(burst) => next.burst = burst * 5,
             Change::Period(period_s) => next.period_s = LANE_PERIODS[period_s as usize % 3],
             Change::Algorithm(alg) => {
                 next.alg = match alg {

@@ -258,13 +258,13 @@ pub enum Op {
 /// Simulated Envoys (RLQS sessions) a sequence runs.
 pub const SESSIONS: usize = 3;
 
-/// The leased lane's policy: a token bucket or a fixed window, limit 2 to 8, burst 1 to 8, a
-/// period of [`LANE_PERIODS`].
+/// The leased lane's policy: a token bucket or a fixed window, limit 2 to 40, burst 1 to 40,
+/// a period of [`LANE_PERIODS`] (large enough for Envoy's assignments to hold a few tokens).
 pub fn lane() -> impl Strategy<Value = LaneSpec> {
     (
         prop_oneof![Just(LaneAlg::TokenBucket), Just(LaneAlg::FixedWindow)],
-        2u64..=8,
-        1u64..=8,
+        2u64..=40,
+        1u64..=40,
         prop::sample::select(&LANE_PERIODS[..]),
     )
         .prop_map(|(alg, limit, burst, period_s)| LaneSpec {
@@ -445,13 +445,13 @@ pub fn op(menu: Menu) -> BoxedStrategy<Op> {
     // The leased lane, on every store.
     ops.push((
         4,
-        (0usize..2, 0..PARTS, 1u64..=8)
+        (0usize..2, 0..PARTS, 1u64..=12)
             .prop_map(|(via, part, n)| Op::Leased { via, part, n })
             .boxed(),
     ));
     ops.push((
         5,
-        (0..SESSIONS, 0..PARTS, 0u64..=8)
+        (0..SESSIONS, 0..PARTS, 0u64..=12)
             .prop_map(|(session, part, n)| Op::Rlqs { session, part, n })
             .boxed(),
     ));
