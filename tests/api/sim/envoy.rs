@@ -32,9 +32,11 @@ use sluice::transport::grpc::proto::envoy::service::rate_limit_quota::v3::{
 use tokio::sync::mpsc;
 use tonic::Streaming;
 
-/// Longest the simulator waits for the answer to a report (the daemon answers a report with
-/// demand at once; one that changes nothing is not answered).
+/// Longest the simulator waits for the answer to a periodic report (one that changes nothing
+/// is not answered), and to a bucket's first report (not answered either when its lease backs
+/// nothing: a window about to end).
 const ANSWER: Duration = Duration::from_millis(300);
+const FIRST_ANSWER: Duration = Duration::from_secs(1);
 
 /// The token bucket settings Envoy compares for a renewal: `max_tokens`, `tokens_per_fill`,
 /// `fill_interval` nanos.
@@ -160,7 +162,7 @@ impl Envoy {
             decided.push(one);
             if std::mem::take(&mut first) {
                 // createBucketImpl: the first request's usage goes out at once.
-                self.report(&[part]).await?;
+                self.report(&[part], FIRST_ANSWER).await?;
             }
         }
         Ok(decided)
@@ -169,7 +171,7 @@ impl Envoy {
     /// The periodic report: every bucket's usage since its last report.
     pub async fn report_all(&mut self) -> Result<(), String> {
         let parts: Vec<u8> = self.buckets.keys().copied().collect();
-        self.report(&parts).await
+        self.report(&parts, ANSWER).await
     }
 
     /// The stream ends (the client goes: `max_connection_age`, a restart of the sidecar's
@@ -221,7 +223,7 @@ impl Envoy {
         Ok(self.stream.as_mut().expect("opened"))
     }
 
-    async fn report(&mut self, parts: &[u8]) -> Result<(), String> {
+    async fn report(&mut self, parts: &[u8], wait: Duration) -> Result<(), String> {
         let now = Instant::now();
         let mut usages = Vec::new();
         for part in parts {
@@ -254,7 +256,7 @@ impl Envoy {
             let stream = self.open().await?;
             let _ = stream.reports.send(report).await;
         }
-        self.await_answer(ANSWER).await
+        self.await_answer(wait).await
     }
 
     /// Applies the answers that have arrived (without waiting).

@@ -35,13 +35,22 @@ pub const LOSS_GRACE_US: u64 = 6_000_000;
 /// Spread of an admission's instant (a request's round trip; Envoy's instant is exact).
 const SLACK_US: u64 = 50_000;
 
-/// The lane's algorithm.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The lane's algorithm (printed with its type, as a replay names it beside [`super::ops::Alg`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub enum LaneAlg {
     /// `token_bucket`.
     TokenBucket,
     /// `fixed_window`.
     FixedWindow,
+}
+
+impl fmt::Debug for LaneAlg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LaneAlg::TokenBucket => f.write_str("LaneAlg::TokenBucket"),
+            LaneAlg::FixedWindow => f.write_str("LaneAlg::FixedWindow"),
+        }
+    }
 }
 
 /// Policy `q` as written in the file.
