@@ -88,6 +88,7 @@ pub fn kind(op: &Op, model: &Model) -> Kind {
         | Op::AclRevoke { .. } => Kind::Store,
         Op::Leased { .. }
         | Op::Rlqs { .. }
+        | Op::RlqsSteady { .. }
         | Op::RlqsReport { .. }
         | Op::RlqsEnd { .. }
         | Op::Sleep { .. }

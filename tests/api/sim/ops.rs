@@ -218,6 +218,18 @@ pub enum Op {
         /// How many requests.
         n: u64,
     },
+    /// Steady demand at Envoy `session`: `reports` rounds of `n` requests of partition `part`
+    /// then a report a second later (the cadence a steady client's assignment is renewed at).
+    RlqsSteady {
+        /// Which Envoy.
+        session: usize,
+        /// Which partition.
+        part: u8,
+        /// Requests per round.
+        n: u64,
+        /// Rounds.
+        reports: u64,
+    },
     /// Envoy `session`'s report of every bucket (its timer fired).
     RlqsReport {
         /// Which Envoy.
@@ -325,6 +337,7 @@ impl Op {
             Op::AclRevoke { .. } => "acl_revoke",
             Op::Leased { .. } => "leased",
             Op::Rlqs { .. } => "rlqs",
+            Op::RlqsSteady { .. } => "rlqs_steady",
             Op::RlqsReport { .. } => "rlqs_report",
             Op::RlqsEnd { .. } => "rlqs_end",
             Op::Sleep { .. } => "sleep",
@@ -459,6 +472,17 @@ pub fn op(menu: Menu) -> BoxedStrategy<Op> {
         2,
         (0..SESSIONS)
             .prop_map(|session| Op::RlqsReport { session })
+            .boxed(),
+    ));
+    ops.push((
+        1,
+        (0..SESSIONS, 0..PARTS, 1u64..=6, 2u64..=3)
+            .prop_map(|(session, part, n, reports)| Op::RlqsSteady {
+                session,
+                part,
+                n,
+                reports,
+            })
             .boxed(),
     ));
     ops.push((

@@ -157,18 +157,20 @@ impl<'s> World<'s> {
         self.tick().await?;
         match op {
             Op::Leased { via, part, n } => self.leased(*via, *part, *n).await?,
-            Op::Rlqs { session, part, n } => {
-                let at = session % self.envoys.len();
-                self.envoys[at].0.breaks = self.ledger.breaks.clone();
-                let decided = self.envoys[at].0.requests(*part, *n).await?;
-                let now = wall_us();
-                for one in decided.iter().filter(|d| d.allowed) {
-                    self.ledger
-                        .admit(*part, now, 1, Holder::Envoy(at), one.since)
-                        .map_err(|why| {
-                            let how = if one.blanket { " (on ALLOW_ALL)" } else { "" };
-                            format!("{why}{how}")
-                        })?;
+            Op::Rlqs { session, part, n } => self.rlqs(*session, *part, *n).await?,
+            Op::RlqsSteady {
+                session,
+                part,
+                n,
+                reports,
+            } => {
+                for _ in 0..*reports {
+                    self.rlqs(*session, *part, *n).await?;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    let at = session % self.envoys.len();
+                    self.envoys[at].0.breaks = self.ledger.breaks.clone();
+                    self.envoys[at].0.report_all().await?;
+                    self.envoys[at].1 = std::time::Instant::now();
                 }
             }
             Op::RlqsReport { session } => {
@@ -415,6 +417,23 @@ impl<'s> World<'s> {
         }
         self.ledger
             .admit(part, now, admitted, Holder::Lease(at), None)
+    }
+
+    /// `n` requests of `part` at Envoy `session`, each admission held to the ledger.
+    async fn rlqs(&mut self, session: usize, part: u8, n: u64) -> Result<(), String> {
+        let at = session % self.envoys.len();
+        self.envoys[at].0.breaks = self.ledger.breaks.clone();
+        let decided = self.envoys[at].0.requests(part, n).await?;
+        let now = wall_us();
+        for one in decided.iter().filter(|d| d.allowed) {
+            self.ledger
+                .admit(part, now, 1, Holder::Envoy(at), one.since)
+                .map_err(|why| {
+                    let how = if one.blanket { " (on ALLOW_ALL)" } else { "" };
+                    format!("{why}{how}")
+                })?;
+        }
+        Ok(())
     }
 
     /// Every Envoy whose report interval passed reports (its timer fires).
