@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand};
 
 mod counters;
 mod report;
+mod rlqs_check;
 mod top;
 
 use sluice::app::{shutdown_signal, App, StartError};
@@ -77,6 +78,11 @@ enum ConfigCommand {
     Check {
         /// The file to validate.
         file: PathBuf,
+        /// An Envoy configuration with the rate limit quota filter (YAML: a bootstrap, a
+        /// listener or its `http_filters`): says which policies each of its buckets selects over
+        /// RLQS, and fails on a bucket that selects none (it would be allowed everything).
+        #[arg(long, value_name = "ENVOY_YAML")]
+        rlqs: Option<PathBuf>,
     },
     /// Print the sluice policies equivalent to an envoyproxy/ratelimit configuration file.
     Convert {
@@ -134,8 +140,8 @@ pub fn main() -> ExitCode {
         Command::Top(args) => top::run(args),
         Command::Counters { command } => counters::run(command),
         Command::Config {
-            command: ConfigCommand::Check { file },
-        } => config_check(&file),
+            command: ConfigCommand::Check { file, rlqs },
+        } => config_check(&file, rlqs.as_deref()),
         Command::Config {
             command: ConfigCommand::Convert { file },
         } => match sluice::config::envoy::convert_file(&file) {
@@ -340,7 +346,7 @@ fn summarize(status: u16, json: &serde_json::Value) -> String {
     }
 }
 
-fn config_check(file: &Path) -> ExitCode {
+fn config_check(file: &Path, rlqs: Option<&Path>) -> ExitCode {
     let is_settings = file.extension().is_some_and(|ext| ext == "toml");
     let (policy_file, limits, replicas) = if is_settings {
         let (settings, resolved) = match Settings::load(Some(file)) {
@@ -370,7 +376,10 @@ fn config_check(file: &Path) -> ExitCode {
                 set.len(),
                 names.join(", ")
             );
-            ExitCode::SUCCESS
+            match rlqs {
+                Some(envoy) => rlqs_check::run(&set, envoy, &limits),
+                None => ExitCode::SUCCESS,
+            }
         }
         Err(error) => {
             eprintln!("{error}");

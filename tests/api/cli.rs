@@ -12,7 +12,7 @@ use crate::helpers::{
     json_of, repo_root, run, run_async, sluice_command, spawn_app, ChildGuard, STOP_TIMEOUT,
 };
 
-fn write(dir: &Path, name: &str, text: &str) -> String {
+pub(crate) fn write(dir: &Path, name: &str, text: &str) -> String {
     let path = dir.join(name);
     std::fs::write(&path, text).expect("write file");
     path.to_str().expect("UTF-8 path").to_owned()

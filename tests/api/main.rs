@@ -17,6 +17,7 @@ mod batch;
 mod calendar;
 mod check;
 mod cli;
+mod cli_rlqs_check;
 mod concurrency;
 mod concurrency_top;
 mod counters;

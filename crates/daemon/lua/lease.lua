@@ -5,7 +5,8 @@
 -- KEYS[1]  the counter key (its hash tag decides the Cluster slot)
 -- KEYS[2]  the counter's lease epoch key (the counter key and `:lease-epoch`, the same slot):
 --          the epoch of the counter's leases, made afresh by a take on a counter that has
---          none or that did not exist (created, reset, its data lost), deleted with the counter
+--          none or that did not exist (created, reset, its data lost), and by every token
+--          bucket take of units (only the latest take gives back), deleted with the counter
 --          by a reset; it outlives every lease taken in it. Its value: `<epoch>:<until_us>`
 -- ARGV[1]  mode       'take' or 'back'
 -- ARGV[2]  algorithm  'tb' (token bucket) or 'fw' (fixed window)
@@ -22,7 +23,8 @@
 --            epoch} (see Grant in src/limit/lease.rs: with 0 units the figures are a 1-unit
 --            check's and the epoch 0)
 --          back: {whole units given back}, 0 unless the counter's epoch is still the take's (a
---            reset, or a restart that lost the data, made the counter another one); else a
+--            reset, or a restart that lost the data, made the counter another one; on a token
+--            bucket, any later take of units: each makes the epoch afresh); else a
 --            token bucket's unused units less what the refill
 --            took since the lease started to shrink, exactly (the TAT moves back by a fraction
 --            of a token too), measured here on Redis' clock (a late give-back returns less,
@@ -45,7 +47,11 @@ end
 -- in force, or a fresh one (`now`) when the counter did not exist before this take or has none;
 -- its key lives at least as long as every lease taken in it (only GET and SET: the ACL the
 -- scripts need already has them).
-local function lease_epoch(epoch_key, existed, hold_ms)
+-- `renew`: a token bucket's take, whose units sit after every earlier holder's: the epoch is
+-- made afresh (and stays above every earlier one), so that only the latest take's give-back
+-- lands; an earlier one would move the TAT back beneath the later units, which would then be
+-- counted sooner than their hold says.
+local function lease_epoch(epoch_key, existed, hold_ms, renew)
   local epoch, until_us = 0, 0
   if existed then
     epoch, until_us = epoch_read(epoch_key)
@@ -53,6 +59,8 @@ local function lease_epoch(epoch_key, existed, hold_ms)
   local ttl = math.max(min_ttl_ms, hold_ms)
   if epoch == 0 then
     epoch, until_us = now, 0
+  elseif renew then
+    epoch, until_us = math.max(now, epoch + 1), 0
   end
   if now + ttl * 1000 > until_us then
     redis.call('SET', epoch_key, string.format('%d:%d', epoch, now + ttl * 1000), 'PX', ttl)
@@ -94,7 +102,7 @@ local function lease_take_bucket(key, limit, period, capacity, want, fraction)
   redis.call('SET', key, token_bucket_format(new_us, new_rem), 'PX', ttl_ms)
   -- The lease has shrunk to nothing once its units have refilled after the hold.
   local epoch = lease_epoch(KEYS[2], value ~= nil and value ~= false,
-    ceil_div(hold + ceil_div(units * period, limit), 1000) + 1)
+    ceil_div(hold + ceil_div(units * period, limit), 1000) + 1, true)
   return {units, cap, remaining, reset, retry, 0, hold, now, epoch}
 end
 
@@ -130,7 +138,8 @@ local function lease_take_window(key, limit, period, want, fraction)
     now, min_ttl_ms, limit, period, units)
   redis.call('SET', key, fixed_window_format(new_packed), 'PX', ttl_ms)
   -- The units expire with their window.
-  local epoch = lease_epoch(KEYS[2], value ~= nil and value ~= false, ceil_div(hold, 1000) + 1)
+  local epoch = lease_epoch(KEYS[2], value ~= nil and value ~= false, ceil_div(hold, 1000) + 1,
+    false)
   return {units, shown, remaining, reset, retry, window, hold, now, epoch}
 end
 

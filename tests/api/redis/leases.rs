@@ -2,7 +2,8 @@
 //! a Cluster) and hammer one partition of leased policies (a fixed window, a token bucket, and a
 //! request both apply to). Leases must carry most admissions, the fleet must never admit more
 //! than the limit, and once the leases are given back (idle) the last units are all admissible:
-//! the fleet ends at exactly the limit.
+//! the fleet ends at exactly the limit, less (a token bucket) the units of earlier takes that
+//! could not be given back beneath a later take's and were left to refill.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -201,9 +202,18 @@ async fn leases_across_daemons(redis_toml: String, run: &str) {
             leased >= hammered as f64 / 2.0,
             "{run} {policy}: only {leased} of {hammered} admissions came from leases"
         );
+        // A token bucket's units a pod could not give back (a later take sits after them:
+        // only the latest take's give-back lands) refill by themselves, 10 an hour: lost to
+        // this run, never admitted twice.
+        let mut lost = 0;
+        for name in named {
+            let labels = [("policy", *name), ("fate", "refilled")];
+            lost += fleet_metric(&daemons, "sluice_lease_units_total", &labels).await as usize;
+        }
         assert!(
-            (limit..=limit + refill).contains(&admitted),
-            "{run} {policy}: the fleet admitted {admitted}, the limit is {limit}"
+            (limit - lost.min(limit)..=limit + refill).contains(&admitted),
+            "{run} {policy}: the fleet admitted {admitted}, the limit is {limit} ({lost} units \
+             of token buckets left to refill)"
         );
     }
 }

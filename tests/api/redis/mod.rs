@@ -8,6 +8,7 @@ pub mod differential;
 pub(crate) mod exactness;
 mod failures;
 mod generation;
+mod lease_beneath;
 mod lease_changes;
 mod lease_epoch;
 mod lease_fleet;

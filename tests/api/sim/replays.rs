@@ -3,6 +3,8 @@
 //! its entry is removed (the fix merged).
 
 #[allow(unused_imports)]
+use super::lane::{LaneAlg, LaneSpec};
+#[allow(unused_imports)]
 use super::ops::{Alg::*, Change::*, Item, Op::*, Pick::*, Spec};
 use super::{replay, Store};
 
@@ -42,6 +44,12 @@ fn check(pick: super::ops::Pick, part: u8, cost: u64) -> super::ops::Op {
             dry_run: false,
         },
     }
+}
+
+/// Asserts the replay passes, with the leased lane's policy `lane`.
+fn passes_lane(store: Store, specs: Vec<Spec>, lane: LaneSpec, ops: Vec<super::ops::Op>) {
+    let result = super::replay_lane(store, specs, lane, ops);
+    assert!(result.is_ok(), "{store:?}: {result:?}");
 }
 
 /// Asserts the replay passes.
@@ -238,4 +246,35 @@ fn a_bounded_report_debt_then_a_raised_burst_admits_from_the_state_as_it_is() {
             ],
         );
     }
+}
+
+/// The leased lane, as the simulator printed it when an assignment 3 tokens over its lease was
+/// tried (a revert check: 3 admitted in the window): an Envoy's first 4 requests on a fixed
+/// window of 2 per 2 s (the first denied and reported at once, the rest on the burst share,
+/// when the window has time left to back one), then `lease: true` checks of the same
+/// partition: never more than 2 in the window.
+#[test]
+fn lane_1_an_envoys_burst_share_and_leased_checks_keep_to_the_window() {
+    passes_lane(
+        Store::Embedded,
+        vec![spec(TokenBucket, 1, 1, 10), spec(TokenBucket, 1, 1, 10)],
+        LaneSpec {
+            alg: LaneAlg::FixedWindow,
+            limit: 2,
+            burst: 1,
+            period_s: 2,
+        },
+        vec![
+            Rlqs {
+                session: 0,
+                part: 0,
+                n: 4,
+            },
+            Leased {
+                via: 0,
+                part: 0,
+                n: 4,
+            },
+        ],
+    );
 }

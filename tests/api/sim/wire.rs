@@ -57,6 +57,20 @@ pub async fn get(target: Target, path: &str) -> Result<Reply, String> {
     }
 }
 
+pub async fn delete(target: Target, path: &str) -> Result<Reply, String> {
+    match tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        client::request(&target, Method::DELETE, path, None),
+    )
+    .await
+    {
+        Ok(reply) => reply.map_err(|e| format!("DELETE {path}: {e}")),
+        Err(_) => Err(format!(
+            "DELETE {path}: no answer within {REQUEST_TIMEOUT:?}"
+        )),
+    }
+}
+
 /// One answer (`flag` is `allowed` for a check, `within_limit` for a report).
 pub fn read(reply: &Reply, flag: &str) -> Actual {
     let body = reply.json();

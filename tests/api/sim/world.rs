@@ -16,10 +16,12 @@ use sluice::reload::Reloader;
 use sluice::telemetry::Metrics;
 use tempfile::TempDir;
 
+use super::envoy::Envoy;
+use super::lane::{Holder, Ledger, PARTS};
 use super::model::{orders, Expect, Model};
-use super::ops::{Item, Op, ACL_COMMANDS};
+use super::ops::{Item, Op, ACL_COMMANDS, SESSIONS};
 use super::store_state;
-use super::wire::{agrees, body, explain, get, post, read, read_batch, Actual};
+use super::wire::{agrees, body, delete, explain, get, post, read, read_batch, Actual};
 use crate::helpers::{run_app, test_settings, TestApp, START_US};
 use crate::redis_server::{RedisCluster, RedisServer};
 
@@ -56,6 +58,19 @@ impl Server {
 struct Daemon {
     app: TestApp,
     reloader: Reloader,
+    /// Its gRPC listener (the RLQS service).
+    grpc: std::net::SocketAddr,
+}
+
+/// Envoy's report interval (1.40 reports every 5 s whatever the bucket says).
+const REPORT_EVERY: Duration = Duration::from_secs(5);
+
+/// The system clock in µs: the leased lane's clock (Redis `TIME` reads the same one).
+fn wall_us() -> u64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970");
+    u64::try_from(since.as_micros()).expect("µs fit")
 }
 
 /// One sequence's daemons on the store.
@@ -68,6 +83,15 @@ pub struct World<'s> {
     /// After a restart without persistence, the state before it: a daemon's local layer may
     /// still deny what it denied then (an under-admission the data loss causes, never more).
     ghost: Option<Model>,
+    /// On the embedded store, the leased lane's own daemon, on the system clock (the lane's
+    /// leases and RLQS assignments follow the daemon's real time; the others' manual clock
+    /// would move its store apart from it). On Redis the lane runs on the sequence's daemons.
+    extra: Option<Daemon>,
+    /// The simulated Envoys, each on lane daemon `session % lane daemons`, and when each last
+    /// reported on its timer.
+    envoys: Vec<(Envoy, std::time::Instant)>,
+    /// The leased lane's bound.
+    ledger: Ledger,
     _dir: TempDir,
 }
 
@@ -83,8 +107,19 @@ impl<'s> World<'s> {
         }
         let mut daemons = Vec::new();
         for _ in 0..server.daemons() {
-            daemons.push(spawn(server, &prefix, &file, &clock).await);
+            daemons.push(spawn(server, &prefix, &file, &clock, false).await);
         }
+        let extra = match server {
+            Server::Memory => Some(spawn(server, &prefix, &file, &clock, true).await),
+            _ => None,
+        };
+        let lane: Vec<std::net::SocketAddr> = match &extra {
+            Some(daemon) => vec![daemon.grpc],
+            None => daemons.iter().map(|d| d.grpc).collect(),
+        };
+        let envoys = (0..SESSIONS)
+            .map(|s| (Envoy::new(lane[s % lane.len()]), std::time::Instant::now()))
+            .collect();
         World {
             server,
             prefix,
@@ -92,6 +127,9 @@ impl<'s> World<'s> {
             daemons,
             clock,
             ghost: None,
+            extra,
+            envoys,
+            ledger: Ledger::new(model.lane, wall_us()),
             _dir: dir,
         }
     }
@@ -116,7 +154,68 @@ impl<'s> World<'s> {
     }
 
     async fn carry_out(&mut self, model: &mut Model, op: &Op) -> Result<(), String> {
+        self.tick().await?;
         match op {
+            Op::Leased { via, part, n } => self.leased(*via, *part, *n).await?,
+            Op::Rlqs { session, part, n } => self.rlqs(*session, *part, *n).await?,
+            Op::RlqsSteady {
+                session,
+                part,
+                n,
+                reports,
+            } => {
+                for _ in 0..*reports {
+                    self.rlqs(*session, *part, *n).await?;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    let at = session % self.envoys.len();
+                    self.envoys[at].0.breaks = self.ledger.breaks.clone();
+                    self.envoys[at].0.report_all().await?;
+                    self.envoys[at].1 = std::time::Instant::now();
+                }
+            }
+            Op::RlqsReport { session } => {
+                let at = session % self.envoys.len();
+                self.envoys[at].0.breaks = self.ledger.breaks.clone();
+                self.envoys[at].0.report_all().await?;
+                self.envoys[at].1 = std::time::Instant::now();
+            }
+            Op::RlqsEnd { session } => {
+                let at = session % self.envoys.len();
+                self.envoys[at].0.end_stream();
+            }
+            Op::Sleep { ms } => {
+                tokio::time::sleep(Duration::from_millis(*ms)).await;
+                self.tick().await?;
+            }
+            Op::Reset { part } => {
+                let remaining = self.lane_remaining(*part).await;
+                let reply = delete(
+                    Target::Tcp(self.lane_daemons()[0].app.admin),
+                    &counter_path(*part),
+                )
+                .await?;
+                if reply.status.as_u16() != 200 {
+                    return Err(format!("reset: status {}: {}", reply.status, reply.json()));
+                }
+                self.ledger
+                    .break_part(*part, model.lane, wall_us(), "a reset", remaining);
+                // The reset channel's announcement reaches every pod (they drop their leases).
+                tokio::time::sleep(Duration::from_millis(150)).await;
+            }
+            Op::LaneReload { change } => {
+                let next = model.lane.apply(*change);
+                if next != model.lane {
+                    let mut remaining = Vec::new();
+                    for part in 0..PARTS {
+                        remaining.push(self.lane_remaining(part).await);
+                    }
+                    model.lane = next;
+                    self.rewrite(model).await;
+                    self.ledger
+                        .break_all(next, wall_us(), "a reload", &remaining);
+                    self.served(model).await?;
+                }
+            }
             Op::Check { via, item } => {
                 let target = self.target(*via);
                 let (nows, reply) = self
@@ -183,12 +282,7 @@ impl<'s> World<'s> {
             Op::Reload { policy, change } => {
                 let spec = change.apply(&model.specs[*policy]);
                 model.reload(*policy, spec);
-                let next = self.file.with_extension("next");
-                std::fs::write(&next, model.yaml()).expect("write the new policy file");
-                std::fs::rename(&next, &self.file).expect("swap the policy file");
-                for daemon in &mut self.daemons {
-                    daemon.reloader.reload(true).await;
-                }
+                self.rewrite(model).await;
                 self.ghost = None;
                 self.served(model).await?;
             }
@@ -285,6 +379,95 @@ impl<'s> World<'s> {
             }
         }
         self.store_invariants()
+    }
+
+    /// Writes the model's policy file and reloads every daemon.
+    async fn rewrite(&mut self, model: &Model) {
+        let next = self.file.with_extension("next");
+        std::fs::write(&next, model.yaml()).expect("write the new policy file");
+        std::fs::rename(&next, &self.file).expect("swap the policy file");
+        for daemon in self.daemons.iter_mut().chain(self.extra.as_mut()) {
+            daemon.reloader.reload(true).await;
+        }
+    }
+
+    /// The daemons the leased lane runs on.
+    fn lane_daemons(&self) -> Vec<&Daemon> {
+        match &self.extra {
+            Some(daemon) => vec![daemon],
+            None => self.daemons.iter().collect(),
+        }
+    }
+
+    /// `n` `lease: true` checks of `part` at once through lane daemon `via`.
+    async fn leased(&mut self, via: usize, part: u8, n: u64) -> Result<(), String> {
+        let lane = self.lane_daemons();
+        let at = via % lane.len();
+        let target = lane[at].app.tcp.clone();
+        let body = json!({"policy": "q", "descriptors": {"lane": "q", "user": format!("u{part}")}});
+        let requests = (0..n).map(|_| post(target.clone(), "/v1/check", body.clone()));
+        let replies = join_all(requests).await;
+        let now = wall_us();
+        let mut admitted = 0;
+        for reply in replies {
+            let reply = reply?;
+            if reply.status.as_u16() == 200 && reply.json()["allowed"] == json!(true) {
+                admitted += 1;
+            }
+        }
+        self.ledger
+            .admit(part, now, admitted, Holder::Lease(at), None)
+    }
+
+    /// `n` requests of `part` at Envoy `session`, each admission held to the ledger.
+    async fn rlqs(&mut self, session: usize, part: u8, n: u64) -> Result<(), String> {
+        let at = session % self.envoys.len();
+        self.envoys[at].0.breaks = self.ledger.breaks.clone();
+        let decided = self.envoys[at].0.requests(part, n).await?;
+        let now = wall_us();
+        for one in decided.iter().filter(|d| d.allowed) {
+            self.ledger
+                .admit(part, now, 1, Holder::Envoy(at), one.since)
+                .map_err(|why| {
+                    let how = if one.blanket { " (on ALLOW_ALL)" } else { "" };
+                    format!("{why}{how}")
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Every Envoy whose report interval passed reports (its timer fires).
+    async fn tick(&mut self) -> Result<(), String> {
+        let breaks = self.ledger.breaks.clone();
+        for (envoy, last) in &mut self.envoys {
+            if last.elapsed() >= REPORT_EVERY {
+                envoy.breaks = breaks.clone();
+                envoy.report_all().await?;
+                *last = std::time::Instant::now();
+            }
+        }
+        Ok(())
+    }
+
+    /// The leased lane's `remaining` for `part` (`None` when the store does not answer).
+    async fn lane_remaining(&self, part: u8) -> Option<u64> {
+        let admin = Target::Tcp(self.lane_daemons()[0].app.admin);
+        let reply = get(admin, &counter_path(part)).await.ok()?;
+        (reply.status.as_u16() == 200)
+            .then(|| reply.json()["remaining"].as_u64())
+            .flatten()
+    }
+
+    /// What the leased lane admitted (by `lease: true` checks, by Envoys) and the assignments
+    /// the Envoys received.
+    pub fn lane_tally(&self) -> ((u64, u64), std::collections::BTreeMap<&'static str, u64>) {
+        let mut kinds = std::collections::BTreeMap::new();
+        for (envoy, _) in &self.envoys {
+            for (kind, n) in &envoy.received {
+                *kinds.entry(*kind).or_default() += n;
+            }
+        }
+        (self.ledger.admitted, kinds)
     }
 
     /// Settles the answer `actual` to daemon 0's check of `item`, sent after the store's time
@@ -392,12 +575,17 @@ impl<'s> World<'s> {
     /// Checks that every daemon serves the model's policies (the reload swapped them in):
     /// `/v1/policies` names each one's algorithm and limit.
     async fn served(&self, model: &Model) -> Result<(), String> {
-        let written: Vec<(String, u64)> = model
+        let mut written: Vec<(String, u64)> = model
             .specs
             .iter()
             .map(|s| (s.algorithm().name().to_owned(), s.limit))
             .collect();
-        for daemon in &self.daemons {
+        let lane = match model.lane.alg {
+            super::lane::LaneAlg::TokenBucket => "token_bucket",
+            super::lane::LaneAlg::FixedWindow => "fixed_window",
+        };
+        written.push((lane.to_owned(), model.lane.limit));
+        for daemon in self.daemons.iter().chain(self.extra.as_ref()) {
             let reply = get(Target::Tcp(daemon.app.admin), "/v1/policies").await?;
             let served: Vec<(String, u64)> = reply.json()["policies"]
                 .as_array()
@@ -419,6 +607,12 @@ impl<'s> World<'s> {
     /// A restart of the single server: with its data (`SHUTDOWN SAVE`, loaded back at start)
     /// or without (`kill -9`, no data file); then every daemon decides by the store again.
     async fn restart(&mut self, model: &mut Model, persist: bool) {
+        let mut remaining = Vec::new();
+        if !persist {
+            for part in 0..PARTS {
+                remaining.push(self.lane_remaining(part).await);
+            }
+        }
         let Server::Single(server) = &mut *self.server else {
             unreachable!("restarts are generated for single servers only")
         };
@@ -438,6 +632,8 @@ impl<'s> World<'s> {
         if !persist {
             self.ghost = Some(model.clone());
             model.forget();
+            self.ledger
+                .break_all(model.lane, wall_us(), "a data loss", &remaining);
         }
         let probe = json!({"policy": "p0", "descriptors": {"user": "probe"}});
         for daemon in &self.daemons {
@@ -487,11 +683,24 @@ fn grant(server: &RedisServer, prefix: &str) {
         .expect("ACL SETUSER");
 }
 
-async fn spawn(server: &Server, prefix: &str, file: &Path, clock: &Arc<ManualClock>) -> Daemon {
+/// A daemon of the sequence; `real_time`: the embedded store on the system clock (the leased
+/// lane's own daemon).
+async fn spawn(
+    server: &Server,
+    prefix: &str,
+    file: &Path,
+    clock: &Arc<ManualClock>,
+    real_time: bool,
+) -> Daemon {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut settings = test_settings(dir.path());
     settings.policies = file.to_owned();
+    // The RLQS service on loopback; leases in small blocks, given back soon when idle.
+    settings.listen.grpc = "127.0.0.1:0".into();
+    settings.leases.min_units = 2;
+    settings.leases.idle = HumanDuration(100_000);
     let store_clock: Arc<dyn Clock> = match server {
+        Server::Memory if real_time => Arc::new(SystemClock::new()),
         Server::Memory => clock.clone(),
         Server::Single(single) => {
             settings.redis.url = Some(single.url().replacen("redis://", ACL_USER, 1));
@@ -517,7 +726,17 @@ async fn spawn(server: &Server, prefix: &str, file: &Path, clock: &Arc<ManualClo
         settings.files,
         false,
     );
+    let grpc = app.grpc_addr().expect("gRPC TCP on");
     let app = run_app(app, clock.clone(), dir);
     app.wait_for_store().await;
-    Daemon { app, reloader }
+    Daemon {
+        app,
+        reloader,
+        grpc,
+    }
+}
+
+/// The admin path of the leased lane's counter of `part`.
+fn counter_path(part: u8) -> String {
+    format!("/v1/counters?policy=q&d.lane=q&d.user=u{part}")
 }

@@ -36,7 +36,8 @@ struct Slot {
     /// The newest policy generation that wrote the state ([`StoreCheck::generation`]).
     generation: u64,
     /// The counter's lease epoch: fresh whenever the state is (created, restarted when idle,
-    /// reset, evicted and made again); a give-back lands only on the epoch it was taken in.
+    /// reset, evicted and made again) and, on a token bucket, at every take of units; a
+    /// give-back lands only on the epoch it was taken in.
     epoch: u64,
 }
 
@@ -340,8 +341,23 @@ impl MemoryStore {
         let grant = self.update(&mut shard, check, now, |alg, state| {
             alg.take(state, now, check.cost, fraction)
         });
+        // A token bucket's units taken now sit after every earlier holder's: a give-back of an
+        // earlier grant would move the TAT back beneath them (they would then be counted
+        // sooner than their `hold` says, and admitted twice). Each take with units makes the
+        // counter's epoch afresh, so only the latest take's give-back lands.
+        let renew = matches!(check.algorithm, crate::limit::Algorithm::TokenBucket(_))
+            && grant.is_some_and(|g| g.units > 0);
+        let fresh = renew.then(|| self.next_epoch());
         // The key just written is never evicted by its own update.
-        let epoch = shard.slots.get(&check.key).map_or(0, |slot| slot.epoch);
+        let epoch = match shard.slots.get_mut(&check.key) {
+            Some(slot) => {
+                if let Some(fresh) = fresh {
+                    slot.epoch = fresh;
+                }
+                slot.epoch
+            }
+            None => 0,
+        };
         grant.map(|grant| Grant { epoch, ..grant })
     }
 

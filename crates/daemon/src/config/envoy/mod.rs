@@ -36,6 +36,7 @@
 //! outside `[A-Za-z0-9_.-]`.
 
 mod emit;
+pub mod rlqs_filter;
 mod schema;
 mod walk;
 
