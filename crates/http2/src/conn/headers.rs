@@ -221,7 +221,7 @@ where
         }
         let end_stream = head.flags & frame::END_STREAM != 0;
         if head.flags & frame::END_HEADERS != 0 {
-            return self.whole_block(head.stream, end_stream, self_dependent, fragment);
+            return self.header_block(head.stream, end_stream, self_dependent, fragment);
         }
         self.check_block_size(fragment.len())?;
         self.continuing = Some(Continuing {
@@ -250,7 +250,7 @@ where
         }
         continuing.block.extend_from_slice(payload);
         if last {
-            return self.whole_block(
+            return self.header_block(
                 continuing.stream,
                 continuing.end_stream,
                 continuing.self_dependent,
@@ -274,23 +274,16 @@ where
         Ok(())
     }
 
-    /// A whole header block: decoded (the HPACK state goes on), then the stream reset if its
-    /// HEADERS made it depend on itself (RFC 9113 section 5.3.1: a stream error).
-    fn whole_block(
+    /// A whole header block; `self_dependent`: its HEADERS made the stream depend on itself
+    /// (RFC 9113 section 5.3.1: a stream error, taken as a malformed request once the block is
+    /// decoded, since the HPACK state goes on).
+    pub(super) fn header_block(
         &mut self,
         id: u32,
         end_stream: bool,
         self_dependent: bool,
         block: &[u8],
     ) -> Result<()> {
-        self.header_block(id, end_stream, block)?;
-        if self_dependent && self.state(id) != State::Idle && !self.state(id).sent_end() {
-            return self.reset(id, Code::Protocol);
-        }
-        Ok(())
-    }
-
-    pub(super) fn header_block(&mut self, id: u32, end_stream: bool, block: &[u8]) -> Result<()> {
         let mut request = RequestHead::default();
         let service = &*self.service;
         let decoded = self
@@ -301,6 +294,11 @@ where
             .map_err(|error| Fail::Goaway(Code::Compression, error.0))?;
         if let Some(problem) = decoded.malformed {
             request.malformed.get_or_insert(problem);
+        }
+        if self_dependent {
+            request
+                .malformed
+                .get_or_insert("a stream that depends on itself");
         }
         if let Some(stream) = self.streams.get_mut(&id) {
             // Trailers: they must end the stream and carry no pseudo-header; their content is
