@@ -146,6 +146,8 @@ pub enum Refused {
     BodyTimeout,
     /// Its unary call panicked (the connection's other calls go on).
     Panicked,
+    /// Its `:method` is not one of [`Service::METHODS`] (the answer is RFC 9110's 405).
+    Method,
 }
 
 /// A unary call's answer, worked out on the connection's task.
@@ -155,7 +157,8 @@ pub type StreamFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// What a connection serves.
 pub trait Service: Send + Sync + 'static {
-    /// The request methods served; a request with any other is malformed (`RST_STREAM`
+    /// The request methods served; a request with any other token is refused
+    /// ([`Refused::Method`]), one with a method that is no token is malformed (`RST_STREAM`
     /// `PROTOCOL_ERROR`).
     const METHODS: &'static [&'static [u8]];
     /// The request fields a unary call keeps ([`Kept`], by their index here), lower case; the
@@ -627,6 +630,15 @@ where
                     self.send_rst(head.stream, Code::FrameSize);
                     self.close(head.stream, Closed::ResetByUs);
                     self.count_reset()?;
+                } else if headers::dependency(payload) == head.stream {
+                    // A stream that depends on itself: a stream error (RFC 9113 section
+                    // 5.3.1), which an idle stream cannot be sent.
+                    if head.stream > self.last_stream {
+                        return Err(protocol("PRIORITY of a stream on itself"));
+                    }
+                    if !self.state(head.stream).sent_end() {
+                        self.reset(head.stream, Code::Protocol)?;
+                    }
                 }
                 self.idle_frame()
             }

@@ -13,7 +13,7 @@
 //! | half-closed (remote) | stream `STREAM_CLOSED` | stream `STREAM_CLOSED` | allowed | closed | allowed |
 //! | closed, we reset it | ignored (the client may have sent it before it knew) | ignored | ignored | ignored | allowed |
 //! | closed, the client reset it | stream `STREAM_CLOSED` | stream `STREAM_CLOSED` | ignored | ignored (never a reset for a reset) | allowed |
-//! | closed, both sides ended (or forgotten) | connection `PROTOCOL_ERROR` (a stream id used again, section 5.1.1) | ignored (the RFC allows a connection error; its window is counted) | ignored | ignored | allowed |
+//! | closed, both sides ended (or forgotten, and not among the streams we reset lately) | connection `STREAM_CLOSED` (frames after the client's END_STREAM) | connection `STREAM_CLOSED` (its window is counted) | ignored | ignored | allowed |
 
 use crate::frame::Code;
 
@@ -108,8 +108,9 @@ impl State {
             (_, Recv::RstStream) => Ok(Self::Closed(Closed::ResetByPeer)),
             (Self::Closed(Closed::ResetByUs), _) => Err(Ignored),
             (Self::Closed(Closed::ResetByPeer), _) => Err(Stream(Code::StreamClosed)),
-            (Self::Closed(Closed::Ended), Recv::Headers { .. }) => Err(Connection(Code::Protocol)),
-            (Self::Closed(Closed::Ended), Recv::Data { .. }) => Err(Ignored),
+            (Self::Closed(Closed::Ended), Recv::Headers { .. } | Recv::Data { .. }) => {
+                Err(Connection(Code::StreamClosed))
+            }
         }
     }
 
@@ -228,10 +229,10 @@ mod tests {
                 Ok(state),
             ],
             Closed(super::Closed::Ended) => [
-                Err(Connection(Code::Protocol)),
-                Err(Connection(Code::Protocol)),
-                Err(Ignored),
-                Err(Ignored),
+                Err(Connection(Code::StreamClosed)),
+                Err(Connection(Code::StreamClosed)),
+                Err(Connection(Code::StreamClosed)),
+                Err(Connection(Code::StreamClosed)),
                 Err(Ignored),
                 Err(Ignored),
                 Ok(state),

@@ -8,11 +8,14 @@
 //! the policy appeared), in this pod only.
 //!
 //! Entries name the partition by the same keyed fingerprint as the log lines (the same on every
-//! pod given `shadow.fingerprint_key`, else random per process); the partition itself (escaped
+//! pod given `shadow.fingerprint_key`, else random per process), worked out when a partition
+//! enters a list (an HMAC costs more than the rest of a denial); within a list a partition is
+//! known by a cheaper hash keyed at random per process. The partition itself (escaped
 //! key descriptor values, as `/v1/counters` shows it) is kept too, at most 128 bytes, and shown
 //! only to loopback clients (see `transport::top`).
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -32,6 +35,8 @@ pub const MAX_POLICIES: usize = 512;
 pub struct TopDenied {
     denied: Lists,
     would_block: Lists,
+    /// Keys the partitions' identities within the lists.
+    ids: RandomState,
 }
 
 /// Which of a policy's lists.
@@ -86,6 +91,7 @@ impl TopDenied {
         let top = Self {
             denied: Lists::new(),
             would_block: Lists::new(),
+            ids: RandomState::new(),
         };
         top.replace_policies(policies);
         top
@@ -104,9 +110,11 @@ impl TopDenied {
         self.would_block.replace_policies(policies);
     }
 
-    /// Counts a denial or would-block of `key`'s partition (identified by `id`) under `policy`.
-    pub fn note(&self, tally: Tally, policy: &str, id: u64, key: &Key) {
-        self.of(tally).note(policy, id, key);
+    /// Counts a denial or would-block of `key`'s partition under `policy`; `fingerprint` is
+    /// asked for when the partition enters the list.
+    pub fn note(&self, tally: Tally, policy: &str, key: &Key, fingerprint: impl FnOnce() -> u64) {
+        let id = self.ids.hash_one(key.partition());
+        self.of(tally).note(policy, id, key, fingerprint);
     }
 
     /// The `limit` partitions of `policy` noted most in `tally` (`None`: it has no list),
@@ -149,7 +157,7 @@ impl Lists {
         }
     }
 
-    fn note(&self, policy: &str, id: u64, key: &Key) {
+    fn note(&self, policy: &str, id: u64, key: &Key, fingerprint: impl FnOnce() -> u64) {
         let lists = self.lists.read().unwrap_or_else(|p| p.into_inner());
         let Some(list) = lists.get(policy) else {
             return;
@@ -158,7 +166,7 @@ impl Lists {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let mut list = list.lock().unwrap_or_else(|p| p.into_inner());
-        list.note(id, || key.partition().to_owned(), now_ms);
+        list.note(id, || (fingerprint(), key.partition().to_owned()), now_ms);
     }
 
     fn list(&self, policy: &str, limit: usize, raw: bool) -> Option<TopList> {
@@ -172,7 +180,7 @@ impl Lists {
                 .top(limit)
                 .into_iter()
                 .map(|e| TopEntry {
-                    fingerprint: format!("{:016x}", e.id),
+                    fingerprint: format!("{:016x}", e.fingerprint),
                     partition: raw.then_some(e.label),
                     partition_truncated: raw && e.truncated,
                     denials: e.count,
@@ -207,13 +215,14 @@ impl CheckService {
     /// Counts a denial or would-block in the policy's top list of `tally` (the partition, every
     /// window as one).
     pub(super) fn note_top(&self, tally: Tally, part: &PolicyDecision) {
-        let id = self.shadow_log.fingerprint_id(&part.key);
+        let fingerprint = || self.shadow_log.fingerprint_id(&part.key);
         // A policy of one window (most) needs no copy of its key.
         if part.key.period_us().is_none() {
-            self.top.note(tally, part.policy.name(), id, &part.key);
+            self.top
+                .note(tally, part.policy.name(), &part.key, fingerprint);
         } else {
             let key = part.key.without_window();
-            self.top.note(tally, part.policy.name(), id, &key);
+            self.top.note(tally, part.policy.name(), &key, fingerprint);
         }
     }
 
@@ -249,9 +258,9 @@ mod tests {
     fn partitions_only_when_raw_and_lists_follow_reloads() {
         let top = TopDenied::new(&set(TWO));
         let key = Key::new(Arc::from("a"), ["203.0.113.7"]);
-        top.note(Tally::Denied, "a", 7, &key);
-        top.note(Tally::Denied, "b", 8, &key);
-        top.note(Tally::WouldBlock, "b", 9, &key);
+        top.note(Tally::Denied, "a", &key, || 7);
+        top.note(Tally::Denied, "b", &key, || 8);
+        top.note(Tally::WouldBlock, "b", &key, || 9);
         assert_eq!(top.noted_policies(Tally::WouldBlock), ["b"]);
         let would = top.list(Tally::WouldBlock, "b", 10, false).expect("b list");
         assert_eq!(

@@ -14,8 +14,10 @@ pub const MAX_LABEL: usize = 128;
 /// One tracked partition.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
-    /// The partition's identity (a keyed hash of its counter key).
+    /// The partition's identity in this list (a keyed hash of its counter key).
     pub id: u64,
+    /// The partition's fingerprint as shown, worked out when it entered the list.
+    pub fingerprint: u64,
     /// The partition as shown, at most [`MAX_LABEL`] bytes.
     pub label: String,
     /// Whether `label` was cut.
@@ -66,19 +68,21 @@ impl SpaceSaving {
         self.entries.is_empty()
     }
 
-    /// Counts one denial of partition `id` at `now_ms`; `label` is asked for only when the
-    /// partition takes a counter. O(capacity): a scan of ids, no allocation for a tracked one.
-    pub fn note(&mut self, id: u64, label: impl FnOnce() -> String, now_ms: u64) {
+    /// Counts one denial of partition `id` at `now_ms`; `fresh` (its fingerprint and label) is
+    /// asked for only when the partition takes a counter. O(capacity): a scan of ids, no allocation for a tracked one.
+    pub fn note(&mut self, id: u64, fresh: impl FnOnce() -> (u64, String), now_ms: u64) {
         self.total = self.total.saturating_add(1);
         if let Some(entry) = self.entries.iter_mut().find(|e| e.id == id) {
             entry.count = entry.count.saturating_add(1);
             entry.last_ms = entry.last_ms.max(now_ms);
             return;
         }
-        let (label, truncated) = cut(label());
+        let (fingerprint, label) = fresh();
+        let (label, truncated) = cut(label);
         if self.entries.len() < self.capacity {
             self.entries.push(Entry {
                 id,
+                fingerprint,
                 label,
                 truncated,
                 count: 1,
@@ -92,6 +96,7 @@ impl SpaceSaving {
         if let Some(min) = self.entries.iter_mut().min_by_key(|e| e.count) {
             *min = Entry {
                 id,
+                fingerprint,
                 label,
                 truncated,
                 count: min.count.saturating_add(1),
@@ -144,7 +149,7 @@ mod tests {
             let mut sketch = SpaceSaving::new(capacity);
             let mut exact: HashMap<u64, u64> = HashMap::new();
             for (t, &id) in stream.iter().enumerate() {
-                sketch.note(id, || format!("p{id}"), t as u64);
+                sketch.note(id, || (id, format!("p{id}")), t as u64);
                 *exact.entry(id).or_default() += 1;
             }
             let total = stream.len() as u64;
@@ -171,7 +176,7 @@ mod tests {
     fn many_distinct_partitions_stay_at_capacity() {
         let mut sketch = SpaceSaving::new(8);
         for id in 0..100_000u64 {
-            sketch.note(id, || "x".repeat(1_000), id);
+            sketch.note(id, || (id, "x".repeat(1_000)), id);
         }
         assert_eq!(sketch.len(), 8);
         assert!(sketch
@@ -190,7 +195,7 @@ mod tests {
     fn the_most_denied_come_first_with_their_last_denial() {
         let mut sketch = SpaceSaving::new(4);
         for (t, id) in [1, 2, 2, 3, 2, 1].into_iter().enumerate() {
-            sketch.note(id, || id.to_string(), 100 + t as u64);
+            sketch.note(id, || (id, id.to_string()), 100 + t as u64);
         }
         let top: Vec<(u64, u64, u64)> = sketch
             .top(2)

@@ -32,6 +32,8 @@ impl Kept {
 #[derive(Default)]
 pub(super) struct RequestHead {
     pub(super) method: Option<Bytes>,
+    /// `:method` is a token the service does not serve (`Service::METHODS`).
+    pub(super) other_method: bool,
     /// Kept only for calls served on a task.
     pub(super) path: Option<Bytes>,
     pub(super) scheme: bool,
@@ -62,13 +64,20 @@ impl RequestHead {
             }
             let repeated = match pseudo {
                 b"method" => {
-                    // A method the service does not serve (or one that is not a token) is no
-                    // call this server answers.
-                    let Some(method) = S::METHODS.iter().find(|&&m| m == value) else {
-                        self.malformed = Some("a :method the service does not serve");
-                        return;
+                    // A method that is not a token is malformed; a token the service does not
+                    // serve is a request like any other, answered `Refused::Method`.
+                    let method = match S::METHODS.iter().find(|&&m| m == value) {
+                        Some(served) => Bytes::from_static(served),
+                        None if !value.is_empty() && value.iter().all(|&b| is_tchar(b)) => {
+                            self.other_method = true;
+                            Bytes::new()
+                        }
+                        None => {
+                            self.malformed = Some("a :method that is not a token");
+                            return;
+                        }
                     };
-                    self.method.replace(Bytes::from_static(method)).is_some()
+                    self.method.replace(method).is_some()
                 }
                 b"path" => {
                     if value.is_empty() {
@@ -132,6 +141,11 @@ impl RequestHead {
     }
 }
 
+/// A token character (RFC 9110 section 5.6.2).
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
 /// A header block arriving in HEADERS and CONTINUATION frames.
 pub(super) struct Continuing {
     pub(super) stream: u32,
@@ -139,6 +153,15 @@ pub(super) struct Continuing {
     pub(super) block: BytesMut,
     /// CONTINUATION frames so far.
     pub(super) frames: u32,
+    /// Its HEADERS made the stream depend on itself.
+    pub(super) self_dependent: bool,
+}
+
+/// The stream a priority's first 4 bytes name (without the exclusive bit).
+pub(super) fn dependency(bytes: &[u8]) -> u32 {
+    bytes.get(..4).map_or(0, |b| {
+        u32::from_be_bytes([b[0], b[1], b[2], b[3]]) & 0x7fff_ffff
+    })
 }
 
 /// The request a task's service sees.
@@ -187,19 +210,24 @@ where
         }
         let mut fragment = frame::unpad(payload, head.flags)
             .ok_or_else(|| protocol("padding longer than the frame"))?;
+        let mut self_dependent = false;
         if head.flags & frame::PRIORITY_FLAG != 0 {
+            self_dependent = fragment
+                .get(..4)
+                .is_some_and(|d| dependency(d) == head.stream);
             fragment = fragment
                 .get(5..)
                 .ok_or_else(|| protocol("HEADERS too short for its priority"))?;
         }
         let end_stream = head.flags & frame::END_STREAM != 0;
         if head.flags & frame::END_HEADERS != 0 {
-            return self.header_block(head.stream, end_stream, fragment);
+            return self.header_block(head.stream, end_stream, self_dependent, fragment);
         }
         self.check_block_size(fragment.len())?;
         self.continuing = Some(Continuing {
             stream: head.stream,
             end_stream,
+            self_dependent,
             block: BytesMut::from(fragment),
             frames: 0,
         });
@@ -222,7 +250,12 @@ where
         }
         continuing.block.extend_from_slice(payload);
         if last {
-            return self.header_block(continuing.stream, continuing.end_stream, &continuing.block);
+            return self.header_block(
+                continuing.stream,
+                continuing.end_stream,
+                continuing.self_dependent,
+                &continuing.block,
+            );
         }
         self.continuing = Some(continuing);
         Ok(())
@@ -241,7 +274,16 @@ where
         Ok(())
     }
 
-    pub(super) fn header_block(&mut self, id: u32, end_stream: bool, block: &[u8]) -> Result<()> {
+    /// A whole header block; `self_dependent`: its HEADERS made the stream depend on itself
+    /// (RFC 9113 section 5.3.1: a stream error, taken as a malformed request once the block is
+    /// decoded, since the HPACK state goes on).
+    pub(super) fn header_block(
+        &mut self,
+        id: u32,
+        end_stream: bool,
+        self_dependent: bool,
+        block: &[u8],
+    ) -> Result<()> {
         let mut request = RequestHead::default();
         let service = &*self.service;
         let decoded = self
@@ -252,6 +294,11 @@ where
             .map_err(|error| Fail::Goaway(Code::Compression, error.0))?;
         if let Some(problem) = decoded.malformed {
             request.malformed.get_or_insert(problem);
+        }
+        if self_dependent {
+            request
+                .malformed
+                .get_or_insert("a stream that depends on itself");
         }
         if let Some(stream) = self.streams.get_mut(&id) {
             // Trailers: they must end the stream and carry no pseudo-header; their content is
@@ -276,14 +323,18 @@ where
             self.finish_if_done(id);
             return Ok(());
         }
-        // The reset memory is looked at only for a HEADERS on a stream closed and forgotten.
-        let reset = id <= self.last_stream && self.reset_by_us.contains(&id);
-        let state = match State::forgotten(id, self.last_stream, reset)
-            .recv(Recv::Headers { end_stream })
-        {
+        let state = match self.state(id).recv(Recv::Headers { end_stream }) {
             Ok(state) => state,
             // Trailers on a stream we reset: the client may not know yet.
             Err(FrameError::Ignored) => return Ok(()),
+            // Frames after the client ended its latest stream (section 5.1); a lower id is
+            // an unexpected one (section 5.1.1), below.
+            Err(FrameError::Connection(Code::StreamClosed)) if id == self.last_stream => {
+                return Err(Fail::Goaway(
+                    Code::StreamClosed,
+                    "HEADERS on a closed stream",
+                ))
+            }
             // Anything else opens a stream below one already opened.
             Err(_) => return Err(protocol("a new stream id not above the last one")),
         };
@@ -336,6 +387,12 @@ where
             out_bytes: 0,
             _open: self.service.opened(),
         };
+        if request.other_method {
+            // Answered at once (RFC 9110's 405, as the service words it); what the client
+            // still sends on the stream is counted against the windows and dropped.
+            self.streams.insert(id, stream);
+            return self.refuse(id, Refused::Method);
+        }
         if decoded.oversized {
             self.streams.insert(id, stream);
             // Counted as a refusal: a client that keeps sending oversized lists (an HPACK

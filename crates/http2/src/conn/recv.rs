@@ -110,6 +110,12 @@ where
             Err(FrameError::Connection(code)) => {
                 return Err(Fail::Goaway(code, "WINDOW_UPDATE on a stream not opened"))
             }
+            // An increment of 0 is a stream error however the stream stands (RFC 9113 section
+            // 6.9); on a stream we reset, ignored as every frame there is.
+            Err(_) if increment == 0 && !self.reset_by_us.contains(&head.stream) => {
+                self.send_rst(head.stream, Code::Protocol);
+                return self.count_reset();
+            }
             Err(_) => return Ok(()),
             Ok(_) => {}
         }
@@ -128,12 +134,15 @@ where
     }
 
     /// Stream `id`'s state: kept, or forgotten (idle above the last stream opened, else
-    /// closed; taken as ended, since what a DATA, WINDOW_UPDATE or RST_STREAM does there does
-    /// not depend on how it closed, and a HEADERS looks at the reset memory itself).
+    /// closed: reset by us if the reset memory has it, else ended).
     pub(super) fn state(&self, id: u32) -> State {
         match self.streams.get(&id) {
             Some(stream) => stream.state,
-            None => State::forgotten(id, self.last_stream, false),
+            None => State::forgotten(
+                id,
+                self.last_stream,
+                id <= self.last_stream && self.reset_by_us.contains(&id),
+            ),
         }
     }
 
@@ -248,7 +257,7 @@ where
         let end = head.flags & frame::END_STREAM != 0;
         let verdict = self.state(id).recv(Recv::Data { end_stream: end });
         if let Err(FrameError::Connection(code)) = verdict {
-            return Err(Fail::Goaway(code, "DATA on a stream not opened"));
+            return Err(Fail::Goaway(code, "DATA on a stream not open"));
         }
         // Flow control counts the whole payload, padding included.
         let len = payload.len() as u32;

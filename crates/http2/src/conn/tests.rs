@@ -57,9 +57,13 @@ impl Service for Stub {
             }
         })
     }
-    fn refuse(&self, _why: Refused) -> Answer {
+    fn refuse(&self, why: Refused) -> Answer {
         Answer::Bodiless {
-            head: Block::Encoded(b"\x88"),
+            head: Block::Encoded(if why == Refused::Method {
+                b"\x08\x03405"
+            } else {
+                b"\x88"
+            }),
             trailers: Block::Fields(Box::default()),
         }
     }
@@ -99,6 +103,12 @@ fn block(path: &[u8]) -> Vec<u8> {
 /// What the server wrote and the most its budget held, with `input` written after the
 /// client's preface and SETTINGS and the write side then closed.
 async fn serve(input: &[u8]) -> (Vec<u8>, usize, Arc<Budget>) {
+    serve_in(&[input]).await
+}
+
+/// [`serve`] with the input in `pieces`, each written after the server has taken the one
+/// before (and answered what it could).
+async fn serve_in(pieces: &[&[u8]]) -> (Vec<u8>, usize, Arc<Budget>) {
     let config = config();
     let base = connection_base(
         config.connection_window,
@@ -118,7 +128,10 @@ async fn serve(input: &[u8]) -> (Vec<u8>, usize, Arc<Budget>) {
     let mut hello = frame::PREFACE.to_vec();
     push(&mut hello, frame::SETTINGS, 0, 0, &[]);
     let mut peak = budget.used();
-    for piece in [&hello[..], input] {
+    for piece in std::iter::once(&hello[..]).chain(pieces.iter().copied()) {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
         for chunk in piece.chunks(4096) {
             if writing.write_all(chunk).await.is_err() {
                 break;
@@ -185,6 +198,46 @@ fn a_unary_call_is_answered_with_its_body() {
         .collect();
     assert_eq!(data.first().map(|f| &f.3[..]), Some(&b"\0\0\0\0\x02hi"[..]));
     assert_eq!(budget.used(), 0, "the charge is returned");
+}
+
+/// A request with `method` on a stream of its own, ended in its HEADERS: the server's frames on
+/// that stream.
+fn with_method(method: &[u8]) -> Vec<(u8, u8, u32, Vec<u8>)> {
+    let mut block = vec![0x42, u8::try_from(method.len()).unwrap_or(0)];
+    block.extend_from_slice(method);
+    block.extend_from_slice(&block_path(TASK));
+    let mut input = Vec::new();
+    push(
+        &mut input,
+        frame::HEADERS,
+        frame::END_HEADERS | frame::END_STREAM,
+        1,
+        &block,
+    );
+    let (out, _, budget) = runtime().block_on(serve(&input));
+    assert_eq!(budget.used(), 0, "the charge is returned");
+    frames(&out).into_iter().filter(|f| f.2 == 1).collect()
+}
+
+/// `:scheme http` and `:path` (a literal without indexing).
+fn block_path(path: &[u8]) -> Vec<u8> {
+    block(path)[1..].to_vec()
+}
+
+#[test]
+fn a_method_not_served_is_answered_by_the_service_and_one_not_a_token_is_malformed() {
+    assert_eq!(
+        with_method(b"GET"),
+        [(
+            frame::HEADERS,
+            frame::END_HEADERS | frame::END_STREAM,
+            1,
+            b"\x08\x03405".to_vec()
+        )],
+        "the service's answer to Refused::Method, the stream ended"
+    );
+    let protocol = (Code::Protocol as u32).to_be_bytes().to_vec();
+    assert_eq!(with_method(b"GE T"), [(frame::RST_STREAM, 0, 1, protocol)]);
 }
 
 /// A frame a strategy makes: a type (the ten, and an unknown one), flags, a stream id among

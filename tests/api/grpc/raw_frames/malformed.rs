@@ -41,7 +41,6 @@ async fn malformed_requests_are_reset_with_protocol_error() {
     let path = path();
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("an empty :path", request_with(b"POST", b"", &[])),
-        (":method GET", request_with(b"GET", &path, &[])),
         (":method PO ST", request_with(b"PO ST", &path, &[])),
         (
             "NUL in a value",
@@ -83,6 +82,47 @@ async fn malformed_requests_are_reset_with_protocol_error() {
         Outcome::Code(OK),
         "content-length right"
     );
+}
+
+/// A method gRPC does not use is a request like any other (RFC 9110): answered 405 with
+/// `allow: POST`, the stream ended, the connection served on; a method that is not a token is
+/// malformed (above).
+#[tokio::test]
+async fn other_methods_are_answered_405() {
+    let daemon = daemon(|_| {}).await;
+    let mut conn = Conn::open(daemon.addr).await;
+    let path = path();
+    for method in [&b"GET"[..], b"HEAD", b"PUT", b"OPTIONS"] {
+        let stream = conn.stream();
+        conn.send(&frame(
+            HEADERS,
+            END_HEADERS | END_STREAM,
+            stream,
+            &request_with(method, &path, &[]),
+        ))
+        .await;
+        // The stream's frames, to its end: the head, a line of text, empty trailers.
+        let mut seen = Vec::new();
+        for _ in 0..1_000 {
+            let frame = conn.reader.frame().await.expect("the connection stays");
+            if frame.stream == stream {
+                let end = frame.flags & END_STREAM != 0;
+                seen.push((frame.kind, frame.payload));
+                if end || frame.kind == RST_STREAM {
+                    break;
+                }
+            }
+        }
+        let kinds: Vec<u8> = seen.iter().map(|f| f.0).collect();
+        assert_eq!(kinds, [HEADERS, DATA, HEADERS], "{method:?}: no reset");
+        // `:status: 405`, `allow: POST`, `content-type: text/plain`, as literals without
+        // indexing.
+        assert_eq!(
+            seen[0].1, b"\x08\x03405\x0f\x07\x04POST\x0f\x10\x0atext/plain",
+            "{method:?}"
+        );
+        assert_eq!(conn.check().await, Outcome::Code(OK), "after {method:?}");
+    }
 }
 
 /// Trailers that carry a pseudo-header: malformed.

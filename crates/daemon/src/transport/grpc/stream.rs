@@ -43,6 +43,9 @@ const ANSWER_BYTES: usize = 256;
 /// A gRPC answer's head: `:status: 200` (indexed) and `content-type: application/grpc` (a
 /// literal without indexing whose name is static-table entry 31, prefix 15 + 16).
 const GRPC_HEAD: &[u8] = b"\x88\x0f\x10\x10application/grpc";
+/// `:status: 405`, `allow: POST` and `content-type: text/plain` (literals without indexing,
+/// names from the static table: 8, 22 and 31), the head of the answer to any other method.
+const NOT_ALLOWED: &[u8] = b"\x08\x03405\x0f\x07\x04POST\x0f\x10\x0atext/plain";
 /// `grpc-status: 0`, a literal without indexing with a literal name.
 const GRPC_OK: &[u8] = b"\x00\x0bgrpc-status\x010";
 
@@ -203,6 +206,14 @@ impl sluice_http2::Service for Streams {
             )),
             // Answered, not counted as a refusal.
             Refused::Panicked => return refusal(&Status::internal("the check failed")),
+            // Not a gRPC call at all: HTTP's answer, as gRPC servers give it.
+            Refused::Method => {
+                return Answer::Whole {
+                    head: Block::Encoded(NOT_ALLOWED),
+                    body: BytesMut::from(&b"sluice: this listener serves gRPC (POST) only\n"[..]),
+                    trailers: Block::Encoded(b""),
+                }
+            }
         };
         count(&self.metrics, &status);
         refusal(&status)

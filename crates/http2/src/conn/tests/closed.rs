@@ -99,3 +99,92 @@ fn window_updates_on_a_stream_we_reset_are_not_applied() {
     }
     only_our_reset(&after_our_reset(&late));
 }
+
+/// Stream 1 asked and answered whole (both sides ended, the stream forgotten), then `late`:
+/// the server's frames after its answer.
+fn after_the_answer(late: &[u8]) -> Vec<(u8, u8, u32, Vec<u8>)> {
+    let mut input = Vec::new();
+    push(
+        &mut input,
+        frame::HEADERS,
+        frame::END_HEADERS,
+        1,
+        &block(UNARY),
+    );
+    push(
+        &mut input,
+        frame::DATA,
+        frame::END_STREAM,
+        1,
+        b"\0\0\0\0\x02hi",
+    );
+    let (out, _, budget) = runtime().block_on(serve_in(&[&input, late]));
+    assert_eq!(budget.used(), 0, "the charge is returned");
+    let frames = frames(&out);
+    let answered = frames
+        .iter()
+        .position(|f| f.0 == frame::HEADERS && f.2 == 1 && f.1 & frame::END_STREAM != 0)
+        .expect("stream 1 answered whole");
+    frames[answered + 1..].to_vec()
+}
+
+#[test]
+fn data_after_both_sides_ended_is_a_connection_stream_closed() {
+    let mut late = Vec::new();
+    push(&mut late, frame::DATA, frame::END_STREAM, 1, b"x");
+    let goaway = after_the_answer(&late)
+        .into_iter()
+        .find(|f| f.0 == frame::GOAWAY)
+        .expect("a GOAWAY");
+    assert_eq!(goaway.3.get(7), Some(&(Code::StreamClosed as u8)));
+}
+
+#[test]
+fn a_zero_window_increment_on_a_closed_stream_is_a_stream_error() {
+    let mut late = Vec::new();
+    push(&mut late, frame::WINDOW_UPDATE, 0, 1, &0u32.to_be_bytes());
+    let resets: Vec<_> = after_the_answer(&late)
+        .into_iter()
+        .filter(|f| f.0 == frame::RST_STREAM && f.2 == 1)
+        .collect();
+    assert_eq!(resets.len(), 1, "{resets:?}");
+    assert_eq!(resets[0].3, (Code::Protocol as u32).to_be_bytes());
+}
+
+#[test]
+fn a_stream_that_depends_on_itself_is_reset() {
+    // HEADERS with the PRIORITY flag naming stream 1 itself, weight 16.
+    let mut headers = 1u32.to_be_bytes().to_vec();
+    headers.push(15);
+    headers.extend_from_slice(&block(UNARY));
+    let mut input = Vec::new();
+    push(
+        &mut input,
+        frame::HEADERS,
+        frame::END_HEADERS | frame::PRIORITY_FLAG,
+        1,
+        &headers,
+    );
+    // And a PRIORITY frame doing the same to stream 3, already open.
+    push(
+        &mut input,
+        frame::HEADERS,
+        frame::END_HEADERS,
+        3,
+        &block(UNARY),
+    );
+    let mut priority = 3u32.to_be_bytes().to_vec();
+    priority.push(15);
+    push(&mut input, frame::PRIORITY, 0, 3, &priority);
+    let (out, _, budget) = runtime().block_on(serve(&input));
+    assert_eq!(budget.used(), 0, "the charge is returned");
+    let protocol = (Code::Protocol as u32).to_be_bytes().to_vec();
+    for stream in [1, 3] {
+        let on: Vec<_> = frames(&out).into_iter().filter(|f| f.2 == stream).collect();
+        assert_eq!(
+            on,
+            [(frame::RST_STREAM, 0, stream, protocol.clone())],
+            "stream {stream}"
+        );
+    }
+}
