@@ -21,6 +21,7 @@ mod lowered_limit;
 mod permit_twins;
 mod permits_fleet;
 mod policies;
+mod reservations_fleet;
 mod reshard;
 pub mod serve_env;
 mod single;

@@ -17,12 +17,10 @@
 
 use std::sync::Arc;
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine as _;
 use prometheus::{IntCounterVec, Opts};
 
 use super::plan::Plan;
-use super::shadow_log::Hmac;
+use super::tokens::{self, Signer, TokenError};
 use super::verdict::{self, Mode, Outcome, PolicyDecision, Verdict};
 use super::CheckService;
 use crate::limit::{Algorithm, Key};
@@ -36,7 +34,7 @@ const DOMAIN: &[u8] = b"sluice-permit\0";
 
 /// Signs and reads permit tokens; counts permits.
 pub struct Permits {
-    signer: Hmac,
+    signer: Signer,
     /// `sluice_permits_total{policy,event}`.
     events: IntCounterVec,
 }
@@ -69,21 +67,6 @@ pub struct Release {
     pub policies: Vec<String>,
 }
 
-/// A permit id: 128 bits from the operating system's CSPRNG.
-fn permit_id() -> u128 {
-    let mut bytes = [0u8; 16];
-    if getrandom::fill(&mut bytes).is_err() {
-        // The OS refused randomness (never on Linux once booted): ids from the std hasher's
-        // random keys, unique per call, still unknowable to clients.
-        use std::hash::BuildHasher;
-        let state = std::collections::hash_map::RandomState::new();
-        let high = state.hash_one(std::time::Instant::now());
-        let low = state.hash_one(std::thread::current().id());
-        return (u128::from(high) << 64) | u128::from(low);
-    }
-    u128::from_be_bytes(bytes)
-}
-
 impl Permits {
     /// Tokens signed with `secret` (`None`: a random key of this process).
     pub fn new(secret: Option<&[u8]>, metrics: &crate::telemetry::Metrics) -> Self {
@@ -104,11 +87,10 @@ impl Permits {
     }
 
     fn with_events(secret: Option<&[u8]>, events: IntCounterVec) -> Self {
-        let signer = match secret {
-            Some(secret) => Hmac::new(secret),
-            None => Hmac::new(&permit_id().to_be_bytes()),
-        };
-        Self { signer, events }
+        Self {
+            signer: Signer::new(secret),
+            events,
+        }
     }
 
     /// The same counters, tokens signed with `secret`.
@@ -131,64 +113,36 @@ impl Permits {
 
     /// The token for permit `id` on `keys`.
     fn token(&self, id: u128, keys: &[Key]) -> String {
-        let payload = payload(keys);
-        let mac = self
-            .signer
-            .mac64(&[DOMAIN, &id.to_be_bytes(), payload.as_bytes()]);
-        format!("{id:032x}.{mac:016x}.{}", URL_SAFE_NO_PAD.encode(payload))
+        self.signer.seal(DOMAIN, id, payload(keys).as_bytes())
     }
 
     /// The id and keys of a token this fleet issued.
     pub fn read(&self, token: &str) -> Result<(u128, Vec<Key>), ReleaseError> {
-        if token.len() > MAX_PERMIT_TOKEN {
-            return Err(ReleaseError::Malformed("longer than any permit"));
-        }
-        let mut fields = token.splitn(3, '.');
-        let (Some(id), Some(mac), Some(keys)) = (fields.next(), fields.next(), fields.next())
-        else {
-            return Err(ReleaseError::Malformed("expected <id>.<mac>.<partitions>"));
-        };
-        let hex = |text: &str, len: usize| {
-            (text.len() == len && text.bytes().all(|b| b.is_ascii_hexdigit()))
-                .then(|| u128::from_str_radix(text, 16).ok())
-                .flatten()
-        };
-        let (Some(id), Some(mac)) = (hex(id, 32), hex(mac, 16)) else {
-            return Err(ReleaseError::Malformed(
-                "the id is 32 hex digits and the mac 16",
-            ));
-        };
-        let payload = URL_SAFE_NO_PAD
-            .decode(keys)
-            .map_err(|_| ReleaseError::Malformed("the partitions are not base64url"))?;
-        let expected = self.signer.mac64(&[DOMAIN, &id.to_be_bytes(), &payload]);
-        if u128::from(expected) != mac {
-            return Err(ReleaseError::Forged);
-        }
+        let (id, payload) = self
+            .signer
+            .open(DOMAIN, token, MAX_PERMIT_TOKEN)
+            .map_err(|error| match error {
+                TokenError::Malformed(why) => ReleaseError::Malformed(why),
+                TokenError::Forged => ReleaseError::Forged,
+            })?;
         // Signed by this fleet: the payload is one `payload` wrote.
         let text = String::from_utf8(payload).map_err(|_| ReleaseError::Forged)?;
         let keys = text
             .split('\n')
-            .map(|one| {
-                let (policy, partition) = one.split_once('\0').ok_or(ReleaseError::Forged)?;
-                Ok(Key::from_partition(Arc::from(policy), partition.to_owned()))
-            })
+            .map(|one| tokens::read_key(one).map_err(|_| ReleaseError::Forged))
             .collect::<Result<Vec<_>, _>>()?;
         Ok((id, keys))
     }
 }
 
-/// `policy \0 partition` of each key, `\n` between them (partitions escape control bytes, and
-/// policy names are `[a-z0-9_-]`, so neither separator occurs inside one).
+/// Each key as [`tokens::push_key`] writes it, `\n` between them.
 fn payload(keys: &[Key]) -> String {
     let mut out = String::new();
     for (i, key) in keys.iter().enumerate() {
         if i > 0 {
             out.push('\n');
         }
-        out.push_str(key.policy());
-        out.push('\0');
-        out.push_str(key.partition());
+        tokens::push_key(&mut out, key);
     }
     out
 }
@@ -206,7 +160,7 @@ impl CheckService {
     pub(super) async fn run_with_permits(&self, spend: Spend, plan: &mut Plan) -> Verdict {
         let (held_at, rest_at): (Vec<usize>, Vec<usize>) = (0..plan.checks.len())
             .partition(|&at| matches!(plan.checks[at].algorithm, Algorithm::Concurrency(_)));
-        let id = permit_id();
+        let id = tokens::random_id();
         let deadline = plan.deadline();
         let mut decided = Vec::with_capacity(plan.checks.len());
         let mut taken: Vec<Key> = Vec::new();
@@ -347,10 +301,5 @@ mod tests {
                 "{bad}"
             );
         }
-    }
-
-    #[test]
-    fn ids_differ() {
-        assert_ne!(permit_id(), permit_id());
     }
 }

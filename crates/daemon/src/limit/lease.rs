@@ -73,9 +73,12 @@ impl Algorithm {
     }
 
     /// Takes up to `want` units at `now`, at most `1 / fraction` of what the counter has left
-    /// (`fraction` at least 1), spending them in `state`. `None` for a sliding log; nothing
-    /// granted (and nothing written) on another algorithm's state.
+    /// (`fraction` at least 1), spending them in `state`. `fraction` 0 takes all or nothing (a
+    /// reservation): `want` units if the counter has them, else none, and then the figures are
+    /// those of a check of `want` (its denial). `None` for a sliding log; nothing granted (and
+    /// nothing written) on another algorithm's state.
     pub fn take(&self, state: &mut State, now: Micros, want: u64, fraction: u64) -> Option<Grant> {
+        let all_or_nothing = fraction == 0;
         if !self.leasable() {
             return None;
         }
@@ -100,7 +103,11 @@ impl Algorithm {
             };
             return Some(Grant {
                 units: 0,
-                decision: self.decide(&self.new_state(), now, 1),
+                decision: self.decide(
+                    &self.new_state(),
+                    now,
+                    if all_or_nothing { want } else { 1 },
+                ),
                 window,
                 hold_us,
                 at_us: now,
@@ -109,7 +116,15 @@ impl Algorithm {
         }
         let left = self.decide(state, now, 0);
         let available = if left.allowed { left.remaining } else { 0 };
-        let units = want.min(available / fraction.max(1));
+        let units = if all_or_nothing {
+            if want <= available {
+                want
+            } else {
+                0
+            }
+        } else {
+            want.min(available / fraction)
+        };
         let (window, hold_us) = match (self, &*state) {
             (Algorithm::TokenBucket(a), State::Bucket(s)) => (0, bucket_ahead_us(a, s, now)),
             (Algorithm::FixedWindow(a), _) => {
@@ -119,7 +134,7 @@ impl Algorithm {
             _ => return None,
         };
         let decision = if units == 0 {
-            self.decide(state, now, 1)
+            self.decide(state, now, if all_or_nothing { want } else { 1 })
         } else {
             let decision = self.decide(state, now, units);
             self.admit(state, now, units);

@@ -122,6 +122,8 @@ pub struct MemoryStore {
     metrics: Option<MemoryMetrics>,
     /// The last lease epoch handed to a counter.
     epochs: AtomicU64,
+    /// Settled reservations, until their time to live ends.
+    marks: reservations::Marks,
 }
 
 impl MemoryStore {
@@ -137,6 +139,7 @@ impl MemoryStore {
             clock,
             metrics,
             epochs: AtomicU64::new(0),
+            marks: reservations::Marks::new(max_keys),
         }
     }
 
@@ -473,6 +476,17 @@ impl RateStore for MemoryStore {
         )))
     }
 
+    fn settle_mark<'a>(
+        &'a self,
+        _key: &'a Key,
+        id: u128,
+        expires_us: u64,
+        _deadline: Option<Duration>,
+    ) -> LeaseFuture<'a, super::SettleMark> {
+        let now = self.clock.now_us();
+        Box::pin(std::future::ready(self.marks.settle(id, expires_us, now)))
+    }
+
     fn acquire<'a>(
         &'a self,
         check: &'a StoreCheck,
@@ -508,5 +522,6 @@ impl RateStore for MemoryStore {
 }
 
 mod permits;
+mod reservations;
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,643 @@
+//! Reservations: reserve an estimate at the check, settle the real cost afterwards (an LLM
+//! call's tokens are known only when its stream ends). `POST /v1/check` with `"reserve": true`
+//! spends the request's cost on every policy it applies to, each a lease take of all or nothing
+//! on the partition's counter (`RateStore::take` with fraction 0: the whole cost or none, in one
+//! atomic step on the store's clock), and answers, when allowed, a `reservation` token. `POST
+//! /v1/settle` with the real cost gives the difference back when it is lower, exactly as a
+//! lease's give-back does (into the counter and window the units were taken from, never into a
+//! counter reset, recreated or lost since: the take's lease epoch), or spends it when higher,
+//! as a report does (bounded by `report_debt_periods`).
+//!
+//! A reservation settles once: the store marks it settled in one atomic step (`RateStore::
+//! settle_mark`, on the first partition's key, so its Cluster slot), and a second settle, from
+//! any pod, is refused with `already_settled` and changes nothing. One never settled needs
+//! nothing done: its estimate was spent at the check, so it settled at its estimate; after its
+//! `reservation_ttl` (on the store's clock) a settle is refused as `reservation_expired`.
+//!
+//! The token is a [`tokens`] token (domain `sluice-reservation`): the id, the MAC, and what
+//! the settle needs, so that any pod may settle it without shared state besides the mark: the
+//! reservation's end, and per counter its partition, window, policy revision, the algorithm
+//! and quota the take used (tier included), and the take's grant (units, window, instant,
+//! hold, epoch). A token whose MAC does not hold (forged, altered, another partition's or
+//! another fleet's) is refused with a reason and changes nothing.
+//!
+//! A token bucket's refund is measured as a lease's give-back: the unused tokens are the last
+//! of the reservation to refill, so the refund is exact until they would have refilled, and
+//! smaller after (what the bucket refilled by itself is never given twice). A policy changed by
+//! a reload since the reservation (its revision) gets nothing back and nothing more spent: its
+//! partitions start afresh under the new definition.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use prometheus::{IntCounterVec, Opts};
+
+use super::plan::Plan;
+use super::request::{CheckError, CheckRequest};
+use super::tokens::{self, Signer, TokenError};
+use super::verdict::{self, Mode, Outcome, PolicyDecision, Verdict};
+use super::CheckService;
+use crate::limit::{Algorithm, Decision, FixedWindow, Grant, Key, Micros, TokenBucket};
+use crate::store::{SettleMark, Spend, StoreCheck, StoreError};
+
+/// The longest reservation token accepted by a settle.
+pub const MAX_RESERVATION_TOKEN: usize = 16 * 1024;
+
+/// What the MAC is taken over first: reservations, permits and fingerprints never share a MAC
+/// input.
+const DOMAIN: &[u8] = b"sluice-reservation\0";
+
+/// Signs and reads reservation tokens; counts reservations.
+pub struct Reservations {
+    signer: Signer,
+    /// `sluice_reservations_total{policy,event}`.
+    events: IntCounterVec,
+    /// `sluice_reservation_units_total{policy,kind}`.
+    units: IntCounterVec,
+}
+
+/// Why a settle was refused (nothing changed).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SettleError {
+    /// Not a reservation token's shape (`bad_reservation`).
+    #[error("not a reservation: {0}")]
+    Malformed(&'static str),
+    /// The MAC does not hold (`forged_reservation`).
+    #[error(
+        "this reservation was not issued by this fleet: forged, altered (another partition's or \
+         policy's), or signed with another shadow.fingerprint_key"
+    )]
+    Forged,
+    /// Settled before (`already_settled`, 409).
+    #[error("this reservation was settled already; a second settle changes nothing")]
+    AlreadySettled,
+    /// Its time to live ended before the settle (`reservation_expired`, 410).
+    #[error("this reservation's reservation_ttl ended: it settled at its estimate")]
+    Expired,
+    /// The cost is out of bounds (`bad_request`).
+    #[error("{0}")]
+    Invalid(String),
+    /// The store could not answer (`limiter_unavailable`, 503).
+    #[error("the store could not settle the reservation ({0}); it settles at its estimate when its reservation_ttl ends")]
+    Unavailable(StoreError),
+}
+
+/// What a settle did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settled {
+    /// The units reserved (the check's cost).
+    pub estimate: u64,
+    /// The real cost settled.
+    pub cost: u64,
+    /// Per counter, in the check's order.
+    pub parts: Vec<SettledPart>,
+}
+
+/// What a settle did on one counter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettledPart {
+    /// The policy.
+    pub policy: String,
+    /// The window (its index in `limits`) for a policy of several.
+    pub window: Option<usize>,
+    /// Units given back to the counter.
+    pub refunded: u64,
+    /// Units spent beyond the estimate.
+    pub charged: u64,
+    /// False when the policy changed since the reservation (nothing given back or spent).
+    pub applied: bool,
+}
+
+/// One counter a reservation spent on, as its token carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Taken {
+    key: Key,
+    window_index: Option<usize>,
+    generation: u64,
+    algorithm: Algorithm,
+    grant: Grant,
+}
+
+/// A reservation read back from its token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Reservation {
+    id: u128,
+    expires_us: Micros,
+    parts: Vec<Taken>,
+}
+
+impl Reservations {
+    /// Tokens signed with `secret` (`None`: a random key of this process).
+    pub fn new(secret: Option<&[u8]>, metrics: &crate::telemetry::Metrics) -> Self {
+        let events = IntCounterVec::new(
+            Opts::new(
+                "sluice_reservations_total",
+                "Reservations by policy and event: opened, denied, settled, already_settled (a \
+                 second settle, refused), expired (a settle after its reservation_ttl, refused).",
+            ),
+            &["policy", "event"],
+        )
+        .expect("a valid metric");
+        let units = IntCounterVec::new(
+            Opts::new(
+                "sluice_reservation_units_total",
+                "Units of reservations by policy and kind: reserved (spent at the check), \
+                 refunded (given back by a settle), charged (spent by a settle beyond the \
+                 estimate).",
+            ),
+            &["policy", "kind"],
+        )
+        .expect("a valid metric");
+        for metric in [&events, &units] {
+            if let Err(error) = metrics.registry().register(Box::new(metric.clone())) {
+                tracing::debug!(%error, "a reservation metric not registered");
+            }
+        }
+        Self::with_metrics(secret, events, units)
+    }
+
+    fn with_metrics(secret: Option<&[u8]>, events: IntCounterVec, units: IntCounterVec) -> Self {
+        Self {
+            signer: Signer::new(secret),
+            events,
+            units,
+        }
+    }
+
+    /// The same counters, tokens signed with `secret`.
+    pub fn rekeyed(&self, secret: Option<&[u8]>) -> Self {
+        Self::with_metrics(secret, self.events.clone(), self.units.clone())
+    }
+
+    /// Every series of `policy`, so rate() sees the first one.
+    pub fn register(&self, policy: &str) {
+        for event in ["opened", "denied", "settled", "already_settled", "expired"] {
+            self.events.with_label_values(&[policy, event]);
+        }
+        for kind in ["reserved", "refunded", "charged"] {
+            self.units.with_label_values(&[policy, kind]);
+        }
+    }
+
+    fn count(&self, policy: &str, event: &str) {
+        self.events.with_label_values(&[policy, event]).inc();
+    }
+
+    fn count_units(&self, policy: &str, kind: &str, n: u64) {
+        if n > 0 {
+            self.units.with_label_values(&[policy, kind]).inc_by(n);
+        }
+    }
+
+    fn token(&self, reservation: &Reservation) -> String {
+        self.signer
+            .seal(DOMAIN, reservation.id, payload(reservation).as_bytes())
+    }
+
+    fn read(&self, token: &str) -> Result<Reservation, SettleError> {
+        let (id, payload) = self
+            .signer
+            .open(DOMAIN, token, MAX_RESERVATION_TOKEN)
+            .map_err(|error| match error {
+                TokenError::Malformed(why) => SettleError::Malformed(why),
+                TokenError::Forged => SettleError::Forged,
+            })?;
+        // Signed by this fleet: the payload is one `payload` wrote; anything else is forged.
+        let text = String::from_utf8(payload).map_err(|_| SettleError::Forged)?;
+        read_payload(id, &text).ok_or(SettleError::Forged)
+    }
+}
+
+/// `<expires_us>`, then a line per counter: its key ([`tokens::push_key`]) and `\0`-separated
+/// `period window generation alg limit period_us capacity debt units window at hold epoch`
+/// (`-` for an absent period or window).
+fn payload(reservation: &Reservation) -> String {
+    let mut out = reservation.expires_us.to_string();
+    for part in &reservation.parts {
+        out.push('\n');
+        tokens::push_key(&mut out, &part.key);
+        let or_dash = |n: Option<u64>| n.map_or_else(|| "-".to_owned(), |n| n.to_string());
+        let (alg, limit, period, capacity, debt) = match part.algorithm {
+            Algorithm::TokenBucket(b) => (
+                "tb",
+                b.limit(),
+                b.period_us(),
+                b.capacity(),
+                b.report_debt().unwrap_or(0),
+            ),
+            Algorithm::FixedWindow(w) => ("fw", w.limit(), w.period_us(), 0, 0),
+            // Never reserved (config refuses it): written so that it never reads back.
+            _ => ("-", 0, 0, 0, 0),
+        };
+        let g = &part.grant;
+        let _ = write!(
+            out,
+            "\0{}\0{}\0{}\0{alg}\0{limit}\0{period}\0{capacity}\0{debt}\0{}\0{}\0{}\0{}\0{}",
+            or_dash(part.key.period_us()),
+            or_dash(part.window_index.map(|i| i as u64)),
+            part.generation,
+            g.units,
+            g.window,
+            g.at_us,
+            g.hold_us,
+            g.epoch,
+        );
+    }
+    out
+}
+
+fn read_payload(id: u128, text: &str) -> Option<Reservation> {
+    let mut lines = text.split('\n');
+    let expires_us = lines.next()?.parse().ok()?;
+    let mut parts = Vec::new();
+    for line in lines {
+        let mut fields = line.split('\0');
+        let (policy, partition) = (fields.next()?, fields.next()?);
+        let key = tokens::read_key(&format!("{policy}\0{partition}")).ok()?;
+        let mut next = || fields.next();
+        let maybe = |text: &str| -> Option<Option<u64>> {
+            if text == "-" {
+                Some(None)
+            } else {
+                text.parse().ok().map(Some)
+            }
+        };
+        let period = maybe(next()?)?;
+        let window_index = maybe(next()?)?.and_then(|i| usize::try_from(i).ok());
+        let generation: u64 = next()?.parse().ok()?;
+        let alg = next()?;
+        let mut numbers = [0u64; 9];
+        for n in &mut numbers {
+            *n = next()?.parse().ok()?;
+        }
+        let [limit, period_us, capacity, debt, units, window, at_us, hold_us, epoch] = numbers;
+        let algorithm = match alg {
+            "tb" => {
+                let bucket = TokenBucket::new(limit, period_us, capacity).ok()?;
+                Algorithm::TokenBucket(if debt > 0 {
+                    bucket.with_report_debt(debt)
+                } else {
+                    bucket
+                })
+            }
+            "fw" => Algorithm::FixedWindow(FixedWindow::new(limit, period_us).ok()?),
+            _ => return None,
+        };
+        let key = match period {
+            Some(period) => key.for_window(period),
+            None => key,
+        };
+        parts.push(Taken {
+            key,
+            window_index,
+            generation,
+            algorithm,
+            grant: Grant {
+                units,
+                decision: Decision {
+                    allowed: true,
+                    limit,
+                    remaining: 0,
+                    reset_after_us: 0,
+                    retry_after_us: 0,
+                },
+                window,
+                hold_us,
+                at_us,
+                epoch,
+            },
+        });
+    }
+    (!parts.is_empty()).then_some(Reservation {
+        id,
+        expires_us,
+        parts,
+    })
+}
+
+impl CheckService {
+    /// Checks `request` and, when allowed, reserves its cost as an estimate (see the module's
+    /// doc): the verdict's `reservation` is the token a settle names. Every policy the request
+    /// applies to must take reservations (validated before anything is spent).
+    pub async fn reserve(&self, request: &CheckRequest) -> Result<Verdict, CheckError> {
+        if request.spend == Spend::DryRun {
+            return Err(CheckError::Invalid(
+                "a reservation spends its estimate: it cannot be a dry run".to_owned(),
+            ));
+        }
+        let policies = self.policies();
+        let mut plan = self.plan(&policies, request).await?;
+        self.note_unmatched(request, &plan);
+        if plan.is_empty() {
+            return Ok(Verdict::unlimited());
+        }
+        if let Some(part) = plan
+            .parts
+            .iter()
+            .find(|part| part.policy.reservation_ttl_us().is_none())
+        {
+            return Err(CheckError::ReservationsRefused(
+                part.policy.name().to_owned(),
+            ));
+        }
+        let verdict = self.run_reserved(&mut plan).await;
+        self.record(&verdict);
+        Ok(verdict)
+    }
+
+    /// Decides `plan` by taking each counter's cost, all or nothing; gives back what it took
+    /// when the request is not admitted.
+    async fn run_reserved(&self, plan: &mut Plan) -> Verdict {
+        let local = self.answer_locally(plan);
+        let local = local.or_else(|| self.local_limit(plan, Spend::Record));
+        if let Some(verdict) = local {
+            return verdict;
+        }
+        if let Some(denied) = self.deny_listed(plan).await {
+            return denied;
+        }
+        let deadline = plan.deadline();
+        let mut decided = Vec::with_capacity(plan.checks.len());
+        let mut taken: Vec<(usize, Grant)> = Vec::new();
+        for at in 0..plan.checks.len() {
+            let (check, part) = (&plan.checks[at], &plan.parts[at]);
+            let mode = if check.enforce {
+                Mode::Enforced
+            } else {
+                Mode::Shadow
+            };
+            match self.store.take(check, 0, deadline).await {
+                Ok(Some(grant)) => {
+                    let allowed = grant.units == check.cost && grant.decision.allowed;
+                    if grant.units > 0 {
+                        taken.push((at, grant));
+                    }
+                    let mut decision = grant.decision;
+                    decision.allowed = allowed;
+                    decided.push(PolicyDecision {
+                        policy: Arc::clone(&part.policy),
+                        key: check.key.clone(),
+                        decision,
+                        mode,
+                        advertised_us: check.algorithm.advertised_us(),
+                        window_index: part.window_index,
+                        part: at,
+                    });
+                    if !allowed && check.enforce {
+                        break;
+                    }
+                }
+                other => {
+                    if let Err(error) = other {
+                        tracing::debug!(%error, store = self.store.name(), "store could not take a reservation; applying the failure mode");
+                    }
+                    let mut one = plan.subset(&[at]);
+                    decided.extend(self.local.degrade(&mut one, Spend::Record).into_iter().map(
+                        |mut degraded| {
+                            degraded.part = at;
+                            degraded
+                        },
+                    ));
+                }
+            }
+        }
+        let mut verdict = verdict::decide(decided);
+        if verdict.outcome != Outcome::Allowed {
+            for part in verdict::per_policy(&verdict.evaluated) {
+                if part.mode == Mode::Enforced && !part.decision.allowed {
+                    self.reservations.count(part.policy.name(), "denied");
+                }
+            }
+            // Not admitted: what it took goes back now, into the counters it came from.
+            for (at, grant) in taken {
+                let check = &plan.checks[at];
+                let _ = self
+                    .store
+                    .give_back(check, grant.units, grant, deadline)
+                    .await;
+            }
+            return verdict;
+        }
+        // Every counter taken from, with a grant (a part the failure mode answered has none:
+        // nothing was spent there, so there is nothing to settle).
+        let ttl = plan
+            .parts
+            .iter()
+            .filter_map(|part| part.policy.reservation_ttl_us())
+            .min()
+            .unwrap_or(0);
+        let Some(&(_, first)) = taken.first() else {
+            return verdict;
+        };
+        let reservation = Reservation {
+            id: tokens::random_id(),
+            expires_us: first.at_us.saturating_add(ttl),
+            parts: taken
+                .iter()
+                .map(|&(at, grant)| Taken {
+                    key: plan.checks[at].key.clone(),
+                    window_index: plan.parts[at].window_index,
+                    generation: plan.checks[at].generation,
+                    algorithm: plan.checks[at].algorithm,
+                    grant,
+                })
+                .collect(),
+        };
+        for part in verdict::per_policy(&verdict.evaluated) {
+            self.reservations.count(part.policy.name(), "opened");
+        }
+        for part in &reservation.parts {
+            self.reservations
+                .count_units(part.key.policy(), "reserved", part.grant.units);
+        }
+        verdict.reservation = Some(self.reservations.token(&reservation));
+        verdict
+    }
+
+    /// Settles reservation `token` at `cost` (`POST /v1/settle`; see the module's doc).
+    pub async fn settle(&self, token: &str, cost: u64) -> Result<Settled, SettleError> {
+        if cost > self.limits.max_cost {
+            return Err(SettleError::Invalid(format!(
+                "cost must be 0 to {}, got {cost}",
+                self.limits.max_cost
+            )));
+        }
+        let reservation = self.reservations.read(token)?;
+        let first = &reservation.parts[0];
+        let policy = first.key.policy().to_owned();
+        let mark = self
+            .store
+            .settle_mark(&first.key, reservation.id, reservation.expires_us, None)
+            .await
+            .map_err(SettleError::Unavailable)?;
+        match mark {
+            SettleMark::First => self.reservations.count(&policy, "settled"),
+            SettleMark::AlreadySettled => {
+                self.reservations.count(&policy, "already_settled");
+                return Err(SettleError::AlreadySettled);
+            }
+            SettleMark::Expired => {
+                self.reservations.count(&policy, "expired");
+                return Err(SettleError::Expired);
+            }
+        }
+        let policies = self.policies();
+        let mut parts = Vec::with_capacity(reservation.parts.len());
+        let mut extra = Vec::new();
+        let mut estimate = 0;
+        for part in &reservation.parts {
+            let name = part.key.policy();
+            let units = part.grant.units;
+            estimate = estimate.max(units);
+            let applied =
+                policies.get(name).is_some() && policies.revision(name) == part.generation;
+            let mut settled = SettledPart {
+                policy: name.to_owned(),
+                window: part.window_index,
+                refunded: 0,
+                charged: 0,
+                applied,
+            };
+            if applied && cost < units {
+                let check = self.settle_check(part, 0);
+                let grant = Grant {
+                    // The tokens used are the first of the reservation to refill, the unused
+                    // ones the last: they start to refill after the used ones' refill time.
+                    hold_us: part
+                        .grant
+                        .hold_us
+                        .saturating_add(refill_us(&part.algorithm, cost)),
+                    ..part.grant
+                };
+                settled.refunded = self
+                    .store
+                    .give_back(&check, units - cost, grant, None)
+                    .await
+                    .map_err(SettleError::Unavailable)?;
+                self.reservations
+                    .count_units(name, "refunded", settled.refunded);
+            } else if applied && cost > units {
+                extra.push((parts.len(), self.settle_check(part, cost - units)));
+                settled.charged = cost - units;
+            }
+            parts.push(settled);
+        }
+        if !extra.is_empty() {
+            let checks: Vec<StoreCheck> = extra.iter().map(|(_, c)| c.clone()).collect();
+            self.store
+                .spend(&checks, None)
+                .await
+                .map_err(SettleError::Unavailable)?;
+            for (at, check) in &extra {
+                self.reservations
+                    .count_units(&parts[*at].policy, "charged", check.cost);
+            }
+        }
+        Ok(Settled {
+            estimate,
+            cost,
+            parts,
+        })
+    }
+
+    fn settle_check(&self, part: &Taken, cost: u64) -> StoreCheck {
+        StoreCheck {
+            key: part.key.clone(),
+            algorithm: part.algorithm,
+            cost,
+            enforce: true,
+            generation: part.generation,
+        }
+    }
+}
+
+/// The time a token bucket takes to refill `units` (rounded down: a refund measured from it
+/// only ever returns less); 0 for a fixed window.
+fn refill_us(algorithm: &Algorithm, units: u64) -> Micros {
+    match algorithm {
+        Algorithm::TokenBucket(b) => {
+            let us = u128::from(units) * u128::from(b.period_us()) / u128::from(b.limit());
+            Micros::try_from(us).unwrap_or(Micros::MAX)
+        }
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reservations(secret: &[u8]) -> Reservations {
+        let events = IntCounterVec::new(Opts::new("e", "e"), &["policy", "event"]).expect("m");
+        let units = IntCounterVec::new(Opts::new("u", "u"), &["policy", "kind"]).expect("m");
+        Reservations::with_metrics(Some(secret), events, units)
+    }
+
+    fn sample() -> Reservation {
+        let bucket = TokenBucket::new(10, 1_000_000, 20)
+            .expect("bucket")
+            .with_report_debt(3);
+        let grant = |units, epoch| Grant {
+            units,
+            decision: Decision {
+                allowed: true,
+                limit: 0,
+                remaining: 0,
+                reset_after_us: 0,
+                retry_after_us: 0,
+            },
+            window: 7,
+            hold_us: 250,
+            at_us: 1_000,
+            epoch,
+        };
+        Reservation {
+            id: 99,
+            expires_us: 61_000,
+            parts: vec![
+                Taken {
+                    key: Key::new(Arc::from("tok"), ["acme", "a\nb"]),
+                    window_index: None,
+                    generation: 3,
+                    algorithm: bucket.into(),
+                    grant: grant(5, 11),
+                },
+                Taken {
+                    key: Key::new(Arc::from("win"), ["acme"]).for_window(60_000_000),
+                    window_index: Some(1),
+                    generation: 4,
+                    algorithm: FixedWindow::new(100, 60_000_000).expect("window").into(),
+                    grant: grant(5, 12),
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn a_token_reads_back_whole_only_where_it_was_signed_and_unaltered() {
+        let fleet = reservations(b"secret");
+        let mut reservation = sample();
+        let token = fleet.token(&reservation);
+        let read = fleet.read(&token).expect("reads");
+        // The decision is not carried (a settle never reads it) but its limit.
+        for (part, back) in reservation.parts.iter_mut().zip(&read.parts) {
+            part.grant.decision = back.grant.decision;
+        }
+        assert_eq!(read, reservation);
+        assert_eq!(
+            reservations(b"other").read(&token),
+            Err(SettleError::Forged)
+        );
+        // Another partition's payload under this token's id and MAC.
+        let mut moved = sample();
+        moved.parts[0].key = Key::new(Arc::from("tok"), ["evil"]);
+        let other = fleet.token(&moved);
+        let (head, _) = token.rsplit_once('.').expect("three fields");
+        let (_, tail) = other.rsplit_once('.').expect("three fields");
+        assert_eq!(
+            fleet.read(&format!("{head}.{tail}")),
+            Err(SettleError::Forged)
+        );
+        assert!(matches!(fleet.read("x.y"), Err(SettleError::Malformed(_))));
+    }
+}

@@ -1,0 +1,264 @@
+//! Reservations across pods: six real `sluice serve` processes on one Redis (single node, a
+//! Cluster, and through Sentinel), sharing `shadow.fingerprint_key`. 200 callers each reserve an
+//! estimate (10-40 units) through one daemon and settle a real cost at or below it through
+//! another; the window's counter then holds exactly the sum of the settled costs (refunds gave
+//! back exactly what was reserved and not used), which never exceeds the limit. Then, across
+//! daemons: a cost above the estimate is spent, a second settle is refused (409) and changes
+//! nothing, a reservation never settled keeps its estimate and is refused as expired once its
+//! `reservation_ttl` has passed on Redis' clock (the host's), and one reservation's id over
+//! another partition's payload is refused. On the Cluster, each settle mark sits on the node
+//! that holds its partition's counter.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+use sluice::client::{Connection, Target};
+
+use super::exactness::{start_daemon_with, Daemon};
+use crate::helpers::ChildGuard;
+use crate::redis_server::{spawn_sentinel, wait_until, RedisCluster, RedisServer};
+use crate::reservations::{expires_us, settle_on, spliced};
+use crate::wait::wait_for_store;
+
+const LIMIT: u64 = 1000;
+const DAEMONS: usize = 6;
+const CALLERS: usize = 200;
+/// Each caller's attempts: bounded, whatever it is answered.
+const ATTEMPTS: usize = 4;
+
+fn policies() -> String {
+    format!(
+        "policies:\n  - {{name: tokens, key: [tenant], algorithm: fixed_window, limit: {LIMIT}, period: 1h, reservations: true, reservation_ttl: 30s, failure_mode: closed}}\n  - {{name: brief, key: [tenant], algorithm: fixed_window, limit: {LIMIT}, period: 1h, reservations: true, reservation_ttl: 1s, failure_mode: closed}}\n"
+    )
+}
+
+/// A small xorshift: each caller's estimates and costs.
+fn next(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+/// What is left of `policy`'s counter for `tenant`, spending nothing.
+async fn left(daemon: &Daemon, policy: &str, tenant: &str) -> u64 {
+    let probe = json!({"policy": policy, "descriptors": {"tenant": tenant}, "dry_run": true});
+    let mut conn = Connection::open(&daemon.http).await.expect("connect");
+    let reply = conn.post_json("/v1/check", &probe).await.expect("answer");
+    crate::reservations::units_left(&reply.json())
+}
+
+async fn reserve(daemon: &Daemon, policy: &str, tenant: &str, cost: u64) -> String {
+    let ask =
+        json!({"policy": policy, "descriptors": {"tenant": tenant}, "cost": cost, "reserve": true});
+    let mut conn = Connection::open(&daemon.http).await.expect("connect");
+    let reply = conn.post_json("/v1/check", &ask).await.expect("answer");
+    let body: Value = reply.json();
+    assert_eq!(reply.status, 200, "{body}");
+    body["reservation"]
+        .as_str()
+        .expect("a reservation")
+        .to_owned()
+}
+
+/// Runs the scenario on six daemons of `redis_toml`; the daemons, for checks of the store.
+async fn fleet_settles_exactly(redis_toml: String, run: &str) -> (Vec<Daemon>, tempfile::TempDir) {
+    crate::wait::within_one_window(Duration::from_secs(3600), Duration::from_secs(120)).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("policies.yaml"), policies()).expect("write policies");
+    let shared = "[shadow]\nfingerprint_key = \"0123456789abcdef0123456789abcdef\"\n";
+    let daemons: Vec<Daemon> = (0..DAEMONS)
+        .map(|i| start_daemon_with(dir.path(), i, &redis_toml, shared))
+        .collect();
+    for daemon in &daemons {
+        wait_for_store(&daemon.admin).await;
+    }
+    let targets: Arc<Vec<Target>> = Arc::new(daemons.iter().map(|d| d.http.clone()).collect());
+    let settled = Arc::new(AtomicU64::new(0));
+    let admitted = Arc::new(AtomicUsize::new(0));
+    let denied = Arc::new(AtomicUsize::new(0));
+    let mut callers = tokio::task::JoinSet::new();
+    for caller in 0..CALLERS {
+        let (targets, settled, admitted, denied) = (
+            Arc::clone(&targets),
+            Arc::clone(&settled),
+            Arc::clone(&admitted),
+            Arc::clone(&denied),
+        );
+        let tenant = run.to_owned();
+        callers.spawn(async move {
+            let mut seed = 0x9E37_79B9_7F4A_7C15 ^ (caller as u64 + 1);
+            let mut taker = Connection::open(&targets[caller % DAEMONS])
+                .await
+                .expect("connect");
+            let mut settler = Connection::open(&targets[(caller + 1) % DAEMONS])
+                .await
+                .expect("connect");
+            for _ in 0..ATTEMPTS {
+                let estimate = 10 + next(&mut seed) % 31;
+                let ask = json!({"policy": "tokens", "descriptors": {"tenant": tenant}, "cost": estimate, "reserve": true});
+                let reply = taker.post_json("/v1/check", &ask).await.expect("answer");
+                match reply.status.as_u16() {
+                    200 => {
+                        admitted.fetch_add(1, Ordering::SeqCst);
+                        let token = reply.json()["reservation"]
+                            .as_str()
+                            .expect("reservation")
+                            .to_owned();
+                        tokio::time::sleep(Duration::from_millis(next(&mut seed) % 20)).await;
+                        let cost = next(&mut seed) % (estimate + 1);
+                        let body = json!({ "reservation": token, "cost": cost });
+                        let back = settler.post_json("/v1/settle", &body).await.expect("settle");
+                        let answer = back.json();
+                        assert_eq!(back.status, 200, "{answer}");
+                        assert_eq!(
+                            answer["policies"][0]["refunded"],
+                            estimate - cost,
+                            "{answer}"
+                        );
+                        settled.fetch_add(cost, Ordering::SeqCst);
+                    }
+                    429 => {
+                        denied.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    other => panic!("status {other}: {}", reply.json()),
+                }
+            }
+        });
+    }
+    while let Some(done) = callers.join_next().await {
+        done.expect("caller");
+    }
+    let (settled, admitted, denied) = (
+        settled.load(Ordering::SeqCst),
+        admitted.load(Ordering::SeqCst),
+        denied.load(Ordering::SeqCst),
+    );
+    let used = LIMIT - left(&daemons[0], "tokens", run).await;
+    println!(
+        "{run}: {CALLERS} callers on {DAEMONS} daemons, limit {LIMIT}: {admitted} reservations, {denied} denied, {settled} units settled, the counter holds {used}"
+    );
+    assert_eq!(used, settled, "refunds gave back exactly what was not used");
+    assert!(settled <= LIMIT, "{settled} settled, limit {LIMIT}");
+    assert!(denied > 0, "the callers reached the limit");
+
+    // Over the estimate, across daemons: the difference is spent; a second settle elsewhere
+    // changes nothing.
+    let over = format!("{run}-over");
+    let token = reserve(&daemons[0], "tokens", &over, 10).await;
+    let (status, body) = settle_on(&daemons[1].http, &token, 25).await;
+    assert_eq!(
+        (status, &body["policies"][0]["charged"]),
+        (200, &json!(15)),
+        "{body}"
+    );
+    let (status, body) = settle_on(&daemons[2].http, &token, 0).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (409, Some("already_settled")),
+        "{body}"
+    );
+    assert_eq!(left(&daemons[3], "tokens", &over).await, LIMIT - 25);
+
+    // Never settled: once its ttl has passed on Redis' clock, it is refused and keeps its
+    // estimate.
+    let late = format!("{run}-late");
+    let token = reserve(&daemons[3], "brief", &late, 10).await;
+    let end = expires_us(&token);
+    crate::wait::eventually("the reservation's ttl to end", || async move {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("after 1970");
+        u64::try_from(now.as_micros()).unwrap_or(u64::MAX) > end + 20_000
+    })
+    .await;
+    let (status, body) = settle_on(&daemons[4].http, &token, 0).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (410, Some("reservation_expired")),
+        "{body}"
+    );
+    assert_eq!(left(&daemons[5], "brief", &late).await, LIMIT - 10);
+
+    // One reservation's id and MAC over another partition's payload: refused, nothing back.
+    let mine = reserve(&daemons[0], "tokens", &format!("{run}-a"), 10).await;
+    let theirs = reserve(&daemons[1], "tokens", &format!("{run}-b"), 10).await;
+    let (status, body) = settle_on(&daemons[2].http, &spliced(&mine, &theirs), 0).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (400, Some("forged_reservation")),
+        "{body}"
+    );
+    assert_eq!(
+        left(&daemons[3], "tokens", &format!("{run}-b")).await,
+        LIMIT - 10
+    );
+    (daemons, dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn six_daemons_on_single_redis_settle_reservations_exactly() {
+    let redis = RedisServer::start();
+    fleet_settles_exactly(format!("url = \"{}\"\n", redis.url()), "single").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn six_daemons_on_redis_cluster_settle_reservations_exactly_in_the_partitions_slot() {
+    let cluster = RedisCluster::start();
+    let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("{u:?}")).collect();
+    let _fleet =
+        fleet_settles_exactly(format!("cluster = [{}]\n", nodes.join(", ")), "cluster").await;
+    let mut marks = 0;
+    for mut node in cluster.connections() {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*:rsv:*")
+            .query(&mut node)
+            .expect("KEYS");
+        for mark in keys {
+            let (counter, _) = mark.split_once(":rsv:").expect("a mark");
+            let here: bool = redis::cmd("EXISTS")
+                .arg(counter)
+                .query(&mut node)
+                .expect("EXISTS");
+            assert!(here, "{mark} is not on the node of {counter}");
+            marks += 1;
+        }
+    }
+    assert!(marks > 0, "the settles left their marks");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn six_daemons_through_sentinel_settle_reservations_exactly() {
+    let primary = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = RedisServer::free_port();
+    let conf = dir.path().join("sentinel.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {} 1\n",
+            dir.path().display(),
+            primary.port
+        ),
+    )
+    .expect("sentinel conf");
+    let _sentinel = ChildGuard(Some(spawn_sentinel(&conf)));
+    wait_until("sentinel", || {
+        redis::Client::open(format!("redis://127.0.0.1:{port}"))
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
+            .and_then(|mut c| {
+                redis::cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg("mymaster")
+                    .query::<Vec<String>>(&mut c)
+            })
+            .is_ok_and(|addr| addr.len() == 2)
+    });
+    let redis_toml = format!(
+        "sentinel.nodes = [\"redis://127.0.0.1:{port}\"]\nsentinel.master = \"mymaster\"\n"
+    );
+    fleet_settles_exactly(redis_toml, "sentinel").await;
+}
