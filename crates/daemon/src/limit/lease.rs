@@ -233,6 +233,30 @@ mod tests {
     }
 
     #[test]
+    fn a_reservations_take_is_all_or_nothing_with_the_whole_costs_figures() {
+        let alg: Algorithm = FixedWindow::new(100, 1_000_000).unwrap().into();
+        let mut state = alg.new_state();
+        let grant = alg.take(&mut state, 2_500_000, 70, 0).unwrap();
+        assert_eq!((grant.units, grant.decision.remaining), (70, 30));
+        let kept = state.clone();
+        let none = alg.take(&mut state, 2_500_000, 31, 0).unwrap();
+        assert_eq!(none.units, 0, "31 do not fit in 30: none taken");
+        assert_eq!(
+            none.decision,
+            alg.decide(&kept, 2_500_000, 31),
+            "a check of 31"
+        );
+        assert!(!none.decision.allowed);
+        assert_eq!(state, kept);
+        assert_eq!(alg.take(&mut state, 2_500_000, 30, 0).unwrap().units, 30);
+        let bucket: Algorithm = TokenBucket::new(10, 1_000_000, 20).unwrap().into();
+        let mut state = bucket.new_state();
+        assert_eq!(bucket.take(&mut state, 0, 20, 0).unwrap().units, 20);
+        let denied = bucket.take(&mut state, 0, 5, 0).unwrap();
+        assert_eq!((denied.units, denied.decision.retry_after_us), (0, 500_000));
+    }
+
+    #[test]
     fn a_fixed_window_gives_back_only_into_its_own_window() {
         let alg: Algorithm = FixedWindow::new(100, 1_000).unwrap().into();
         let mut state = alg.new_state();
