@@ -63,8 +63,12 @@ async fn reserve(daemon: &Daemon, policy: &str, tenant: &str, cost: u64) -> Stri
         .to_owned()
 }
 
-/// Runs the scenario on six daemons of `redis_toml`; the daemons, for checks of the store.
-async fn fleet_settles_exactly(redis_toml: String, run: &str) -> (Vec<Daemon>, tempfile::TempDir) {
+/// Runs the scenario on six daemons of `redis_toml`; the daemons (for checks of the store) and
+/// the id of the reservation settled on `{run}-over`.
+async fn fleet_settles_exactly(
+    redis_toml: String,
+    run: &str,
+) -> (Vec<Daemon>, tempfile::TempDir, String) {
     crate::wait::within_one_window(Duration::from_secs(3600), Duration::from_secs(120)).await;
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("policies.yaml"), policies()).expect("write policies");
@@ -149,6 +153,7 @@ async fn fleet_settles_exactly(redis_toml: String, run: &str) -> (Vec<Daemon>, t
     // changes nothing.
     let over = format!("{run}-over");
     let token = reserve(&daemons[0], "tokens", &over, 10).await;
+    let over_id = token[..32].to_owned();
     let (status, body) = settle_on(&daemons[1].http, &token, 25).await;
     assert_eq!(
         (status, &body["policies"][0]["charged"]),
@@ -196,7 +201,7 @@ async fn fleet_settles_exactly(redis_toml: String, run: &str) -> (Vec<Daemon>, t
         left(&daemons[3], "tokens", &format!("{run}-b")).await,
         LIMIT - 10
     );
-    (daemons, dir)
+    (daemons, dir, over_id)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -209,25 +214,40 @@ async fn six_daemons_on_single_redis_settle_reservations_exactly() {
 async fn six_daemons_on_redis_cluster_settle_reservations_exactly_in_the_partitions_slot() {
     let cluster = RedisCluster::start();
     let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("{u:?}")).collect();
-    let _fleet =
+    let (_daemons, _dir, id) =
         fleet_settles_exactly(format!("cluster = [{}]\n", nodes.join(", ")), "cluster").await;
-    let mut marks = 0;
-    for mut node in cluster.connections() {
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg("*:rsv:*")
-            .query(&mut node)
-            .expect("KEYS");
-        for mark in keys {
-            let (counter, _) = mark.split_once(":rsv:").expect("a mark");
-            let here: bool = redis::cmd("EXISTS")
-                .arg(counter)
-                .query(&mut node)
-                .expect("EXISTS");
-            assert!(here, "{mark} is not on the node of {counter}");
-            marks += 1;
-        }
+    // The settle mark of the reservation on `cluster-over` is on the node of its counter.
+    let node_of = |pattern: &str| -> Vec<usize> {
+        cluster
+            .connections()
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, mut node)| {
+                let keys: Vec<String> = redis::cmd("KEYS")
+                    .arg(pattern)
+                    .query(&mut node)
+                    .expect("KEYS");
+                (!keys.is_empty()).then_some(i)
+            })
+            .collect()
+    };
+    let counter = node_of("*{tokens:cluster-over}");
+    assert_eq!(counter.len(), 1, "one node holds the counter: {counter:?}");
+    assert_eq!(
+        node_of(&format!("*{id}*")),
+        counter,
+        "the mark is on the counter's node"
+    );
+    // The callers' marks (dozens, kept for the 30 s ttl) are on their counter's node: no node
+    // holds a mark but the nodes of the two counters settled on.
+    let mut counters = node_of("*{tokens:cluster}");
+    counters.extend(counter);
+    for node in node_of("*rsv:*") {
+        assert!(
+            counters.contains(&node),
+            "node {node} holds marks of no counter of theirs"
+        );
     }
-    assert!(marks > 0, "the settles left their marks");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
