@@ -24,6 +24,8 @@ policies:
   - {name: bucket, key: [tenant], match: {route: tb}, algorithm: token_bucket, limit: 1, period: 1h, burst: 100, reservations: true, reservation_ttl: 1s, failure_mode: closed}
   - {name: plain, key: [tenant], match: {route: plain}, algorithm: fixed_window, limit: 10, period: 1h}
   - {name: short, key: [tenant], match: {route: short}, algorithm: fixed_window, limit: 10, period: 2s, reservations: true, reservation_ttl: 5s}
+  - {name: slots, key: [tenant], match: {route: llm}, algorithm: concurrency, limit: 1, failure_mode: closed}
+  - {name: llm_tokens, key: [tenant], match: {route: llm}, algorithm: fixed_window, limit: 100, period: 1h, reservations: true, failure_mode: closed}
 ";
 
 async fn spawn(backend: Backend, prefix: &str) -> OnStore<TestApp> {
@@ -65,9 +67,14 @@ async fn settle(app: &TestApp, token: &str, cost: u64) -> (u16, Value) {
 }
 
 /// What is left of `tenant`'s counter under `route`, spending nothing: a dry run of 1 unit
-/// answers what would be left after it.
+/// answers what would be left after it (`llm_tokens_only`: that policy alone).
 async fn left(app: &TestApp, route: &str, tenant: &str) -> u64 {
-    let probe = json!({"descriptors": {"tenant": tenant, "route": route}, "dry_run": true});
+    let probe = match route {
+        "llm_tokens_only" => {
+            json!({"policy": "llm_tokens", "descriptors": {"tenant": tenant}, "dry_run": true})
+        }
+        _ => json!({"descriptors": {"tenant": tenant, "route": route}, "dry_run": true}),
+    };
     let reply = app.check_tcp(&probe).await;
     units_left(&json_of(&reply))
 }
@@ -273,5 +280,32 @@ async fn a_refund_never_lands_in_a_counter_reset_since(app: &OnStore<TestApp>)
     let (status, body) = settle(app, &spent, 1).await;
     assert_eq!((status, &body["policies"][0]["refunded"]), (200, &json!(49)), "{body}");
     assert_eq!(left(app, "gen", "reset").await, 99);
+}
+}
+
+on_stores! {
+/// A concurrency policy beside a token budget: the request holds a permit and a reservation; a
+/// request the permits deny reserves nothing.
+async fn a_permit_and_a_reservation_together(app: &OnStore<TestApp>)
+    via spawn, on [memory, redis, cluster]
+{
+    crate::wait::within_one_window(Duration::from_secs(3600), Duration::from_secs(60)).await;
+    let reply = app.check_tcp(&ask("llm", "acme", 40)).await;
+    let body = json_of(&reply);
+    assert_eq!(reply.status, 200, "{body}");
+    let (permit, token) = (body["permit"].as_str(), body["reservation"].as_str());
+    let (Some(permit), Some(token)) = (permit, token) else {
+        panic!("a permit and a reservation: {body}");
+    };
+    let denied = app.check_tcp(&ask("llm", "acme", 40)).await;
+    let body = json_of(&denied);
+    assert_eq!((denied.status.as_u16(), body["policy"].as_str()), (429, Some("slots")), "{body}");
+    assert!(body.get("reservation").is_none(), "{body}");
+    assert_eq!(left(app, "llm_tokens_only", "acme").await, 60, "nothing reserved by the denial");
+    let released = post(&app.tcp, "/v1/release", json!({ "permit": permit }).to_string().into_bytes()).await;
+    assert_eq!(json_of(&released)["released"], true);
+    let (status, body) = settle(app, token, 10).await;
+    assert_eq!((status, &body["policies"][0]["refunded"]), (200, &json!(30)), "{body}");
+    assert_eq!(left(app, "llm_tokens_only", "acme").await, 90);
 }
 }

@@ -158,6 +158,17 @@ impl CheckService {
     /// Decides a plan with concurrency policies (see the module's doc); records nothing in
     /// the decision metrics (the caller does).
     pub(super) async fn run_with_permits(&self, spend: Spend, plan: &mut Plan) -> Verdict {
+        self.run_with_permits_as(spend, plan, false).await
+    }
+
+    /// [`Self::run_with_permits`]; with `reserve`, the other policies' cost is reserved (see
+    /// `reservations`) and the verdict carries the reservation beside the permit.
+    pub(super) async fn run_with_permits_as(
+        &self,
+        spend: Spend,
+        plan: &mut Plan,
+        reserve: bool,
+    ) -> Verdict {
         let (held_at, rest_at): (Vec<usize>, Vec<usize>) = (0..plan.checks.len())
             .partition(|&at| matches!(plan.checks[at].algorithm, Algorithm::Concurrency(_)));
         let id = tokens::random_id();
@@ -211,15 +222,21 @@ impl CheckService {
         let blocked = decided
             .iter()
             .any(|p| p.mode != Mode::Shadow && !p.decision.allowed);
+        let mut reservation = None;
         if !blocked && !rest_at.is_empty() {
             let mut rest = plan.subset(&rest_at);
-            let local = self.answer_locally(&rest);
-            let local = local.or_else(|| self.local_limit(&mut rest, spend));
-            let local = local.or_else(|| self.admit_leased(&mut rest, spend));
-            let others = match local {
-                Some(verdict) => verdict,
-                None => self.ask_store(spend, &mut rest).await,
+            let others = if reserve {
+                self.run_reserved(&mut rest).await
+            } else {
+                let local = self.answer_locally(&rest);
+                let local = local.or_else(|| self.local_limit(&mut rest, spend));
+                let local = local.or_else(|| self.admit_leased(&mut rest, spend));
+                match local {
+                    Some(verdict) => verdict,
+                    None => self.ask_store(spend, &mut rest).await,
+                }
             };
+            reservation = others.reservation;
             decided.extend(others.evaluated.into_iter().map(|mut other| {
                 other.part = rest_at.get(other.part).copied().unwrap_or(other.part);
                 other
@@ -227,6 +244,7 @@ impl CheckService {
             decided.sort_by_key(|p| p.part);
         }
         let mut verdict = verdict::decide(decided);
+        verdict.reservation = reservation;
         if verdict.outcome == Outcome::Allowed {
             if !taken.is_empty() {
                 verdict.permit = Some(self.permits.token(id, &taken));

@@ -331,23 +331,34 @@ impl CheckService {
         if plan.is_empty() {
             return Ok(Verdict::unlimited());
         }
+        // A concurrency policy holds a permit beside the reservation (its slot is one request,
+        // whatever the cost: nothing of it to settle).
         if let Some(part) = plan
             .parts
             .iter()
-            .find(|part| part.policy.reservation_ttl_us().is_none())
+            .zip(&plan.checks)
+            .find_map(|(part, check)| {
+                let held = matches!(check.algorithm, Algorithm::Concurrency(_));
+                (!held && part.policy.reservation_ttl_us().is_none()).then_some(part)
+            })
         {
             return Err(CheckError::ReservationsRefused(
                 part.policy.name().to_owned(),
             ));
         }
-        let verdict = self.run_reserved(&mut plan).await;
+        let verdict = if super::permits::holds_permits(&plan) {
+            self.run_with_permits_as(Spend::Record, &mut plan, true)
+                .await
+        } else {
+            self.run_reserved(&mut plan).await
+        };
         self.record(&verdict);
         Ok(verdict)
     }
 
     /// Decides `plan` by taking each counter's cost, all or nothing; gives back what it took
     /// when the request is not admitted.
-    async fn run_reserved(&self, plan: &mut Plan) -> Verdict {
+    pub(super) async fn run_reserved(&self, plan: &mut Plan) -> Verdict {
         let local = self.answer_locally(plan);
         let local = local.or_else(|| self.local_limit(plan, Spend::Record));
         if let Some(verdict) = local {
