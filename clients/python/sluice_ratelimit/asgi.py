@@ -48,14 +48,7 @@ class SluiceASGI:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        headers: Dict[str, str] = {}
-        for k, v in scope.get("headers", []):
-            name, value = k.decode("latin-1").lower(), v.decode("latin-1")
-            headers[name] = f"{headers[name]}, {value}" if name in headers else value
-        client = scope.get("client")
-        request = Request(scope["method"], scope.get("path", "/"),
-                          scope.get("query_string", b"").decode("latin-1"), headers,
-                          client[0] if client else None, scope)
+        request = request_of(scope)
         if self.read_body and self.read_body(request):
             messages, body = [], b""
             while True:
@@ -82,16 +75,33 @@ class SluiceASGI:
         else:
             reply = reply_for(check, answer=answer, on_denied=self.on_denied)
         if reply.status is not None:
-            return await _send_raw(send, reply.status, reply.headers, reply.body)
-        extra = [(k.encode(), v.encode()) for k, v in reply.headers if k != "retry-after"]
+            return await send_raw(send, reply.status, reply.headers, reply.body)
+        return await self.app(scope, receive, with_headers(send, reply.headers))
 
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start" and extra:
-                message = dict(message)
-                message["headers"] = list(message.get("headers", [])) + extra
-            await send(message)
 
-        return await self.app(scope, receive, send_with_headers)
+def request_of(scope: Scope) -> Request:
+    """The `Request` a route sees of an HTTP scope (header names lowercased, repeats joined)."""
+    headers: Dict[str, str] = {}
+    for k, v in scope.get("headers", []):
+        name, value = k.decode("latin-1").lower(), v.decode("latin-1")
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    client = scope.get("client")
+    return Request(scope["method"], scope.get("path", "/"),
+                   scope.get("query_string", b"").decode("latin-1"), headers,
+                   client[0] if client else None, scope)
+
+
+def with_headers(send: Send, headers: List[Tuple[str, str]]) -> Send:
+    """`send`, adding `headers` (but `retry-after`) to the application's response start."""
+    extra = [(k.encode(), v.encode()) for k, v in headers if k != "retry-after"]
+
+    async def send_with_headers(message: Message) -> None:
+        if message["type"] == "http.response.start" and extra:
+            message = dict(message)
+            message["headers"] = list(message.get("headers", [])) + extra
+        await send(message)
+
+    return send_with_headers
 
 
 def _replay(messages: List[Message], receive: Receive) -> Receive:
@@ -105,7 +115,7 @@ def _replay(messages: List[Message], receive: Receive) -> Receive:
     return replayed
 
 
-async def _send_raw(send: Send, status: int, headers: List[Tuple[str, str]], body: bytes) -> None:
+async def send_raw(send: Send, status: int, headers: List[Tuple[str, str]], body: bytes) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [(k.encode(), str(v).encode()) for k, v in headers]})
     await send({"type": "http.response.body", "body": body})
@@ -114,4 +124,4 @@ async def _send_raw(send: Send, status: int, headers: List[Tuple[str, str]], bod
 async def _send_json(send: Send, status: int, headers: List[Tuple[str, str]], value: Any) -> None:
     body = json.dumps(value, separators=(",", ":")).encode()
     headers = list(headers) + [("content-type", "application/json"), ("content-length", str(len(body)))]
-    await _send_raw(send, status, headers, body)
+    await send_raw(send, status, headers, body)

@@ -98,6 +98,12 @@ class Client:
         """POST /v1/report: spend a cost known only afterwards (an LLM's tokens)."""
         return self.call("/v1/report", _as_check(descriptors, kwargs).body())
 
+    def settle(self, reservation: str, cost: int) -> Answer:
+        """POST /v1/settle: settle a reservation (a `reserve=True` check's answer's
+        `body["reservation"]`) at the real cost; 200, or 409 when settled already, 410 after
+        its reservation_ttl (it settled at its estimate), 400 for a token not this fleet's."""
+        return self.call("/v1/settle", {"reservation": reservation, "cost": cost})
+
     def batch(self, checks: Sequence[Check]) -> Union[List[Dict[str, Any]], Answer]:
         """POST /v1/check/batch: independent checks in one call; returns the list of answers'
         bodies (dicts) in order, or the whole `Answer` when the batch is refused."""
@@ -244,6 +250,10 @@ class AsyncClient:
                      **kwargs: Any) -> Answer:
         """POST /v1/report; see `Client.report`."""
         return await self.call("/v1/report", _as_check(descriptors, kwargs).body())
+
+    async def settle(self, reservation: str, cost: int) -> Answer:
+        """POST /v1/settle; see `Client.settle`."""
+        return await self.call("/v1/settle", {"reservation": reservation, "cost": cost})
 
     async def batch(self, checks: Sequence[Check]) -> Union[List[Dict[str, Any]], Answer]:
         """POST /v1/check/batch; see `Client.batch`."""
