@@ -352,6 +352,14 @@ impl CheckService {
         } else {
             self.run_reserved(&mut plan).await
         };
+        if verdict.outcome == Outcome::Denied {
+            for part in verdict::per_policy(&verdict.evaluated) {
+                let reserving = part.policy.reservation_ttl_us().is_some();
+                if reserving && part.mode != Mode::Shadow && !part.decision.allowed {
+                    self.reservations.count(part.policy.name(), "denied");
+                }
+            }
+        }
         self.record(&verdict);
         Ok(verdict)
     }
@@ -368,6 +376,7 @@ impl CheckService {
             return denied;
         }
         let deadline = plan.deadline();
+        let asked = std::time::Instant::now();
         let mut decided = Vec::with_capacity(plan.checks.len());
         let mut taken: Vec<(usize, Grant)> = Vec::new();
         for at in 0..plan.checks.len() {
@@ -385,6 +394,13 @@ impl CheckService {
                     }
                     let mut decision = grant.decision;
                     decision.allowed = allowed;
+                    if let (Some(hot), true) = (&self.hot, check.enforce) {
+                        // As for a check: a partition the store denies is denied in the pod
+                        // until its retry (the reservation's cost, on the store's figures).
+                        let leased = self.leases.as_ref().filter(|_| part.policy.lease());
+                        let at_most = leased.map(super::Leases::idle);
+                        hot.remember_for(&check.key, check.cost, &decision, asked, at_most);
+                    }
                     decided.push(PolicyDecision {
                         policy: Arc::clone(&part.policy),
                         key: check.key.clone(),
@@ -414,11 +430,6 @@ impl CheckService {
         }
         let mut verdict = verdict::decide(decided);
         if verdict.outcome != Outcome::Allowed {
-            for part in verdict::per_policy(&verdict.evaluated) {
-                if part.mode == Mode::Enforced && !part.decision.allowed {
-                    self.reservations.count(part.policy.name(), "denied");
-                }
-            }
             // Not admitted: what it took goes back now, into the counters it came from.
             for (at, grant) in taken {
                 let check = &plan.checks[at];
