@@ -57,6 +57,15 @@ pub enum ReleaseError {
     Unavailable(StoreError),
 }
 
+impl From<TokenError> for ReleaseError {
+    fn from(error: TokenError) -> Self {
+        match error {
+            TokenError::Malformed(why) => Self::Malformed(why),
+            TokenError::Forged => Self::Forged,
+        }
+    }
+}
+
 /// What a release did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Release {
@@ -118,15 +127,8 @@ impl Permits {
 
     /// The id and keys of a token this fleet issued.
     pub fn read(&self, token: &str) -> Result<(u128, Vec<Key>), ReleaseError> {
-        let (id, payload) = self
-            .signer
-            .open(DOMAIN, token, MAX_PERMIT_TOKEN)
-            .map_err(|error| match error {
-                TokenError::Malformed(why) => ReleaseError::Malformed(why),
-                TokenError::Forged => ReleaseError::Forged,
-            })?;
+        let (id, text) = self.signer.open(DOMAIN, token, MAX_PERMIT_TOKEN)?;
         // Signed by this fleet: the payload is one `payload` wrote.
-        let text = String::from_utf8(payload).map_err(|_| ReleaseError::Forged)?;
         let keys = text
             .split('\n')
             .map(|one| tokens::read_key(one).map_err(|_| ReleaseError::Forged))

@@ -27,18 +27,21 @@
 //! a reload since the reservation (its revision) gets nothing back and nothing more spent: its
 //! partitions start afresh under the new definition.
 
-use std::fmt::Write as _;
+mod settle;
+mod token;
+
 use std::sync::Arc;
 
 use prometheus::{IntCounterVec, Opts};
 
 use super::plan::Plan;
 use super::request::{CheckError, CheckRequest};
-use super::tokens::{self, Signer, TokenError};
+use super::tokens::{self, Signer};
 use super::verdict::{self, Mode, Outcome, PolicyDecision, Verdict};
 use super::CheckService;
-use crate::limit::{Algorithm, Decision, FixedWindow, Grant, Key, Micros, TokenBucket};
-use crate::store::{SettleMark, Spend, StoreCheck, StoreError};
+use crate::limit::{Algorithm, Grant};
+use crate::store::{Spend, StoreError};
+use token::{Reservation, Taken};
 
 /// The longest reservation token accepted by a settle.
 pub const MAX_RESERVATION_TOKEN: usize = 16 * 1024;
@@ -108,24 +111,6 @@ pub struct SettledPart {
     pub applied: bool,
 }
 
-/// One counter a reservation spent on, as its token carries it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Taken {
-    key: Key,
-    window_index: Option<usize>,
-    generation: u64,
-    algorithm: Algorithm,
-    grant: Grant,
-}
-
-/// A reservation read back from its token.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Reservation {
-    id: u128,
-    expires_us: Micros,
-    parts: Vec<Taken>,
-}
-
 impl Reservations {
     /// Tokens signed with `secret` (`None`: a random key of this process).
     pub fn new(secret: Option<&[u8]>, metrics: &crate::telemetry::Metrics) -> Self {
@@ -188,131 +173,6 @@ impl Reservations {
             self.units.with_label_values(&[policy, kind]).inc_by(n);
         }
     }
-
-    fn token(&self, reservation: &Reservation) -> String {
-        self.signer
-            .seal(DOMAIN, reservation.id, payload(reservation).as_bytes())
-    }
-
-    fn read(&self, token: &str) -> Result<Reservation, SettleError> {
-        let (id, payload) = self
-            .signer
-            .open(DOMAIN, token, MAX_RESERVATION_TOKEN)
-            .map_err(|error| match error {
-                TokenError::Malformed(why) => SettleError::Malformed(why),
-                TokenError::Forged => SettleError::Forged,
-            })?;
-        // Signed by this fleet: the payload is one `payload` wrote; anything else is forged.
-        let text = String::from_utf8(payload).map_err(|_| SettleError::Forged)?;
-        read_payload(id, &text).ok_or(SettleError::Forged)
-    }
-}
-
-/// `<expires_us>`, then a line per counter: its key ([`tokens::push_key`]) and `\0`-separated
-/// `period window generation alg limit period_us capacity debt units window at hold epoch`
-/// (`-` for an absent period or window).
-fn payload(reservation: &Reservation) -> String {
-    let mut out = reservation.expires_us.to_string();
-    for part in &reservation.parts {
-        out.push('\n');
-        tokens::push_key(&mut out, &part.key);
-        let or_dash = |n: Option<u64>| n.map_or_else(|| "-".to_owned(), |n| n.to_string());
-        let (alg, limit, period, capacity, debt) = match part.algorithm {
-            Algorithm::TokenBucket(b) => (
-                "tb",
-                b.limit(),
-                b.period_us(),
-                b.capacity(),
-                b.report_debt().unwrap_or(0),
-            ),
-            Algorithm::FixedWindow(w) => ("fw", w.limit(), w.period_us(), 0, 0),
-            // Never reserved (config refuses it): written so that it never reads back.
-            _ => ("-", 0, 0, 0, 0),
-        };
-        let g = &part.grant;
-        let _ = write!(
-            out,
-            "\0{}\0{}\0{}\0{alg}\0{limit}\0{period}\0{capacity}\0{debt}\0{}\0{}\0{}\0{}\0{}",
-            or_dash(part.key.period_us()),
-            or_dash(part.window_index.map(|i| i as u64)),
-            part.generation,
-            g.units,
-            g.window,
-            g.at_us,
-            g.hold_us,
-            g.epoch,
-        );
-    }
-    out
-}
-
-fn read_payload(id: u128, text: &str) -> Option<Reservation> {
-    let mut lines = text.split('\n');
-    let expires_us = lines.next()?.parse().ok()?;
-    let mut parts = Vec::new();
-    for line in lines {
-        let mut fields = line.split('\0');
-        let (policy, partition) = (fields.next()?, fields.next()?);
-        let key = tokens::read_key(&format!("{policy}\0{partition}")).ok()?;
-        let mut next = || fields.next();
-        let maybe = |text: &str| -> Option<Option<u64>> {
-            if text == "-" {
-                Some(None)
-            } else {
-                text.parse().ok().map(Some)
-            }
-        };
-        let period = maybe(next()?)?;
-        let window_index = maybe(next()?)?.and_then(|i| usize::try_from(i).ok());
-        let generation: u64 = next()?.parse().ok()?;
-        let alg = next()?;
-        let mut numbers = [0u64; 9];
-        for n in &mut numbers {
-            *n = next()?.parse().ok()?;
-        }
-        let [limit, period_us, capacity, debt, units, window, at_us, hold_us, epoch] = numbers;
-        let algorithm = match alg {
-            "tb" => {
-                let bucket = TokenBucket::new(limit, period_us, capacity).ok()?;
-                Algorithm::TokenBucket(if debt > 0 {
-                    bucket.with_report_debt(debt)
-                } else {
-                    bucket
-                })
-            }
-            "fw" => Algorithm::FixedWindow(FixedWindow::new(limit, period_us).ok()?),
-            _ => return None,
-        };
-        let key = match period {
-            Some(period) => key.for_window(period),
-            None => key,
-        };
-        parts.push(Taken {
-            key,
-            window_index,
-            generation,
-            algorithm,
-            grant: Grant {
-                units,
-                decision: Decision {
-                    allowed: true,
-                    limit,
-                    remaining: 0,
-                    reset_after_us: 0,
-                    retry_after_us: 0,
-                },
-                window,
-                hold_us,
-                at_us,
-                epoch,
-            },
-        });
-    }
-    (!parts.is_empty()).then_some(Reservation {
-        id,
-        expires_us,
-        parts,
-    })
 }
 
 impl CheckService {
@@ -474,192 +334,5 @@ impl CheckService {
         }
         verdict.reservation = Some(self.reservations.token(&reservation));
         verdict
-    }
-
-    /// Settles reservation `token` at `cost` (`POST /v1/settle`; see the module's doc).
-    pub async fn settle(&self, token: &str, cost: u64) -> Result<Settled, SettleError> {
-        if cost > self.limits.max_cost {
-            return Err(SettleError::Invalid(format!(
-                "cost must be 0 to {}, got {cost}",
-                self.limits.max_cost
-            )));
-        }
-        let reservation = self.reservations.read(token)?;
-        let first = &reservation.parts[0];
-        let policy = first.key.policy().to_owned();
-        let mark = self
-            .store
-            .settle_mark(&first.key, reservation.id, reservation.expires_us, None)
-            .await
-            .map_err(SettleError::Unavailable)?;
-        match mark {
-            SettleMark::First => self.reservations.count(&policy, "settled"),
-            SettleMark::AlreadySettled => {
-                self.reservations.count(&policy, "already_settled");
-                return Err(SettleError::AlreadySettled);
-            }
-            SettleMark::Expired => {
-                self.reservations.count(&policy, "expired");
-                return Err(SettleError::Expired);
-            }
-        }
-        let policies = self.policies();
-        let mut parts = Vec::with_capacity(reservation.parts.len());
-        let mut extra = Vec::new();
-        let mut estimate = 0;
-        for part in &reservation.parts {
-            let name = part.key.policy();
-            let units = part.grant.units;
-            estimate = estimate.max(units);
-            let applied =
-                policies.get(name).is_some() && policies.revision(name) == part.generation;
-            let mut settled = SettledPart {
-                policy: name.to_owned(),
-                window: part.window_index,
-                refunded: 0,
-                charged: 0,
-                applied,
-            };
-            if applied && cost < units {
-                let check = self.settle_check(part, 0);
-                let grant = Grant {
-                    // The tokens used are the first of the reservation to refill, the unused
-                    // ones the last: they start to refill after the used ones' refill time.
-                    hold_us: part
-                        .grant
-                        .hold_us
-                        .saturating_add(refill_us(&part.algorithm, cost)),
-                    ..part.grant
-                };
-                settled.refunded = self
-                    .store
-                    .give_back(&check, units - cost, grant, None)
-                    .await
-                    .map_err(SettleError::Unavailable)?;
-                self.reservations
-                    .count_units(name, "refunded", settled.refunded);
-            } else if applied && cost > units {
-                extra.push((parts.len(), self.settle_check(part, cost - units)));
-                settled.charged = cost - units;
-            }
-            parts.push(settled);
-        }
-        if !extra.is_empty() {
-            let checks: Vec<StoreCheck> = extra.iter().map(|(_, c)| c.clone()).collect();
-            self.store
-                .spend(&checks, None)
-                .await
-                .map_err(SettleError::Unavailable)?;
-            for (at, check) in &extra {
-                self.reservations
-                    .count_units(&parts[*at].policy, "charged", check.cost);
-            }
-        }
-        Ok(Settled {
-            estimate,
-            cost,
-            parts,
-        })
-    }
-
-    fn settle_check(&self, part: &Taken, cost: u64) -> StoreCheck {
-        StoreCheck {
-            key: part.key.clone(),
-            algorithm: part.algorithm,
-            cost,
-            enforce: true,
-            generation: part.generation,
-        }
-    }
-}
-
-/// The time a token bucket takes to refill `units` (rounded down: a refund measured from it
-/// only ever returns less); 0 for a fixed window.
-fn refill_us(algorithm: &Algorithm, units: u64) -> Micros {
-    match algorithm {
-        Algorithm::TokenBucket(b) => {
-            let us = u128::from(units) * u128::from(b.period_us()) / u128::from(b.limit());
-            Micros::try_from(us).unwrap_or(Micros::MAX)
-        }
-        _ => 0,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn reservations(secret: &[u8]) -> Reservations {
-        let events = IntCounterVec::new(Opts::new("e", "e"), &["policy", "event"]).expect("m");
-        let units = IntCounterVec::new(Opts::new("u", "u"), &["policy", "kind"]).expect("m");
-        Reservations::with_metrics(Some(secret), events, units)
-    }
-
-    fn sample() -> Reservation {
-        let bucket = TokenBucket::new(10, 1_000_000, 20)
-            .expect("bucket")
-            .with_report_debt(3);
-        let grant = |units, epoch| Grant {
-            units,
-            decision: Decision {
-                allowed: true,
-                limit: 0,
-                remaining: 0,
-                reset_after_us: 0,
-                retry_after_us: 0,
-            },
-            window: 7,
-            hold_us: 250,
-            at_us: 1_000,
-            epoch,
-        };
-        Reservation {
-            id: 99,
-            expires_us: 61_000,
-            parts: vec![
-                Taken {
-                    key: Key::new(Arc::from("tok"), ["acme", "a\nb"]),
-                    window_index: None,
-                    generation: 3,
-                    algorithm: bucket.into(),
-                    grant: grant(5, 11),
-                },
-                Taken {
-                    key: Key::new(Arc::from("win"), ["acme"]).for_window(60_000_000),
-                    window_index: Some(1),
-                    generation: 4,
-                    algorithm: FixedWindow::new(100, 60_000_000).expect("window").into(),
-                    grant: grant(5, 12),
-                },
-            ],
-        }
-    }
-
-    #[test]
-    fn a_token_reads_back_whole_only_where_it_was_signed_and_unaltered() {
-        let fleet = reservations(b"secret");
-        let mut reservation = sample();
-        let token = fleet.token(&reservation);
-        let read = fleet.read(&token).expect("reads");
-        // The decision is not carried (a settle never reads it) but its limit.
-        for (part, back) in reservation.parts.iter_mut().zip(&read.parts) {
-            part.grant.decision = back.grant.decision;
-        }
-        assert_eq!(read, reservation);
-        assert_eq!(
-            reservations(b"other").read(&token),
-            Err(SettleError::Forged)
-        );
-        // Another partition's payload under this token's id and MAC.
-        let mut moved = sample();
-        moved.parts[0].key = Key::new(Arc::from("tok"), ["evil"]);
-        let other = fleet.token(&moved);
-        let (head, _) = token.rsplit_once('.').expect("three fields");
-        let (_, tail) = other.rsplit_once('.').expect("three fields");
-        assert_eq!(
-            fleet.read(&format!("{head}.{tail}")),
-            Err(SettleError::Forged)
-        );
-        assert!(matches!(fleet.read("x.y"), Err(SettleError::Malformed(_))));
     }
 }

@@ -56,13 +56,14 @@ impl Signer {
         format!("{id:032x}.{mac:016x}.{}", URL_SAFE_NO_PAD.encode(payload))
     }
 
-    /// The id and payload of a token of `domain` this key signed, at most `max_len` bytes long.
+    /// The id and payload of a token of `domain` this key signed, at most `max_len` bytes long
+    /// (a payload signed here is text: anything else is a forgery).
     pub(super) fn open(
         &self,
         domain: &[u8],
         token: &str,
         max_len: usize,
-    ) -> Result<(u128, Vec<u8>), TokenError> {
+    ) -> Result<(u128, String), TokenError> {
         if token.len() > max_len {
             return Err(TokenError::Malformed("longer than any token sluice issues"));
         }
@@ -88,7 +89,8 @@ impl Signer {
         if u128::from(expected) != mac {
             return Err(TokenError::Forged);
         }
-        Ok((id, payload))
+        let text = String::from_utf8(payload).map_err(|_| TokenError::Forged)?;
+        Ok((id, text))
     }
 }
 
@@ -119,7 +121,7 @@ mod tests {
         let token = signer.seal(b"a\0", 7, b"payload");
         assert_eq!(
             signer.open(b"a\0", &token, 100),
-            Ok((7, b"payload".to_vec()))
+            Ok((7, "payload".to_owned()))
         );
         assert_eq!(signer.open(b"b\0", &token, 100), Err(TokenError::Forged));
         assert_eq!(
