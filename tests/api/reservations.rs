@@ -24,6 +24,7 @@ policies:
   - {name: bucket, key: [tenant], match: {route: tb}, algorithm: token_bucket, limit: 1, period: 1h, burst: 100, reservations: true, reservation_ttl: 1s, failure_mode: closed}
   - {name: plain, key: [tenant], match: {route: plain}, algorithm: fixed_window, limit: 10, period: 1h}
   - {name: short, key: [tenant], match: {route: short}, algorithm: fixed_window, limit: 10, period: 2s, reservations: true, reservation_ttl: 5s}
+  - {name: blocked, key: [tenant], match: {route: gen, tenant: evil}, deny: true, period: 1m}
   - {name: slots, key: [tenant], match: {route: llm}, algorithm: concurrency, limit: 1, failure_mode: closed}
   - {name: llm_tokens, key: [tenant], match: {route: llm}, algorithm: fixed_window, limit: 100, period: 1h, reservations: true, failure_mode: closed}
 ";
@@ -229,6 +230,11 @@ async fn what_cannot_reserve_is_refused_before_anything_is_spent(app: &OnStore<T
     let refused = app.check_tcp(&ask("plain", "acme", 3)).await;
     let reason = assert_error(&refused, 403, "reservations_off");
     assert!(reason.contains("`plain`"), "{reason}");
+    // A block list denies a reservation as it denies a check.
+    let blocked = app.check_tcp(&ask("gen", "evil", 1)).await;
+    let body = json_of(&blocked);
+    assert_eq!((blocked.status.as_u16(), body["policy"].as_str()), (429, Some("blocked")), "{body}");
+    assert_eq!(left(app, "gen", "evil").await, 0, "blocked");
     let mut dry = ask("gen", "acme", 3);
     dry["dry_run"] = json!(true);
     assert_error(&app.check_tcp(&dry).await, 400, "bad_request");

@@ -192,14 +192,15 @@ impl CheckService {
             return Ok(Verdict::unlimited());
         }
         // A concurrency policy holds a permit beside the reservation (its slot is one request,
-        // whatever the cost: nothing of it to settle).
+        // whatever the cost: nothing of it to settle); a block list denies as for a check.
         if let Some(part) = plan
             .parts
             .iter()
             .zip(&plan.checks)
             .find_map(|(part, check)| {
                 let held = matches!(check.algorithm, Algorithm::Concurrency(_));
-                (!held && part.policy.reservation_ttl_us().is_none()).then_some(part)
+                let exempt = held || part.policy.is_deny();
+                (!exempt && part.policy.reservation_ttl_us().is_none()).then_some(part)
             })
         {
             return Err(CheckError::ReservationsRefused(
