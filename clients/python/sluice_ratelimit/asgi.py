@@ -5,7 +5,8 @@ import json
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple, Union
 
 from .client import AsyncClient
-from .core import DEFAULT_LOG_INTERVAL, Check, DenyHook, FallbackHook, SidecarWatch, SluiceError, reply_for
+from .core import (DEFAULT_LOG_INTERVAL, Answer, Check, DenyHook, FallbackHook, Reply, SidecarWatch,
+                   SluiceError, reply_for)
 from .request import DEFAULT_MAX_BODY, Request
 
 Scope = Dict[str, Any]
@@ -68,15 +69,20 @@ class SluiceASGI:
             check = await check
         if check is None:
             return await self.app(scope, receive, send)
-        try:
-            answer = await self.client.check(check)
-        except SluiceError as error:
-            reply = reply_for(check, error=error, watch=self.watch)
-        else:
-            reply = reply_for(check, answer=answer, on_denied=self.on_denied)
+        reply, _ = await ask(self.client, check, self.watch, self.on_denied)
         if reply.status is not None:
             return await send_raw(send, reply.status, reply.headers, reply.body)
         return await self.app(scope, receive, with_headers(send, reply.headers))
+
+
+async def ask(client: AsyncClient, check: Check, watch: SidecarWatch,
+              on_denied: Optional[DenyHook]) -> Tuple[Reply, Optional[Answer]]:
+    """The middleware's reply to `check` and the daemon's answer (None when unreachable)."""
+    try:
+        answer = await client.check(check)
+    except SluiceError as error:
+        return reply_for(check, error=error, watch=watch), None
+    return reply_for(check, answer=answer, on_denied=on_denied), answer
 
 
 def request_of(scope: Scope) -> Request:

@@ -10,10 +10,9 @@ import asyncio
 import inspect
 from typing import Callable, Optional
 
-from .asgi import ASGIApp, Receive, Route, Scope, Send, request_of, send_raw, with_headers
+from .asgi import ASGIApp, Receive, Route, Scope, Send, ask, request_of, send_raw, with_headers
 from .client import AsyncClient
-from .core import (DEFAULT_LOG_INTERVAL, Answer, DenyHook, FallbackHook, SidecarWatch, SluiceError,
-                   log, reply_for)
+from .core import DEFAULT_LOG_INTERVAL, Answer, DenyHook, FallbackHook, SidecarWatch, SluiceError, log
 
 #: The scope key under which the application finds the request's `Usage`.
 SCOPE_KEY = "sluice.usage"
@@ -73,13 +72,7 @@ class SluiceReserveASGI:
         if check is None:
             return await self.app(scope, receive, send)
         check.reserve = True
-        answer: Optional[Answer] = None
-        try:
-            answer = await self.client.check(check)
-        except SluiceError as error:
-            reply = reply_for(check, error=error, watch=self.watch)
-        else:
-            reply = reply_for(check, answer=answer, on_denied=self.on_denied)
+        reply, answer = await ask(self.client, check, self.watch, self.on_denied)
         if reply.status is not None:
             return await send_raw(send, reply.status, reply.headers, reply.body)
         token = answer.body.get("reservation") if answer is not None else None

@@ -90,38 +90,42 @@ class UvicornTest(Scenarios, unittest.TestCase):
             await send({"type": "http.response.body", "body": b"welcome"})
 
         client = AsyncClient(url=URL, timeout=T)
-        limited = SluiceASGI(app, route_for(proxies), client=client)
+        return serve_uvicorn(self, SluiceASGI(app, route_for(proxies), client=client), client)
 
-        async def with_lifespan(scope, receive, send):
-            # The client's connections belong to the server's event loop: closed at its shutdown.
-            if scope["type"] != "lifespan":
-                return await limited(scope, receive, send)
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await client.close()
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
 
-        sock = socket.create_server(("127.0.0.1", 0))
-        config = uvicorn.Config(with_lifespan, log_level="warning", lifespan="on", proxy_headers=False)
-        server = uvicorn.Server(config)
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-        thread.start()
+def serve_uvicorn(test, limited, client, log_level="warning"):
+    """Serves the ASGI app `limited` (on `client`) with a real uvicorn until `test` cleans up;
+    its port."""
+    async def with_lifespan(scope, receive, send):
+        # The client's connections belong to the server's event loop: closed at its shutdown.
+        if scope["type"] != "lifespan":
+            return await limited(scope, receive, send)
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await client.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
 
-        def stop():
-            server.should_exit = True
-            thread.join(T)
-            sock.close()
+    sock = socket.create_server(("127.0.0.1", 0))
+    config = uvicorn.Config(with_lifespan, log_level=log_level, lifespan="on", proxy_headers=False)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
 
-        self.addCleanup(stop)
-        deadline = time.monotonic() + 20
-        while not server.started and time.monotonic() < deadline and thread.is_alive():
-            time.sleep(0.02)
-        self.assertTrue(server.started, "uvicorn started")
-        return sock.getsockname()[1]
+    def stop():
+        server.should_exit = True
+        thread.join(T)
+        sock.close()
+
+    test.addCleanup(stop)
+    deadline = time.monotonic() + 20
+    while not server.started and time.monotonic() < deadline and thread.is_alive():
+        time.sleep(0.02)
+    test.assertTrue(server.started, "uvicorn started")
+    return sock.getsockname()[1]
 
 
 class _Quiet(WSGIRequestHandler):

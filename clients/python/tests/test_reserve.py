@@ -11,29 +11,22 @@ import logging
 import os
 import socket
 import sys
-import threading
 import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from sluice_ratelimit import CLOSED, AsyncClient, Check, Client, SluiceReserveASGI  # noqa: E402
+from test_real_servers import T, serve_uvicorn, uvicorn  # noqa: E402
 
 logging.getLogger("sluice_ratelimit").addHandler(logging.NullHandler())
 
 URL = os.environ.get("SLUICE_TEST_RESERVE_URL")
 RUN = os.environ.get("SLUICE_TEST_RUN", str(os.getpid()))
-T = 5.0
 #: The estimate each request reserves; the `llm` policy's limit is 1000.
 ESTIMATE = 100
 LIMIT = 1000
-
-try:
-    import uvicorn
-except ImportError:  # CI installs it (.ci/run): there, a missing uvicorn fails the suite
-    if os.environ.get("CI") == "true":
-        raise
-    uvicorn = None
 
 
 def left(tenant):
@@ -107,36 +100,8 @@ class ReserveThroughUvicorn(unittest.TestCase):
         settled = self.settled
         limited = SluiceReserveASGI(app, route, client=client,
                                     on_settled=lambda usage: settled.__setitem__(usage.reservation, usage))
-
-        async def with_lifespan(scope, receive, send):
-            if scope["type"] != "lifespan":
-                return await limited(scope, receive, send)
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await client.close()
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-
-        sock = socket.create_server(("127.0.0.1", 0))
-        config = uvicorn.Config(with_lifespan, log_level="critical", lifespan="on")
-        server = uvicorn.Server(config)
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-        thread.start()
-
-        def stop():
-            server.should_exit = True
-            thread.join(T)
-            sock.close()
-
-        self.addCleanup(stop)
-        deadline = time.monotonic() + 20
-        while not server.started and time.monotonic() < deadline and thread.is_alive():
-            time.sleep(0.02)
-        self.assertTrue(server.started, "uvicorn started")
-        return sock.getsockname()[1]
+        # A handler that raises is logged by uvicorn: kept out of the runner's lines.
+        return serve_uvicorn(self, limited, client, log_level="critical")
 
     def tenant(self, case):
         return f"{RUN}-{case}"

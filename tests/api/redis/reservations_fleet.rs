@@ -18,8 +18,8 @@ use serde_json::{json, Value};
 use sluice::client::{Connection, Target};
 
 use super::exactness::{start_daemon_with, Daemon};
-use crate::helpers::ChildGuard;
-use crate::redis_server::{spawn_sentinel, wait_until, RedisCluster, RedisServer};
+use super::permits_fleet::next;
+use crate::redis_server::{RedisCluster, RedisServer};
 use crate::reservations::{expires_us, settle_on, spliced};
 use crate::wait::wait_for_store;
 
@@ -33,14 +33,6 @@ fn policies() -> String {
     format!(
         "policies:\n  - {{name: tokens, key: [tenant], algorithm: fixed_window, limit: {LIMIT}, period: 1h, reservations: true, reservation_ttl: 30s, failure_mode: closed}}\n  - {{name: bucket, key: [tenant], algorithm: token_bucket, limit: 1, period: 1h, burst: {LIMIT}, reservations: true, reservation_ttl: 30s, failure_mode: closed}}\n  - {{name: brief, key: [tenant], algorithm: fixed_window, limit: {LIMIT}, period: 1h, reservations: true, reservation_ttl: 1s, failure_mode: closed}}\n"
     )
-}
-
-/// A small xorshift: each caller's estimates and costs.
-fn next(state: &mut u64) -> u64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
 }
 
 /// What is left of `policy`'s counter for `tenant`, spending nothing.
@@ -275,30 +267,7 @@ async fn six_daemons_on_redis_cluster_settle_reservations_exactly_in_the_partiti
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn six_daemons_through_sentinel_settle_reservations_exactly() {
     let primary = RedisServer::start();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let port = RedisServer::free_port();
-    let conf = dir.path().join("sentinel.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {} 1\n",
-            dir.path().display(),
-            primary.port
-        ),
-    )
-    .expect("sentinel conf");
-    let _sentinel = ChildGuard(Some(spawn_sentinel(&conf)));
-    wait_until("sentinel", || {
-        redis::Client::open(format!("redis://127.0.0.1:{port}"))
-            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
-            .and_then(|mut c| {
-                redis::cmd("SENTINEL")
-                    .arg("GET-MASTER-ADDR-BY-NAME")
-                    .arg("mymaster")
-                    .query::<Vec<String>>(&mut c)
-            })
-            .is_ok_and(|addr| addr.len() == 2)
-    });
+    let (_sentinel, port, _dir) = crate::redis_server::sentinel_of(&primary);
     let redis_toml = format!(
         "sentinel.nodes = [\"redis://127.0.0.1:{port}\"]\nsentinel.master = \"mymaster\"\n"
     );
