@@ -479,7 +479,7 @@ async fn cluster_resets_reach_daemons_subscribed_to_other_nodes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_resets_go_to_the_primary_the_sentinels_name() {
     let primary = RedisServer::start();
-    let (_sentinel, port, _dir) = crate::redis_server::sentinel_of(&primary);
+    let (_sentinel, port, _dir) = crate::redis::sentinel_of(&primary);
     let (a, b) = two_daemons(|settings, _| {
         settings.redis.sentinel.nodes = vec![format!("redis://127.0.0.1:{port}")];
         settings.redis.sentinel.master = "mymaster".into();

@@ -267,7 +267,7 @@ async fn six_daemons_on_redis_cluster_settle_reservations_exactly_in_the_partiti
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn six_daemons_through_sentinel_settle_reservations_exactly() {
     let primary = RedisServer::start();
-    let (_sentinel, port, _dir) = crate::redis_server::sentinel_of(&primary);
+    let (_sentinel, port, _dir) = super::sentinel_of(&primary);
     let redis_toml = format!(
         "sentinel.nodes = [\"redis://127.0.0.1:{port}\"]\nsentinel.master = \"mymaster\"\n"
     );

@@ -58,36 +58,6 @@ pub fn spawn_sentinel(conf: &std::path::Path) -> Child {
         .expect("redis-server runs in Sentinel mode")
 }
 
-/// One Sentinel (quorum 1) watching `primary` as `mymaster`, answering for it once started:
-/// the Sentinel process (killed on drop), its port, and its directory.
-pub fn sentinel_of(primary: &RedisServer) -> (crate::helpers::ChildGuard, u16, TempDir) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let port = RedisServer::free_port();
-    let conf = dir.path().join("sentinel.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {} 1\n",
-            dir.path().display(),
-            primary.port
-        ),
-    )
-    .expect("sentinel conf");
-    let sentinel = crate::helpers::ChildGuard(Some(spawn_sentinel(&conf)));
-    wait_until("sentinel", || {
-        redis::Client::open(format!("redis://127.0.0.1:{port}"))
-            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
-            .and_then(|mut c| {
-                redis::cmd("SENTINEL")
-                    .arg("GET-MASTER-ADDR-BY-NAME")
-                    .arg("mymaster")
-                    .query::<Vec<String>>(&mut c)
-            })
-            .is_ok_and(|addr| addr.len() == 2)
-    });
-    (sentinel, port, dir)
-}
-
 /// The `redis-server` on PATH (the machine's version).
 pub const DEFAULT_BINARY: &str = "redis-server";
 
