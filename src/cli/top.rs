@@ -94,7 +94,47 @@ fn table(status: u16, json: &serde_json::Value) -> String {
             "LAST WOULD-BLOCK (UTC)",
         );
     }
+    let held = lists("concurrency");
+    if !held.is_empty() {
+        out.push_str("\n\n");
+        held_blocks(&mut out, held, raw);
+    }
     out
+}
+
+/// One block per concurrency policy: its partitions with the slots held now.
+fn held_blocks(out: &mut String, lists: &[serde_json::Value], raw: bool) {
+    for (i, policy) in lists.iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        out.push_str(&format!(
+            "policy {}: permits held now, per partition this pod took permits in (at most {})\n",
+            field(policy, "policy"),
+            field(policy, "capacity"),
+        ));
+        out.push_str(&format!(
+            "{:>6} {:>6} {:>10} {:<24} {:<16} PARTITION",
+            "HELD", "LIMIT", "ACQUIRED", "LAST ACQUIRED (UTC)", "FINGERPRINT"
+        ));
+        for entry in policy["entries"].as_array().map_or(&[][..], Vec::as_slice) {
+            let partition = if raw {
+                field(entry, "partition")
+            } else {
+                "(loopback clients only)".to_owned()
+            };
+            let held = entry["held"]
+                .as_u64()
+                .map_or_else(|| "?".to_owned(), |n| n.to_string());
+            out.push_str(&format!(
+                "\n{held:>6} {:>6} {:>10} {:<24} {:<16} {partition}",
+                field(entry, "limit"),
+                field(entry, "acquired"),
+                utc(entry["last_acquired_unix_ms"].as_u64().unwrap_or(0)),
+                field(entry, "fingerprint"),
+            ));
+        }
+    }
 }
 
 /// One block per list of `lists`.
@@ -171,6 +211,38 @@ fn utc(ms: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn concurrency_partitions_print_with_their_slots_held() {
+        let json = serde_json::json!({
+            "raw_partitions": true, "policies": [], "shadow": [],
+            "concurrency": [{"policy": "gen", "capacity": 64, "entries": [
+                {"fingerprint": "00000000000000aa", "partition": "acme", "held": 7, "limit": 8,
+                 "acquired": 12, "last_acquired_unix_ms": 0},
+                {"fingerprint": "00000000000000bb", "partition": "beta", "held": null, "limit": 8,
+                 "acquired": 1, "last_acquired_unix_ms": 0}]}]
+        });
+        let out = table(200, &json);
+        assert!(out.contains("policy gen: permits held now"), "{out}");
+        let rows: Vec<&str> = out
+            .lines()
+            .filter(|l| l.ends_with("acme") || l.ends_with("beta"))
+            .collect();
+        assert_eq!(rows.len(), 2, "{out}");
+        assert!(
+            rows[0]
+                .trim_start()
+                .starts_with("7      8         12 1970-01-01T00:00:00.000Z"),
+            "{out}"
+        );
+        assert!(rows[1].trim_start().starts_with('?'), "{out}");
+        // A daemon that lists none prints nothing of it.
+        let none = table(
+            200,
+            &serde_json::json!({"policies": [], "shadow": [], "concurrency": []}),
+        );
+        assert!(!none.contains("permits held"), "{none}");
+    }
 
     #[test]
     fn times_print_in_utc() {

@@ -18,6 +18,7 @@ mod calendar;
 mod check;
 mod cli;
 mod concurrency;
+mod concurrency_top;
 mod counters;
 mod deny;
 mod envoy_upstream;

@@ -53,7 +53,7 @@ async fn the_most_denied_partitions_come_first_with_counts_and_last_denial() {
     let app = spawn_app_with(POLICIES).await;
     assert_eq!(
         top(&app, "").await,
-        json!({"raw_partitions": true, "policies": [], "shadow": []})
+        json!({"raw_partitions": true, "policies": [], "shadow": [], "concurrency": []})
     );
     let before = unix_ms();
     hammer(&app, "login", "203.0.113.7", 6).await;

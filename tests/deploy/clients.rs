@@ -2,7 +2,9 @@
 //! (`python3 -m unittest`, `node --test`, `go test`) against real daemons started here: the
 //! daemon on the embedded store, or two daemons sharing one Redis; and, in both runs, a daemon
 //! whose Redis is down (so a fail-closed policy answers 503). The addresses reach the suites in
-//! `SLUICE_TEST_*` variables. Also: the CLI and the three example programs take one flag set.
+//! `SLUICE_TEST_*` variables. The live daemons serve the shipped policies and `slots`, a
+//! concurrency limit of one permit per `tenant` that only a release gives back within the run (its
+//! `permit_ttl` is an hour): the middlewares' permit scenarios read it. Also: the CLI and the three example programs take one flag set.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -26,6 +28,15 @@ fn tcp_url(app: &TestApp) -> String {
         Target::Tcp(addr) => format!("http://{addr}"),
         Target::Unix(_) => unreachable!("tcp is a TCP target"),
     }
+}
+
+/// The shipped policies and `slots`: one request in flight per tenant, a permit held for an hour
+/// unless released.
+fn client_policies() -> String {
+    format!(
+        "{SHIPPED_POLICIES}\n  - {{name: slots, match: {{route: slots}}, key: [tenant], \
+         algorithm: concurrency, limit: 1, permit_ttl: 1h, failure_mode: closed}}\n"
+    )
 }
 
 /// A token that keeps this run's partitions apart from any other run's on a shared Redis.
@@ -107,6 +118,16 @@ impl Suite {
             Self::Python => ("test_real_server_", 4),
             Self::Node => ("real Express server:", 2),
             Self::Go => ("TestRealServer", 2),
+        }
+    }
+
+    /// The name shared by the permit scenarios (a concurrency policy's permit released on every
+    /// path of a request, through real servers, and the plain release call) and how many pass.
+    fn permits(self) -> (&'static str, usize) {
+        match self {
+            Self::Python => ("test_permit_", 13),
+            Self::Node => ("permit:", 13),
+            Self::Go => ("TestPermit", 7),
         }
     }
 
@@ -207,6 +228,8 @@ async fn run_suite(suite: Suite, store: &str, a: &TestApp, b: Option<&TestApp>) 
     assert_eq!(suite.passed(&all, shared), shared_runs, "{shared}: {all}");
     let (real, runs) = suite.real_servers();
     assert_eq!(suite.passed(&all, real), runs, "{real}: {all}");
+    let (permits, runs) = suite.permits();
+    assert_eq!(suite.passed(&all, permits), runs, "{permits}: {all}");
     // Reserve, then settle, through a real server (the Python ASGI helper so far).
     if let Suite::Python = suite {
         assert_eq!(
@@ -221,7 +244,7 @@ async fn on_memory(suite: Suite) {
     if !tools::required(suite.tool()) {
         return;
     }
-    let app = spawn_app().await;
+    let app = spawn_app_with(&client_policies()).await;
     run_suite(suite, "memory", &app, None).await;
 }
 
@@ -231,8 +254,9 @@ async fn on_redis(suite: Suite) {
     }
     let store = Store::shared(crate::stores::Backend::Redis);
     let prefix = format!("clients-{}", run_token(suite.tool()));
-    let a = spawn_on_with(store.clone(), SHIPPED_POLICIES, &prefix, |_| {}).await;
-    let b = spawn_on_with(store, SHIPPED_POLICIES, &prefix, |_| {}).await;
+    let policies = client_policies();
+    let a = spawn_on_with(store.clone(), &policies, &prefix, |_| {}).await;
+    let b = spawn_on_with(store, &policies, &prefix, |_| {}).await;
     run_suite(suite, "redis", &a, Some(&b)).await;
 }
 

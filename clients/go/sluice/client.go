@@ -62,6 +62,11 @@ type Result struct {
 	Reason        string  `json:"reason,omitempty"`
 	RetryAfterSec uint64  `json:"retry_after_sec,omitempty"`
 	WithinLimit   *bool   `json:"within_limit,omitempty"`
+	// Permit is the token of the permit an allowed check holds (a concurrency policy applied):
+	// give it back with Client.Release when the request ends. Empty when none is held.
+	Permit string `json:"permit,omitempty"`
+	// Released is a release's answer (POST /v1/release): whether a held permit came back.
+	Released *bool `json:"released,omitempty"`
 }
 
 // Answer is one call's outcome: the HTTP status, the JSON body (decoded, and as received) and

@@ -108,6 +108,9 @@ type MiddlewareOptions struct {
 	// OnDenied may answer a denial the application's own way (a JSON:API error, an HTML page):
 	// a Reply with a Status, or a zero Reply for the documented 429.
 	OnDenied func(check *RouteCheck, answer Answer) Reply
+	// Releaser gives back the permits of allowed answers (concurrency policies); nil: the
+	// middleware's client.
+	Releaser Releaser
 }
 
 // sidecarWatch counts decisions made without the sidecar and logs at most once per interval.
@@ -150,6 +153,11 @@ func Middleware(client *Client, route Route, logger *log.Logger) func(http.Handl
 
 // MiddlewareWith is Middleware with hooks: every decision made without the sidecar counted
 // (OnFallback) and logged at most once per LogInterval, and denials shaped (OnDenied).
+//
+// An allowed answer's permit (a concurrency policy) is released exactly once: when next returns
+// or panics, or when the request's context ends first (the client went away, also mid-way
+// through a streamed answer; an http.TimeoutHandler around the middleware timed out). A failed
+// release is logged, never answered (the permit returns at its permit_ttl).
 func MiddlewareWith(client *Client, route Route, opts MiddlewareOptions) func(http.Handler) http.Handler {
 	if opts.Logger == nil {
 		opts.Logger = log.Default()
@@ -159,6 +167,10 @@ func MiddlewareWith(client *Client, route Route, opts MiddlewareOptions) func(ht
 	}
 	watch := &sidecarWatch{opts: opts}
 	logger := opts.Logger
+	releaser := opts.Releaser
+	if releaser == nil {
+		releaser = client
+	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			check := route(r)
@@ -167,9 +179,13 @@ func MiddlewareWith(client *Client, route Route, opts MiddlewareOptions) func(ht
 				return
 			}
 			var reply Reply
+			var permit string
 			switch check.Refuse {
 			case 0:
 				answer, err := client.Check(r.Context(), check.Check)
+				if err == nil && answer.Status == http.StatusOK {
+					permit = answer.Result.Permit
+				}
 				var unreachable *Error
 				if errors.As(err, &unreachable) {
 					watch.record(check, err)
@@ -191,6 +207,10 @@ func MiddlewareWith(client *Client, route Route, opts MiddlewareOptions) func(ht
 				}
 			}
 			if reply.Status == 0 {
+				if permit != "" {
+					serveHolding(&heldPermit{through: releaser, permit: permit, logger: logger}, next, w, r)
+					return
+				}
 				next.ServeHTTP(w, r)
 				return
 			}

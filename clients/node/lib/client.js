@@ -70,6 +70,16 @@ class Client {
     return this.call('/v1/report', checkBody(check));
   }
 
+  /**
+   * POST /v1/release: gives back the permit an allowed check answered (`answer.body.permit`, a
+   * concurrency policy's). Resolves to { status, body }: 200 with `released` true, or false when
+   * nothing was held any more (released already, or expired): releasing is idempotent. Rejects
+   * with SluiceError when the daemon cannot be asked (the permit returns at its `permit_ttl`).
+   */
+  release(permit) {
+    return this.call('/v1/release', { permit });
+  }
+
   /** POST /v1/check/batch: independent checks in one call; resolves to the answers' bodies. */
   async batch(checks) {
     const answer = await this.call('/v1/check/batch', { checks: checks.map(checkBody) });

@@ -3,6 +3,7 @@
 
 const { Client } = require('./client');
 const { decide, SidecarWatch } = require('./reply');
+const { holdPermit } = require('./permits');
 
 /**
  * Middleware `(req, res, next)` asking sluice about every request `route(req)` returns a check for
@@ -12,7 +13,10 @@ const { decide, SidecarWatch } = require('./reply');
  * headers; allowed: through with the rate-limit headers. `onFallback(check, error)` is called for
  * every decision made without the sidecar (a warning is logged at most every `logIntervalMs`);
  * `onDenied(check, answer)` may return `{ status, headers, body }` to answer a denial its own way.
- * The middleware's `watch.count` counts the decisions made without the sidecar.
+ * The middleware's `watch.count` counts the decisions made without the sidecar. An allowed
+ * answer's permit (a concurrency policy) is released once, at the response's `close` (sent
+ * whole: success, an error answered by the error handler, a timeout that destroys
+ * the socket, a client that leaves, also mid-stream); a failed release is logged with `log.warn`.
  */
 function sluice({ route, client = new Client(), log = console, onFallback = null, logIntervalMs, onDenied = null } = {}) {
   if (typeof route !== 'function') throw new TypeError('sluice({ route }) needs a route function');
@@ -26,7 +30,15 @@ function sluice({ route, client = new Client(), log = console, onFallback = null
         for (const [name, value] of Object.entries(reply.headers)) {
           if (reply.status !== null || name !== 'retry-after') res.setHeader(name, value);
         }
-        if (reply.status === null) return next();
+        if (reply.status === null) {
+          if (reply.permit) {
+            // Given back once at the response's `close`: emitted after it is sent whole (also an
+            // error handler's answer), or when its connection closes first (the client left,
+            // a server timeout destroyed the socket).
+            res.once('close', holdPermit(client, reply.permit, log));
+          }
+          return next();
+        }
         res.statusCode = reply.status;
         res.setHeader('content-length', Buffer.byteLength(reply.body));
         return res.end(reply.body);

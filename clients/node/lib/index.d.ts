@@ -31,6 +31,10 @@ export interface Answer {
     reason?: string;
     retry_after_sec?: number;
     within_limit?: boolean;
+    /** The permit an allowed check holds (a concurrency policy): give it back with release(). */
+    permit?: string;
+    /** A release's answer: whether a held permit was given back. */
+    released?: boolean;
     [field: string]: unknown;
   };
   headers: Record<string, string>;
@@ -66,6 +70,8 @@ export class Client {
   timeoutMs: number;
   check(check: Check): Promise<Answer>;
   report(check: Check): Promise<Answer>;
+  /** POST /v1/release: gives back an allowed answer's `permit` (idempotent). */
+  release(permit: string): Promise<Answer>;
   batch(checks: Check[]): Promise<Answer['body'][]>;
   call(path: string, body: unknown): Promise<Answer>;
   close(): void;

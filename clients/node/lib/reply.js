@@ -107,7 +107,11 @@ async function decide(client, check, log, options = {}) {
     if (error && error.name === 'SluiceError') return replyFor(check, null, error, log, options);
     throw error;
   }
-  return replyFor(check, answer, null, log, options);
+  const reply = replyFor(check, answer, null, log, options);
+  // An allowed answer of a concurrency policy holds a permit: the middleware gives it back.
+  const permit = answer.body.permit;
+  if (reply.status === null && answer.status === 200 && typeof permit === 'string' && permit) reply.permit = permit;
+  return reply;
 }
 
 module.exports = { OPEN, CLOSED, replyFor, decide, SidecarWatch, UNREACHABLE_RETRY_AFTER, DEFAULT_LOG_INTERVAL_MS };

@@ -8,10 +8,9 @@
 const test = require('node:test');
 const assert = require('node:assert/strict');
 const http = require('node:http');
-const path = require('node:path');
-const { execFileSync } = require('node:child_process');
 
 const { Client, CLOSED, sluice, trustedProxies, clientAddress, parseAddress } = require('..');
+const { loadExpress } = require('./support/express');
 
 const xff = (value) => ({ 'x-forwarded-for': value });
 
@@ -43,21 +42,6 @@ test('behind trusted proxies the rightmost untrusted entry is the client', () =>
   assert.throws(() => trustedProxies({ trusted: '10.0.0.0/8' }), TypeError);
   assert.throws(() => trustedProxies({ trusted: ['10.0.0.0/8'], hops: 1 }), TypeError);
 });
-
-/** Express from the project's install (npm install -g express, pinned in .ci/run). */
-function loadExpress() {
-  try {
-    return require('express');
-  } catch {
-    try {
-      const root = execFileSync('npm', ['root', '-g'], { encoding: 'utf8' }).trim();
-      return require(path.join(root, 'express'));
-    } catch (error) {
-      if (process.env.CI === 'true') throw error;
-      return null;
-    }
-  }
-}
 
 const express = loadExpress();
 

@@ -7,6 +7,7 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple, Union
 from .client import AsyncClient
 from .core import (DEFAULT_LOG_INTERVAL, Answer, Check, DenyHook, FallbackHook, Reply, SidecarWatch,
                    SluiceError, reply_for)
+from .permits import AsyncPermit, DisconnectWatch
 from .request import DEFAULT_MAX_BODY, Request
 
 Scope = Dict[str, Any]
@@ -32,6 +33,11 @@ class SluiceASGI:
     the application's metrics); a warning is logged at most every `log_interval` seconds.
     `on_denied(check, answer)` may return a `Reply` of the application's own for a denial (a
     JSON:API error, an HTML page); None keeps the documented 429.
+
+    An allowed answer that holds a `permit` (a concurrency policy) has it released exactly once
+    when the request ends: the application returned, raised or was cancelled (a timeout), or the
+    client went away (also mid-way through a streamed answer the application keeps writing). A
+    failed release is logged, never raised (the permit returns at its `permit_ttl`).
     """
 
     def __init__(self, app: ASGIApp, route: Route, client: Optional[AsyncClient] = None,
@@ -69,10 +75,49 @@ class SluiceASGI:
             check = await check
         if check is None:
             return await self.app(scope, receive, send)
-        reply, _ = await ask(self.client, check, self.watch, self.on_denied)
+        permit = None
+        try:
+            answer = await self.client.check(check)
+        except SluiceError as error:
+            reply = reply_for(check, error=error, watch=self.watch)
+        else:
+            reply = reply_for(check, answer=answer, on_denied=self.on_denied)
+            permit = answer.permit
         if reply.status is not None:
-            return await send_raw(send, reply.status, reply.headers, reply.body)
-        return await self.app(scope, receive, with_headers(send, reply.headers))
+            return await _send_raw(send, reply.status, reply.headers, reply.body)
+        extra = [(k.encode(), v.encode()) for k, v in reply.headers if k != "retry-after"]
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start" and extra:
+                message = dict(message)
+                message["headers"] = list(message.get("headers", [])) + extra
+            await send(message)
+
+        if permit is None:
+            return await self.app(scope, receive, send_with_headers)
+        return await self._holding(AsyncPermit(self.client, permit), scope, receive, send_with_headers)
+
+    async def _holding(self, held: AsyncPermit, scope: Scope, receive: Receive, send: Send) -> None:
+        """Runs the application while `held` (a concurrency policy's permit) is held: given back
+        when the client goes (seen by the application or, once the answer has started, by a
+        watch of the middleware's: a streamed answer abandoned mid-way), when a send fails, and
+        in any case when the application returns, raises or is cancelled (a timeout). Once."""
+        disconnects = DisconnectWatch(receive, held.release)
+
+        async def watched_send(message: Message) -> None:
+            try:
+                await send(message)
+            except BaseException:
+                held.release()  # a server that raises on a closed connection: the client is gone
+                raise
+            if message["type"] in ("http.response.start", "http.response.body"):
+                disconnects.watch()
+
+        try:
+            await self.app(scope, disconnects.receive, watched_send)
+        finally:
+            disconnects.stop()
+            await held.released()
 
 
 async def ask(client: AsyncClient, check: Check, watch: SidecarWatch,
@@ -121,7 +166,7 @@ def _replay(messages: List[Message], receive: Receive) -> Receive:
     return replayed
 
 
-async def send_raw(send: Send, status: int, headers: List[Tuple[str, str]], body: bytes) -> None:
+async def _send_raw(send: Send, status: int, headers: List[Tuple[str, str]], body: bytes) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [(k.encode(), str(v).encode()) for k, v in headers]})
     await send({"type": "http.response.body", "body": body})
@@ -130,4 +175,4 @@ async def send_raw(send: Send, status: int, headers: List[Tuple[str, str]], body
 async def _send_json(send: Send, status: int, headers: List[Tuple[str, str]], value: Any) -> None:
     body = json.dumps(value, separators=(",", ":")).encode()
     headers = list(headers) + [("content-type", "application/json"), ("content-length", str(len(body)))]
-    await send_raw(send, status, headers, body)
+    await _send_raw(send, status, headers, body)

@@ -98,6 +98,13 @@ class Client:
         """POST /v1/report: spend a cost known only afterwards (an LLM's tokens)."""
         return self.call("/v1/report", _as_check(descriptors, kwargs).body())
 
+    def release(self, permit: str) -> Answer:
+        """POST /v1/release: gives back the permit an allowed check answered (`answer.permit`,
+        a concurrency policy's). 200 `{"released": true}`, or `false` when nothing was held any
+        more (released already, or expired): releasing is idempotent. Raises `SluiceError`
+        when the daemon cannot be asked (the permit then returns at its `permit_ttl`)."""
+        return self.call("/v1/release", {"permit": permit})
+
     def settle(self, reservation: str, cost: int) -> Answer:
         """POST /v1/settle: settle a reservation (a `reserve=True` check's answer's
         `body["reservation"]`) at the real cost; 200, or 409 when settled already, 410 after
@@ -250,6 +257,10 @@ class AsyncClient:
                      **kwargs: Any) -> Answer:
         """POST /v1/report; see `Client.report`."""
         return await self.call("/v1/report", _as_check(descriptors, kwargs).body())
+
+    async def release(self, permit: str) -> Answer:
+        """POST /v1/release; see `Client.release`."""
+        return await self.call("/v1/release", {"permit": permit})
 
     async def settle(self, reservation: str, cost: int) -> Answer:
         """POST /v1/settle; see `Client.settle`."""

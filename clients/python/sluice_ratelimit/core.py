@@ -81,6 +81,13 @@ class Answer:
         """True on a 200 (allowed, including shadow and fail-open answers)."""
         return self.status == 200
 
+    @property
+    def permit(self) -> Optional[str]:
+        """The permit an allowed check holds (a concurrency policy applied), to give back with
+        `release` when the request ends; None when there is none."""
+        permit = self.body.get("permit") if self.status == 200 else None
+        return permit if isinstance(permit, str) and permit else None
+
     def __repr__(self) -> str:
         return f"Answer(status={self.status}, body={self.body!r})"
 

@@ -10,7 +10,7 @@ import asyncio
 import inspect
 from typing import Callable, Optional
 
-from .asgi import ASGIApp, Receive, Route, Scope, Send, ask, request_of, send_raw, with_headers
+from .asgi import ASGIApp, Receive, Route, Scope, Send, _send_raw, ask, request_of, with_headers
 from .client import AsyncClient
 from .core import DEFAULT_LOG_INTERVAL, Answer, DenyHook, FallbackHook, SidecarWatch, SluiceError, log
 
@@ -74,7 +74,7 @@ class SluiceReserveASGI:
         check.reserve = True
         reply, answer = await ask(self.client, check, self.watch, self.on_denied)
         if reply.status is not None:
-            return await send_raw(send, reply.status, reply.headers, reply.body)
+            return await _send_raw(send, reply.status, reply.headers, reply.body)
         token = answer.body.get("reservation") if answer is not None else None
         usage = Usage(check.cost, token if isinstance(token, str) else None)
         scope = dict(scope)

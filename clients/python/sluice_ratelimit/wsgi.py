@@ -1,10 +1,11 @@
 """WSGI middleware (Flask, Django, any WSGI server)."""
 
 import io
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 from .client import Client
 from .core import DEFAULT_LOG_INTERVAL, Check, DenyHook, FallbackHook, SidecarWatch, SluiceError, reply_for
+from .permits import Permit
 from .request import DEFAULT_MAX_BODY, Request
 
 Environ = Dict[str, Any]
@@ -21,7 +22,12 @@ class SluiceWSGI:
     `max_body` bytes, 413 beyond, and given back to the application as `wsgi.input`; a chunked
     body is read when the server ends its input, `wsgi.input_terminated`, else 411);
     `on_fallback`, `log_interval` and `on_denied` as for `SluiceASGI`. `request.client` is
-    `REMOTE_ADDR` (the socket peer under gunicorn, uWSGI, waitress, Werkzeug without ProxyFix)."""
+    `REMOTE_ADDR` (the socket peer under gunicorn, uWSGI, waitress, Werkzeug without ProxyFix).
+
+    An allowed answer's `permit` (a concurrency policy) is released exactly once: when the
+    application raises before answering, or when the server closes the answer (PEP 3333: sent
+    whole, or ended by an error such as a write to a client gone; a timeout in WSGI is an
+    exception of the application's). A failed release is logged, never raised."""
 
     def __init__(self, app: WSGIApp, route: Callable[[Request], Optional[Check]],
                  client: Optional[Client] = None, read_body: Optional[Callable[[Request], bool]] = None,
@@ -53,12 +59,14 @@ class SluiceWSGI:
         check = self.route(request)
         if check is None:
             return self.app(environ, start_response)
+        permit = None
         try:
             answer = self.client.check(check)
         except SluiceError as error:
             reply = reply_for(check, error=error, watch=self.watch)
         else:
             reply = reply_for(check, answer=answer, on_denied=self.on_denied)
+            permit = answer.permit
         if reply.status is not None:
             return _answer(start_response, reply.status, reply.headers, reply.body)
         extra = [(k, v) for k, v in reply.headers if k != "retry-after"]
@@ -67,7 +75,15 @@ class SluiceWSGI:
                                exc_info: Any = None) -> Any:
             return start_response(status, list(response_headers) + extra, exc_info)
 
-        return self.app(environ, start_with_headers if extra else start_response)
+        if permit is None:
+            return self.app(environ, start_with_headers if extra else start_response)
+        held = Permit(self.client, permit)
+        try:
+            iterable = self.app(environ, start_with_headers if extra else start_response)
+        except BaseException:
+            held.release()
+            raise
+        return _Releasing(iterable, held)
 
     def _body(self, environ: Environ) -> Union[bytes, int]:
         """The request body, at most `max_body` bytes; else 413, or 411 for a chunked body the
@@ -86,6 +102,27 @@ class SluiceWSGI:
         if "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
             return 411
         return b""
+
+
+class _Releasing:
+    """The application's answer, passed through; the permit is released when the server closes
+    it, which PEP 3333 has it do however the answer ends: sent whole, failed while iterating
+    (the application raised, a write to a client gone failed). A failed release is logged."""
+
+    def __init__(self, body: Iterable[bytes], held: Permit) -> None:
+        self._body = body
+        self._held = held
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._body)
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._held.release()
 
 
 def _answer(start_response: StartResponse, status: int, headers: List[Tuple[str, str]],

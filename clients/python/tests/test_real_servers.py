@@ -8,30 +8,20 @@ connect from their own loopback addresses (127.48.x.y) so each scenario has its 
 import http.client
 import logging
 import os
-import socket
 import sys
-import threading
-import time
 import unittest
-from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from sluice_ratelimit import (  # noqa: E402
     CLOSED, AsyncClient, Check, Client, SluiceASGI, SluiceWSGI, TrustedProxies)
+from servers import serve_asgi, serve_wsgi, uvicorn  # noqa: E402
 
 # The library's warnings stay out of the runner's lines (the Rust side reads them).
 logging.getLogger("sluice_ratelimit").addHandler(logging.NullHandler())
 
 URL = os.environ.get("SLUICE_TEST_URL")
 T = 5.0
-
-try:
-    import uvicorn
-except ImportError:  # CI installs it (.ci/run): there, a missing uvicorn fails the suite
-    if os.environ.get("CI") == "true":
-        raise
-    uvicorn = None
 
 
 def route_for(proxies):
@@ -90,47 +80,7 @@ class UvicornTest(Scenarios, unittest.TestCase):
             await send({"type": "http.response.body", "body": b"welcome"})
 
         client = AsyncClient(url=URL, timeout=T)
-        return serve_uvicorn(self, SluiceASGI(app, route_for(proxies), client=client), client)
-
-
-def serve_uvicorn(test, limited, client, log_level="warning"):
-    """Serves the ASGI app `limited` (on `client`) with a real uvicorn until `test` cleans up;
-    its port."""
-    async def with_lifespan(scope, receive, send):
-        # The client's connections belong to the server's event loop: closed at its shutdown.
-        if scope["type"] != "lifespan":
-            return await limited(scope, receive, send)
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await client.close()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
-
-    sock = socket.create_server(("127.0.0.1", 0))
-    config = uvicorn.Config(with_lifespan, log_level=log_level, lifespan="on", proxy_headers=False)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-
-    def stop():
-        server.should_exit = True
-        thread.join(T)
-        sock.close()
-
-    test.addCleanup(stop)
-    deadline = time.monotonic() + 20
-    while not server.started and time.monotonic() < deadline and thread.is_alive():
-        time.sleep(0.02)
-    test.assertTrue(server.started, "uvicorn started")
-    return sock.getsockname()[1]
-
-
-class _Quiet(WSGIRequestHandler):
-    def log_message(self, *args):
-        pass
+        return serve_asgi(self, SluiceASGI(app, route_for(proxies), client=client), client)
 
 
 class WsgirefTest(Scenarios, unittest.TestCase):
@@ -142,19 +92,7 @@ class WsgirefTest(Scenarios, unittest.TestCase):
             return [b"welcome"]
 
         client = Client(url=URL, timeout=T)
-        server = make_server("127.0.0.1", 0, SluiceWSGI(app, route_for(proxies), client=client),
-                             handler_class=_Quiet)
-        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        thread.start()
-
-        def stop():
-            server.shutdown()
-            server.server_close()
-            client.close()
-            thread.join(T)
-
-        self.addCleanup(stop)
-        return server.server_address[1]
+        return serve_wsgi(self, SluiceWSGI(app, route_for(proxies), client=client), client)
 
 
 if __name__ == "__main__":

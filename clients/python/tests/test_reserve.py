@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from sluice_ratelimit import CLOSED, AsyncClient, Check, Client, SluiceReserveASGI  # noqa: E402
-from test_real_servers import T, serve_uvicorn, uvicorn  # noqa: E402
+from servers import T, serve_asgi, uvicorn  # noqa: E402
 
 logging.getLogger("sluice_ratelimit").addHandler(logging.NullHandler())
 
@@ -101,7 +101,7 @@ class ReserveThroughUvicorn(unittest.TestCase):
         limited = SluiceReserveASGI(app, route, client=client,
                                     on_settled=lambda usage: settled.__setitem__(usage.reservation, usage))
         # A handler that raises is logged by uvicorn: kept out of the runner's lines.
-        return serve_uvicorn(self, limited, client, log_level="critical")
+        return serve_asgi(self, limited, client, log_level="critical")
 
     def tenant(self, case):
         return f"{RUN}-{case}"

@@ -14,6 +14,7 @@ mod labels;
 mod lease;
 mod local_limit;
 mod permits;
+mod permits_top;
 mod plan;
 mod report;
 mod request;
@@ -37,6 +38,7 @@ pub use hot_keys::HotKeys;
 pub use labels::{DecisionOutcome, ReportOutcome};
 pub use lease::Leases;
 pub use permits::{Release, ReleaseError, MAX_PERMIT_TOKEN};
+pub use permits_top::{HeldEntry, HeldList};
 pub use plan::{Part, Plan, TENANT_DESCRIPTOR};
 pub use request::{CheckError, CheckRequest, Spend, MAX_DESCRIPTOR_NAME};
 pub use reservations::{SettleError, Settled, SettledPart, MAX_RESERVATION_TOKEN};
@@ -202,6 +204,9 @@ impl CheckService {
         let mut in_force = self.policies.write().unwrap_or_else(|p| p.into_inner());
         let generation = in_force.generation() + 1;
         *in_force = Arc::new(policies.with_generation(generation, &in_force));
+        self.permits
+            .held
+            .replace_policies(&in_force, |name| in_force.revision(name) == generation);
         if let Some(leases) = &self.leases {
             leases.register(&in_force);
             leases.retire_changed(&in_force);

@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use prometheus::{IntCounterVec, Opts};
 
+use super::permits_top::HeldPartitions;
 use super::plan::Plan;
 use super::tokens::{self, Signer, TokenError};
 use super::verdict::{self, Mode, Outcome, PolicyDecision, Verdict};
@@ -37,6 +38,8 @@ pub struct Permits {
     signer: Signer,
     /// `sluice_permits_total{policy,event}`.
     events: IntCounterVec,
+    /// The partitions permits were taken in, for `/v1/top`.
+    pub(super) held: Arc<HeldPartitions>,
 }
 
 /// Why a release was refused: the token is not one this fleet issued.
@@ -92,19 +95,24 @@ impl Permits {
         if let Err(error) = metrics.registry().register(Box::new(events.clone())) {
             tracing::debug!(%error, "sluice_permits_total not registered");
         }
-        Self::with_events(secret, events)
+        Self::with_events(secret, events, Arc::default())
     }
 
-    fn with_events(secret: Option<&[u8]>, events: IntCounterVec) -> Self {
+    fn with_events(
+        secret: Option<&[u8]>,
+        events: IntCounterVec,
+        held: Arc<HeldPartitions>,
+    ) -> Self {
         Self {
             signer: Signer::new(secret),
             events,
+            held,
         }
     }
 
-    /// The same counters, tokens signed with `secret`.
+    /// The same counters and lists, tokens signed with `secret`.
     pub fn rekeyed(&self, secret: Option<&[u8]>) -> Self {
-        Self::with_events(secret, self.events.clone())
+        Self::with_events(secret, self.events.clone(), Arc::clone(&self.held))
     }
 
     /// Every event's series of `policy`, so rate() sees the first one.
@@ -193,6 +201,8 @@ impl CheckService {
                         self.permits.count(policy, event, 1);
                         if decision.allowed {
                             taken.push(check.key.clone());
+                            let fingerprint = self.shadow_log.fingerprint_id(&check.key);
+                            self.permits.held.note(fingerprint, check);
                         }
                     }
                     decided.push(PolicyDecision {
@@ -292,7 +302,7 @@ mod tests {
 
     fn permits(secret: &[u8]) -> Permits {
         let events = IntCounterVec::new(Opts::new("t", "t"), &["policy", "event"]).expect("metric");
-        Permits::with_events(Some(secret), events)
+        Permits::with_events(Some(secret), events, Arc::default())
     }
 
     #[test]

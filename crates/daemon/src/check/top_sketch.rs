@@ -110,7 +110,7 @@ impl SpaceSaving {
 }
 
 /// `label` within [`MAX_LABEL`] bytes, and whether it was cut.
-fn cut(mut label: String) -> (String, bool) {
+pub(super) fn cut(mut label: String) -> (String, bool) {
     if label.len() <= MAX_LABEL {
         return (label, false);
     }

@@ -16,7 +16,7 @@ use std::time::SystemTime;
 
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::{
-    FutureExt, Link, SpanContext, SpanKind, Status, TraceContextExt, Tracer as _,
+    FutureExt, Link, SpanContext, SpanKind, Status, TraceContextExt, Tracer as _, WithContext,
 };
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
@@ -243,8 +243,8 @@ pub struct CheckSpan {
 impl CheckSpan {
     /// Runs `future` with this span as the current context, so the store call it makes (the
     /// Redis batcher) relates to it.
-    pub async fn scope<F: Future>(&self, future: F) -> F::Output {
-        future.with_context(self.cx.clone()).await
+    pub fn scope<F: Future>(&self, future: F) -> WithContext<F> {
+        future.with_context(self.cx.clone())
     }
 
     /// Records the answer: the deciding policy (a name from the policy file, `""` when none

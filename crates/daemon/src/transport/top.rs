@@ -1,6 +1,8 @@
 //! `GET /v1/top` on the admin listener: the partitions each policy denied most in this pod
 //! (`policies`), and apart the partitions shadow policies would have blocked most (`shadow`:
-//! their `denials` count would-blocks) (`?policy=NAME` for one policy's two lists, `&limit=N`
+//! their `denials` count would-blocks), and the concurrency partitions this pod took permits in
+//! with the slots held now (`concurrency`, see `check::permits_top`) (`?policy=NAME` for one
+//! policy's lists, `&limit=N`
 //! entries each, 1 to 64, default 10). Any other
 //! parameter, or a policy that does not exist, is a 400: a typo must not read as "nobody is
 //! limited". Partitions are named by their log fingerprint; the partition itself (escaped key
@@ -20,7 +22,7 @@ use serde::Serialize;
 use super::admin::AdminAccess;
 use super::http::error_response;
 use super::wire::ErrorReply;
-use crate::check::{CheckService, Tally, TopList, MAX_POLICIES, TOP_CAPACITY};
+use crate::check::{CheckService, HeldList, Tally, TopList, MAX_POLICIES, TOP_CAPACITY};
 
 /// Entries per policy when `limit` is not given.
 pub const DEFAULT_LIMIT: usize = 10;
@@ -34,6 +36,9 @@ struct TopReply {
     policies: Vec<TopList>,
     /// Would-blocks: the policy asked for, or every policy with one (name order).
     shadow: Vec<TopList>,
+    /// Concurrency policies: the partitions this pod took permits in, with the slots held now
+    /// (read from the store); the policy asked for, if it is one, or every one with a partition.
+    concurrency: Vec<HeldList>,
 }
 
 /// What the query asks.
@@ -103,12 +108,16 @@ pub async fn top(service: &CheckService, access: &AdminAccess, request: Request)
             .filter_map(|name| service.top_list(tally, name, query.limit, raw))
             .collect()
     };
+    let concurrency = service
+        .held_lists(query.policy.as_deref(), query.limit, raw)
+        .await;
     (
         [(header::CACHE_CONTROL, "no-store")],
         Json(TopReply {
             raw_partitions: raw,
             policies: lists(Tally::Denied),
             shadow: lists(Tally::WouldBlock),
+            concurrency,
         }),
     )
         .into_response()

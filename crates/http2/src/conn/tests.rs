@@ -13,13 +13,19 @@ use super::*;
 use crate::budget::{connection_base, Budget};
 
 mod attacks;
+mod closed;
 
 const UNARY: &[u8] = b"/s/Unary";
 const TASK: &[u8] = b"/s/Task";
 
-/// Answers a unary call with its own body; a task call, once it has its whole body, with an
-/// empty answer.
+/// Answers a unary call with its own body (after [`SLOW_FOR`] when the body is [`SLOW`]); a
+/// task call, once it has its whole body, with an empty answer.
 struct Stub;
+
+/// A unary request message the stub answers only after [`SLOW_FOR`]: its call is still being
+/// worked out while the frames after it arrive.
+const SLOW: &[u8] = b"\0\0\0\0\x04slow";
+const SLOW_FOR: Duration = Duration::from_millis(200);
 
 impl Service for Stub {
     const METHODS: &'static [&'static [u8]] = &[b"POST"];
@@ -28,6 +34,9 @@ impl Service for Stub {
     }
     fn unary(self: &Arc<Self>, _kept: Kept, body: Bytes) -> UnaryFuture {
         Box::pin(async move {
+            if body == SLOW {
+                tokio::time::sleep(SLOW_FOR).await;
+            }
             Answer::Whole {
                 head: Block::Encoded(b"\x88"),
                 body: BytesMut::from(&body[..]),
