@@ -179,11 +179,11 @@ async fn daemon_with_redis_down() -> TestApp {
     spawn_app_in(dir, settings, SHIPPED_POLICIES).await
 }
 
-/// A daemon (embedded store) whose policy `llm` takes reservations: 1000 per 365 days, so no
-/// window ends under a suite.
+/// A daemon (embedded store) whose policy `llm` takes reservations (1000 per 365 days, so no
+/// window ends under a suite), beside a concurrency policy `slots` of one slot.
 async fn daemon_with_reservations() -> TestApp {
     spawn_app_with(
-        "policies:\n  - {name: llm, key: [tenant], algorithm: fixed_window, limit: 1000, period: 365d, reservations: true, failure_mode: closed}\n",
+        "policies:\n  - {name: llm, key: [tenant], algorithm: fixed_window, limit: 1000, period: 365d, reservations: true, failure_mode: closed}\n  - {name: slots, key: [tenant], match: {route: both}, algorithm: concurrency, limit: 1, failure_mode: closed}\n",
     )
     .await
 }
@@ -234,7 +234,7 @@ async fn run_suite(suite: Suite, store: &str, a: &TestApp, b: Option<&TestApp>) 
     if let Suite::Python = suite {
         assert_eq!(
             suite.passed(&all, "test_reserve_"),
-            4,
+            5,
             "test_reserve_: {all}"
         );
     }

@@ -98,26 +98,30 @@ class SluiceASGI:
         return await self._holding(AsyncPermit(self.client, permit), scope, receive, send_with_headers)
 
     async def _holding(self, held: AsyncPermit, scope: Scope, receive: Receive, send: Send) -> None:
-        """Runs the application while `held` (a concurrency policy's permit) is held: given back
-        when the client goes (seen by the application or, once the answer has started, by a
-        watch of the middleware's: a streamed answer abandoned mid-way), when a send fails, and
-        in any case when the application returns, raises or is cancelled (a timeout). Once."""
-        disconnects = DisconnectWatch(receive, held.release)
+        await holding(self.app, held, scope, receive, send)
 
-        async def watched_send(message: Message) -> None:
-            try:
-                await send(message)
-            except BaseException:
-                held.release()  # a server that raises on a closed connection: the client is gone
-                raise
-            if message["type"] in ("http.response.start", "http.response.body"):
-                disconnects.watch()
 
+async def holding(app: ASGIApp, held: AsyncPermit, scope: Scope, receive: Receive, send: Send) -> None:
+    """Runs `app` while `held` (a concurrency policy's permit) is held: given back when the
+    client goes (seen by the application or, once the answer has started, by a watch of the
+    middleware's: a streamed answer abandoned mid-way), when a send fails, and in any case when
+    the application returns, raises or is cancelled (a timeout). Once."""
+    disconnects = DisconnectWatch(receive, held.release)
+
+    async def watched_send(message: Message) -> None:
         try:
-            await self.app(scope, disconnects.receive, watched_send)
-        finally:
-            disconnects.stop()
-            await held.released()
+            await send(message)
+        except BaseException:
+            held.release()  # a server that raises on a closed connection: the client is gone
+            raise
+        if message["type"] in ("http.response.start", "http.response.body"):
+            disconnects.watch()
+
+    try:
+        await app(scope, disconnects.receive, watched_send)
+    finally:
+        disconnects.stop()
+        await held.released()
 
 
 async def ask(client: AsyncClient, check: Check, watch: SidecarWatch,

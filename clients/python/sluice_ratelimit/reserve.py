@@ -10,9 +10,11 @@ import asyncio
 import inspect
 from typing import Callable, Optional
 
-from .asgi import ASGIApp, Receive, Route, Scope, Send, _send_raw, ask, request_of, with_headers
+from .asgi import (ASGIApp, Receive, Route, Scope, Send, _send_raw, ask, holding, request_of,
+                   with_headers)
 from .client import AsyncClient
 from .core import DEFAULT_LOG_INTERVAL, Answer, DenyHook, FallbackHook, SidecarWatch, SluiceError, log
+from .permits import AsyncPermit
 
 #: The scope key under which the application finds the request's `Usage`.
 SCOPE_KEY = "sluice.usage"
@@ -51,7 +53,8 @@ class SluiceReserveASGI:
     is sent with `reserve=True`. Denied, unavailable and unreachable as `SluiceASGI` answers
     (429, 503, the route's `on_unreachable`). Allowed: the application runs with
     `scope["sluice.usage"]` (a `Usage`) and the reservation is settled once when the response
-    ends, whichever way it ends; `on_settled(usage)` is called then."""
+    ends, whichever way it ends; `on_settled(usage)` is called then. A concurrency policy's
+    permit, when one applied too, is given back as `SluiceASGI` gives it back."""
 
     def __init__(self, app: ASGIApp, route: Route, client: Optional[AsyncClient] = None,
                  on_fallback: Optional[FallbackHook] = None, log_interval: float = DEFAULT_LOG_INTERVAL,
@@ -79,8 +82,15 @@ class SluiceReserveASGI:
         usage = Usage(check.cost, token if isinstance(token, str) else None)
         scope = dict(scope)
         scope[SCOPE_KEY] = usage
+        permit = answer.permit if answer is not None else None
+        sending = with_headers(send, reply.headers)
         try:
-            await self.app(scope, receive, with_headers(send, reply.headers))
+            if permit is None:
+                await self.app(scope, receive, sending)
+            else:
+                # A concurrency policy applied too: its permit goes back as `SluiceASGI` gives
+                # it back, on every path of the request.
+                await holding(self.app, AsyncPermit(self.client, permit), scope, receive, sending)
         finally:
             # Shielded: a request cancelled (its client gone) still settles what it used.
             await asyncio.shield(self._settle(usage))

@@ -2,7 +2,8 @@
 a daemon whose policy `llm` takes reservations, started by tests/deploy/clients.rs). An app
 streams one chunk per token and reports each to `scope["sluice.usage"]`; the counter then holds
 exactly what the app used, not the estimate: after a whole stream, after a client that
-disconnects mid-stream, and after a handler that raises mid-stream. A denial reserves nothing.
+disconnects mid-stream, and after a handler that raises mid-stream; beside a concurrency
+policy's permit, the slot comes back too. A denial reserves nothing.
 """
 
 import asyncio
@@ -94,6 +95,9 @@ class ReserveThroughUvicorn(unittest.TestCase):
 
         def route(request):
             tenant = request.path.rsplit("/", 1)[-1]
+            if request.path.startswith("/both/"):
+                # Every policy that applies: `llm` and the concurrency policy `slots` (1 slot).
+                return Check({"tenant": tenant, "route": "both"}, cost=ESTIMATE, on_unreachable=CLOSED)
             return Check({"tenant": tenant}, policy="llm", cost=ESTIMATE, on_unreachable=CLOSED)
 
         client = AsyncClient(url=URL, timeout=T)
@@ -151,6 +155,19 @@ class ReserveThroughUvicorn(unittest.TestCase):
         usage = next(iter(self.settled.values()))
         self.assertEqual((usage.cost, usage.settled.status), (5, 200), usage.settled)
         self.assertEqual(left(tenant), LIMIT - 5)
+
+    def test_reserve_beside_a_permit_gives_the_slot_back_and_settles(self):
+        tenant = self.tenant("both")
+        for n in range(2):
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=T)
+            conn.request("GET", f"/both/{tenant}")
+            response = conn.getresponse()
+            body = response.read()
+            conn.close()
+            # The second request gets the one slot only if the first gave it back.
+            self.assertEqual((response.status, body.count(b"token")), (200, 20), f"request {n}")
+            eventually("the settle", lambda: len(self.settled) == n + 1)
+        self.assertEqual(left(tenant), LIMIT - 40)
 
     def test_reserve_a_denial_reserves_nothing(self):
         tenant = self.tenant("over")
