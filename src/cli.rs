@@ -277,6 +277,7 @@ fn check(args: CheckArgs) -> ExitCode {
         descriptors,
         cost: args.cost,
         dry_run: args.dry_run,
+        reserve: false,
     };
     let payload = serde_json::to_vec(&body).unwrap_or_default();
     let status = match ask_daemon(

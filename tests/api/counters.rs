@@ -17,7 +17,7 @@ use crate::helpers::{
     assert_error, json_of, metric_value, post, sluice_command, spawn_app_in, spawn_app_with,
     test_settings, ChildGuard, TestApp,
 };
-use crate::redis_server::{spawn_sentinel, wait_until, RedisCluster, RedisServer};
+use crate::redis_server::{RedisCluster, RedisServer};
 use crate::stores::{on_stores, spawn_on, Backend, OnStore};
 use crate::wait::{eventually, wait_enforced, wait_for_store};
 
@@ -479,30 +479,7 @@ async fn cluster_resets_reach_daemons_subscribed_to_other_nodes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_resets_go_to_the_primary_the_sentinels_name() {
     let primary = RedisServer::start();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let port = RedisServer::free_port();
-    let conf = dir.path().join("sentinel.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {} 1\n",
-            dir.path().display(),
-            primary.port
-        ),
-    )
-    .expect("sentinel conf");
-    let _sentinel = ChildGuard(Some(spawn_sentinel(&conf)));
-    wait_until("sentinel", || {
-        redis::Client::open(format!("redis://127.0.0.1:{port}"))
-            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
-            .and_then(|mut c| {
-                redis::cmd("SENTINEL")
-                    .arg("GET-MASTER-ADDR-BY-NAME")
-                    .arg("mymaster")
-                    .query::<Vec<String>>(&mut c)
-            })
-            .is_ok_and(|addr| addr.len() == 2)
-    });
+    let (_sentinel, port, _dir) = crate::redis::sentinel_of(&primary);
     let (a, b) = two_daemons(|settings, _| {
         settings.redis.sentinel.nodes = vec![format!("redis://127.0.0.1:{port}")];
         settings.redis.sentinel.master = "mymaster".into();

@@ -43,6 +43,7 @@ mod reload_bounds;
 mod reload_signal;
 mod report;
 mod report_differential;
+mod reservations;
 mod shadow_fleet;
 mod shutdown;
 mod sim;

@@ -44,6 +44,7 @@ async fn the_admin_listener_serves_the_document_in_the_repository() {
         "/v1/check/batch",
         "/v1/report",
         "/v1/release",
+        "/v1/settle",
         "/v1/authz",
         "/livez",
         "/readyz",

@@ -179,15 +179,26 @@ async fn daemon_with_redis_down() -> TestApp {
     spawn_app_in(dir, settings, SHIPPED_POLICIES).await
 }
 
+/// A daemon (embedded store) whose policy `llm` takes reservations (1000 per 365 days, so no
+/// window ends under a suite), beside a concurrency policy `slots` of one slot.
+async fn daemon_with_reservations() -> TestApp {
+    spawn_app_with(
+        "policies:\n  - {name: llm, key: [tenant], algorithm: fixed_window, limit: 1000, period: 365d, reservations: true, failure_mode: closed}\n  - {name: slots, key: [tenant], match: {route: both}, algorithm: concurrency, limit: 1, failure_mode: closed}\n",
+    )
+    .await
+}
+
 /// Runs `suite` against `a` (and `b`, a second daemon on the same Redis); fails with its output.
 async fn run_suite(suite: Suite, store: &str, a: &TestApp, b: Option<&TestApp>) {
     let down = daemon_with_redis_down().await;
+    let reserving = daemon_with_reservations().await;
     let scratch = tempfile::tempdir().expect("tempdir");
     let mut command = suite.command(scratch.path());
     command
         .env("SLUICE_TEST_URL", tcp_url(a))
         .env("SLUICE_TEST_SOCKET", a.socket_path())
         .env("SLUICE_TEST_DOWN_URL", tcp_url(&down))
+        .env("SLUICE_TEST_RESERVE_URL", tcp_url(&reserving))
         .env("SLUICE_TEST_STORE", store)
         .env("SLUICE_TEST_RUN", run_token(store));
     if let Some(b) = b {
@@ -219,6 +230,14 @@ async fn run_suite(suite: Suite, store: &str, a: &TestApp, b: Option<&TestApp>) 
     assert_eq!(suite.passed(&all, real), runs, "{real}: {all}");
     let (permits, runs) = suite.permits();
     assert_eq!(suite.passed(&all, permits), runs, "{permits}: {all}");
+    // Reserve, then settle, through a real server (the Python ASGI helper so far).
+    if let Suite::Python = suite {
+        assert_eq!(
+            suite.passed(&all, "test_reserve_"),
+            5,
+            "test_reserve_: {all}"
+        );
+    }
 }
 
 async fn on_memory(suite: Suite) {

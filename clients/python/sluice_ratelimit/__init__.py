@@ -7,8 +7,10 @@ from .asgi import SluiceASGI
 from .client import AsyncClient, Client
 from .core import CLOSED, OPEN, Answer, Check, Reply, SidecarWatch, SluiceError
 from .request import Request
+from .reserve import SluiceReserveASGI, Usage
 from .wsgi import SluiceWSGI
 
 __all__ = ["Answer", "AsyncClient", "Check", "Client", "CLOSED", "OPEN", "Reply", "Request",
-           "SidecarWatch", "SluiceASGI", "SluiceError", "SluiceWSGI", "TrustedProxies"]
+           "SidecarWatch", "SluiceASGI", "SluiceError", "SluiceReserveASGI", "SluiceWSGI",
+           "TrustedProxies", "Usage"]
 __version__ = "0.1.0"

@@ -5,7 +5,8 @@ import json
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple, Union
 
 from .client import AsyncClient
-from .core import DEFAULT_LOG_INTERVAL, Check, DenyHook, FallbackHook, SidecarWatch, SluiceError, reply_for
+from .core import (DEFAULT_LOG_INTERVAL, Answer, Check, DenyHook, FallbackHook, Reply, SidecarWatch,
+                   SluiceError, reply_for)
 from .permits import AsyncPermit, DisconnectWatch
 from .request import DEFAULT_MAX_BODY, Request
 
@@ -54,14 +55,7 @@ class SluiceASGI:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        headers: Dict[str, str] = {}
-        for k, v in scope.get("headers", []):
-            name, value = k.decode("latin-1").lower(), v.decode("latin-1")
-            headers[name] = f"{headers[name]}, {value}" if name in headers else value
-        client = scope.get("client")
-        request = Request(scope["method"], scope.get("path", "/"),
-                          scope.get("query_string", b"").decode("latin-1"), headers,
-                          client[0] if client else None, scope)
+        request = request_of(scope)
         if self.read_body and self.read_body(request):
             messages, body = [], b""
             while True:
@@ -104,26 +98,65 @@ class SluiceASGI:
         return await self._holding(AsyncPermit(self.client, permit), scope, receive, send_with_headers)
 
     async def _holding(self, held: AsyncPermit, scope: Scope, receive: Receive, send: Send) -> None:
-        """Runs the application while `held` (a concurrency policy's permit) is held: given back
-        when the client goes (seen by the application or, once the answer has started, by a
-        watch of the middleware's: a streamed answer abandoned mid-way), when a send fails, and
-        in any case when the application returns, raises or is cancelled (a timeout). Once."""
-        disconnects = DisconnectWatch(receive, held.release)
+        await holding(self.app, held, scope, receive, send)
 
-        async def watched_send(message: Message) -> None:
-            try:
-                await send(message)
-            except BaseException:
-                held.release()  # a server that raises on a closed connection: the client is gone
-                raise
-            if message["type"] in ("http.response.start", "http.response.body"):
-                disconnects.watch()
 
+async def holding(app: ASGIApp, held: AsyncPermit, scope: Scope, receive: Receive, send: Send) -> None:
+    """Runs `app` while `held` (a concurrency policy's permit) is held: given back when the
+    client goes (seen by the application or, once the answer has started, by a watch of the
+    middleware's: a streamed answer abandoned mid-way), when a send fails, and in any case when
+    the application returns, raises or is cancelled (a timeout). Once."""
+    disconnects = DisconnectWatch(receive, held.release)
+
+    async def watched_send(message: Message) -> None:
         try:
-            await self.app(scope, disconnects.receive, watched_send)
-        finally:
-            disconnects.stop()
-            await held.released()
+            await send(message)
+        except BaseException:
+            held.release()  # a server that raises on a closed connection: the client is gone
+            raise
+        if message["type"] in ("http.response.start", "http.response.body"):
+            disconnects.watch()
+
+    try:
+        await app(scope, disconnects.receive, watched_send)
+    finally:
+        disconnects.stop()
+        await held.released()
+
+
+async def ask(client: AsyncClient, check: Check, watch: SidecarWatch,
+              on_denied: Optional[DenyHook]) -> Tuple[Reply, Optional[Answer]]:
+    """The middleware's reply to `check` and the daemon's answer (None when unreachable)."""
+    try:
+        answer = await client.check(check)
+    except SluiceError as error:
+        return reply_for(check, error=error, watch=watch), None
+    return reply_for(check, answer=answer, on_denied=on_denied), answer
+
+
+def request_of(scope: Scope) -> Request:
+    """The `Request` a route sees of an HTTP scope (header names lowercased, repeats joined)."""
+    headers: Dict[str, str] = {}
+    for k, v in scope.get("headers", []):
+        name, value = k.decode("latin-1").lower(), v.decode("latin-1")
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    client = scope.get("client")
+    return Request(scope["method"], scope.get("path", "/"),
+                   scope.get("query_string", b"").decode("latin-1"), headers,
+                   client[0] if client else None, scope)
+
+
+def with_headers(send: Send, headers: List[Tuple[str, str]]) -> Send:
+    """`send`, adding `headers` (but `retry-after`) to the application's response start."""
+    extra = [(k.encode(), v.encode()) for k, v in headers if k != "retry-after"]
+
+    async def send_with_headers(message: Message) -> None:
+        if message["type"] == "http.response.start" and extra:
+            message = dict(message)
+            message["headers"] = list(message.get("headers", [])) + extra
+        await send(message)
+
+    return send_with_headers
 
 
 def _replay(messages: List[Message], receive: Receive) -> Receive:

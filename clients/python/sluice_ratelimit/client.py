@@ -105,6 +105,12 @@ class Client:
         when the daemon cannot be asked (the permit then returns at its `permit_ttl`)."""
         return self.call("/v1/release", {"permit": permit})
 
+    def settle(self, reservation: str, cost: int) -> Answer:
+        """POST /v1/settle: settle a reservation (a `reserve=True` check's answer's
+        `body["reservation"]`) at the real cost; 200, or 409 when settled already, 410 after
+        its reservation_ttl (it settled at its estimate), 400 for a token not this fleet's."""
+        return self.call("/v1/settle", {"reservation": reservation, "cost": cost})
+
     def batch(self, checks: Sequence[Check]) -> Union[List[Dict[str, Any]], Answer]:
         """POST /v1/check/batch: independent checks in one call; returns the list of answers'
         bodies (dicts) in order, or the whole `Answer` when the batch is refused."""
@@ -255,6 +261,10 @@ class AsyncClient:
     async def release(self, permit: str) -> Answer:
         """POST /v1/release; see `Client.release`."""
         return await self.call("/v1/release", {"permit": permit})
+
+    async def settle(self, reservation: str, cost: int) -> Answer:
+        """POST /v1/settle; see `Client.settle`."""
+        return await self.call("/v1/settle", {"reservation": reservation, "cost": cost})
 
     async def batch(self, checks: Sequence[Check]) -> Union[List[Dict[str, Any]], Answer]:
         """POST /v1/check/batch; see `Client.batch`."""

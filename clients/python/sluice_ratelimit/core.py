@@ -41,10 +41,10 @@ class Check:
     sidecar cannot be reached (`on_unreachable`: "open" serves the request, "closed" answers 503).
     """
 
-    __slots__ = ("descriptors", "policy", "cost", "dry_run", "on_unreachable")
+    __slots__ = ("descriptors", "policy", "cost", "dry_run", "on_unreachable", "reserve")
 
     def __init__(self, descriptors: Mapping[str, str], policy: Optional[str] = None, cost: int = 1,
-                 dry_run: bool = False, on_unreachable: str = OPEN) -> None:
+                 dry_run: bool = False, on_unreachable: str = OPEN, reserve: bool = False) -> None:
         if on_unreachable not in (OPEN, CLOSED):
             raise ValueError(f"on_unreachable is 'open' or 'closed', not {on_unreachable!r}")
         self.descriptors = dict(descriptors)
@@ -52,12 +52,17 @@ class Check:
         self.cost = cost
         self.dry_run = dry_run
         self.on_unreachable = on_unreachable
+        #: Spend `cost` as an estimate and answer a `reservation` to settle (POST /v1/settle).
+        self.reserve = reserve
 
     def body(self) -> Dict[str, Any]:
         """The JSON object of POST /v1/check."""
-        body = {"descriptors": self.descriptors, "cost": self.cost, "dry_run": self.dry_run}
+        body: Dict[str, Any] = {"descriptors": self.descriptors, "cost": self.cost,
+                                "dry_run": self.dry_run}
         if self.policy:
             body["policy"] = self.policy
+        if self.reserve:
+            body["reserve"] = True
         return body
 
 

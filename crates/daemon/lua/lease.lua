@@ -14,7 +14,9 @@
 -- ARGV[4]  period_us  as the algorithm's script takes it
 -- ARGV[5]  capacity   a token bucket's burst (ignored for a fixed window)
 -- ARGV[6]  units      take: the most units wanted; back: the units given back
--- ARGV[7]  take: fraction, at most 1/fraction of what the counter has left is granted (>= 1)
+-- ARGV[7]  take: fraction, at most 1/fraction of what the counter has left is granted (>= 1);
+--          0: all or nothing (a reservation): `units` if the counter has them, else none and
+--          the figures of a check of `units`
 --          back: a fixed window's window number the units were taken in; a token bucket's
 --          instant the lease started to shrink (the take's now + hold_us)
 -- ARGV[8]  take: 0; back: the epoch the take returned (units land only while it is KEYS[2]'s)
@@ -68,6 +70,26 @@ local function lease_epoch(epoch_key, existed, hold_ms, renew)
   return epoch
 end
 
+-- The units a take grants of `want` when the counter has `available` left: at most
+-- 1/fraction of them, or (fraction 0, a reservation) all of `want` or none.
+local function lease_units(want, available, fraction)
+  if fraction == 0 then
+    if want <= available then
+      return want
+    end
+    return 0
+  end
+  return math.min(want, math.floor(available / fraction))
+end
+
+-- The cost whose figures a take that grants nothing answers: 1, or a reservation's `want`.
+local function lease_asked(want, fraction)
+  if fraction == 0 then
+    return want
+  end
+  return 1
+end
+
 local function lease_take_bucket(key, limit, period, capacity, want, fraction)
   local value = read_counter(key)
   if type(value) == 'table' then
@@ -80,7 +102,8 @@ local function lease_take_bucket(key, limit, period, capacity, want, fraction)
   if value and string.sub(value, 1, 1) == '-' then
     -- A fixed window's live count (a reload switched algorithm; this take may have been sent
     -- before it): never overwritten by a take, which grants nothing.
-    local _, cap, remaining, reset, retry = token_bucket_decide(0, 0, now, limit, period, capacity, 1)
+    local _, cap, remaining, reset, retry = token_bucket_decide(0, 0, now, limit, period, capacity,
+      lease_asked(want, fraction))
     return {0, cap, remaining, reset, retry, 0, 0, now, 0}
   end
   local ahead = math.max(0, (tat_us - now) * limit + tat_rem)
@@ -90,10 +113,10 @@ local function lease_take_bucket(key, limit, period, capacity, want, fraction)
   if ok == 1 then
     available = left
   end
-  local units = math.min(want, math.floor(available / fraction))
+  local units = lease_units(want, available, fraction)
   if units == 0 then
     local allowed, cap, remaining, reset, retry = token_bucket_decide(tat_us, tat_rem, now, limit,
-      period, capacity, 1)
+      period, capacity, lease_asked(want, fraction))
     return {0, cap, remaining, reset, retry, 0, hold, now, 0}
   end
   local _, cap, remaining, reset, retry, ahead_after = token_bucket_decide(tat_us, tat_rem, now,
@@ -120,7 +143,7 @@ local function lease_take_window(key, limit, period, want, fraction)
   if value and not packed then
     -- A token bucket's live TAT (a reload switched algorithm): never overwritten by a take.
     local _, shown, remaining, reset, retry = fixed_window_decide(nil, now, min_ttl_ms, limit,
-      period, 1)
+      period, lease_asked(want, fraction))
     return {0, shown, remaining, reset, retry, window, hold, now, 0}
   end
   local ok, _, left = fixed_window_decide(packed or nil, now, min_ttl_ms, limit, period, 0)
@@ -128,10 +151,10 @@ local function lease_take_window(key, limit, period, want, fraction)
   if ok == 1 then
     available = left
   end
-  local units = math.min(want, math.floor(available / fraction))
+  local units = lease_units(want, available, fraction)
   if units == 0 then
     local allowed, shown, remaining, reset, retry = fixed_window_decide(packed or nil, now,
-      min_ttl_ms, limit, period, 1)
+      min_ttl_ms, limit, period, lease_asked(want, fraction))
     return {0, shown, remaining, reset, retry, window, hold, now, 0}
   end
   local _, shown, remaining, reset, retry, new_packed, ttl_ms = fixed_window_decide(packed or nil,
@@ -206,9 +229,9 @@ if mode == 'back' and epoch_read(KEYS[2]) ~= tonumber(ARGV[8]) then
   return {0}
 end
 if mode == 'take' and algorithm == 'tb' then
-  reply = lease_take_bucket(key, limit, period, capacity, units, math.max(1, extra))
+  reply = lease_take_bucket(key, limit, period, capacity, units, math.max(0, extra))
 elseif mode == 'take' and algorithm == 'fw' then
-  reply = lease_take_window(key, limit, period, units, math.max(1, extra))
+  reply = lease_take_window(key, limit, period, units, math.max(0, extra))
 elseif mode == 'back' and algorithm == 'tb' then
   reply = lease_back_bucket(key, limit, period, units, extra)
 elseif mode == 'back' and algorithm == 'fw' then

@@ -1,6 +1,7 @@
 //! Quota leases exist twice, like the algorithms (`limit/lease.rs` and `lua/lease.lua`): random
 //! histories of checks, takes and give-backs on both twins, with the scripts' test-only `now`,
 //! must give identical decisions and grants, and leave identical state (the next check agrees).
+//! Takes include a reservation's (fraction 0: all or nothing).
 
 use proptest::prelude::*;
 use sluice::limit::{Algorithm, FixedWindow, Grant, Micros, TokenBucket};
@@ -25,6 +26,8 @@ fn op(limit: u64) -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (1..=limit.div_ceil(3)).prop_map(Op::Check),
         3 => (1..=limit * 2, 1u64..=8).prop_map(|(want, fraction)| Op::Take { want, fraction }),
+        // A reservation's take: all of `want` or nothing (a check's cost: at most the limit).
+        2 => (1..=limit).prop_map(|want| Op::Take { want, fraction: 0 }),
         2 => (0..=limit).prop_map(Op::Back),
     ]
 }

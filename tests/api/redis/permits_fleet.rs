@@ -29,8 +29,8 @@ fn policies() -> String {
     )
 }
 
-/// A small xorshift: each caller's hold times, 5-50 ms.
-fn next(state: &mut u64) -> u64 {
+/// A small xorshift: each caller's hold times, 5-50 ms (and the reservation callers' figures).
+pub(super) fn next(state: &mut u64) -> u64 {
     *state ^= *state << 13;
     *state ^= *state >> 7;
     *state ^= *state << 17;

@@ -18,8 +18,10 @@ mod permits_top;
 mod plan;
 mod report;
 mod request;
+mod reservations;
 mod rlqs;
 mod shadow_log;
+mod tokens;
 mod top;
 mod top_sketch;
 mod unmatched;
@@ -39,6 +41,7 @@ pub use permits::{Release, ReleaseError, MAX_PERMIT_TOKEN};
 pub use permits_top::{HeldEntry, HeldList};
 pub use plan::{Part, Plan, TENANT_DESCRIPTOR};
 pub use request::{CheckError, CheckRequest, Spend, MAX_DESCRIPTOR_NAME};
+pub use reservations::{SettleError, Settled, SettledPart, MAX_RESERVATION_TOKEN};
 pub use top::{Tally, TopDenied, TopEntry, TopList, MAX_POLICIES, TOP_CAPACITY};
 pub use top_sketch::{SpaceSaving, MAX_LABEL};
 pub use verdict::{Mode, Outcome, PolicyDecision, Verdict};
@@ -70,6 +73,8 @@ pub struct CheckService {
     top: top::TopDenied,
     /// Concurrency permits' tokens and counters.
     permits: permits::Permits,
+    /// Reservations' tokens and counters.
+    reservations: reservations::Reservations,
 }
 
 impl CheckService {
@@ -94,6 +99,7 @@ impl CheckService {
             limits,
             counter_resets: counters::resets_metric(&metrics),
             permits: permits::Permits::new(None, &metrics),
+            reservations: reservations::Reservations::new(None, &metrics),
             reports: report::reports_metric(&metrics),
             top: top::TopDenied::new(&PolicySet::default()),
             metrics,
@@ -113,6 +119,7 @@ impl CheckService {
     pub fn with_fingerprint_key(mut self, secret: Option<&str>) -> Self {
         self.shadow_log = shadow_log::ShadowLog::new(secret.map(str::as_bytes));
         self.permits = self.permits.rekeyed(secret.map(str::as_bytes));
+        self.reservations = self.reservations.rekeyed(secret.map(str::as_bytes));
         self
     }
 
@@ -183,6 +190,9 @@ impl CheckService {
                 Some(crate::limit::Algorithm::Concurrency(_))
             ) {
                 self.permits.register(policy.name());
+            }
+            if policy.reservation_ttl_us().is_some() {
+                self.reservations.register(policy.name());
             }
             for outcome in ReportOutcome::ALL {
                 self.reports

@@ -17,13 +17,11 @@
 
 use std::sync::Arc;
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine as _;
 use prometheus::{IntCounterVec, Opts};
 
 use super::permits_top::HeldPartitions;
 use super::plan::Plan;
-use super::shadow_log::Hmac;
+use super::tokens::{self, Signer, TokenError};
 use super::verdict::{self, Mode, Outcome, PolicyDecision, Verdict};
 use super::CheckService;
 use crate::limit::{Algorithm, Key};
@@ -37,7 +35,7 @@ const DOMAIN: &[u8] = b"sluice-permit\0";
 
 /// Signs and reads permit tokens; counts permits.
 pub struct Permits {
-    signer: Hmac,
+    signer: Signer,
     /// `sluice_permits_total{policy,event}`.
     events: IntCounterVec,
     /// The partitions permits were taken in, for `/v1/top`.
@@ -62,6 +60,15 @@ pub enum ReleaseError {
     Unavailable(StoreError),
 }
 
+impl From<TokenError> for ReleaseError {
+    fn from(error: TokenError) -> Self {
+        match error {
+            TokenError::Malformed(why) => Self::Malformed(why),
+            TokenError::Forged => Self::Forged,
+        }
+    }
+}
+
 /// What a release did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Release {
@@ -70,21 +77,6 @@ pub struct Release {
     pub released: bool,
     /// The policies whose permits the token held, in order.
     pub policies: Vec<String>,
-}
-
-/// A permit id: 128 bits from the operating system's CSPRNG.
-fn permit_id() -> u128 {
-    let mut bytes = [0u8; 16];
-    if getrandom::fill(&mut bytes).is_err() {
-        // The OS refused randomness (never on Linux once booted): ids from the std hasher's
-        // random keys, unique per call, still unknowable to clients.
-        use std::hash::BuildHasher;
-        let state = std::collections::hash_map::RandomState::new();
-        let high = state.hash_one(std::time::Instant::now());
-        let low = state.hash_one(std::thread::current().id());
-        return (u128::from(high) << 64) | u128::from(low);
-    }
-    u128::from_be_bytes(bytes)
 }
 
 impl Permits {
@@ -111,12 +103,8 @@ impl Permits {
         events: IntCounterVec,
         held: Arc<HeldPartitions>,
     ) -> Self {
-        let signer = match secret {
-            Some(secret) => Hmac::new(secret),
-            None => Hmac::new(&permit_id().to_be_bytes()),
-        };
         Self {
-            signer,
+            signer: Signer::new(secret),
             events,
             held,
         }
@@ -142,64 +130,29 @@ impl Permits {
 
     /// The token for permit `id` on `keys`.
     fn token(&self, id: u128, keys: &[Key]) -> String {
-        let payload = payload(keys);
-        let mac = self
-            .signer
-            .mac64(&[DOMAIN, &id.to_be_bytes(), payload.as_bytes()]);
-        format!("{id:032x}.{mac:016x}.{}", URL_SAFE_NO_PAD.encode(payload))
+        self.signer.seal(DOMAIN, id, payload(keys).as_bytes())
     }
 
     /// The id and keys of a token this fleet issued.
     pub fn read(&self, token: &str) -> Result<(u128, Vec<Key>), ReleaseError> {
-        if token.len() > MAX_PERMIT_TOKEN {
-            return Err(ReleaseError::Malformed("longer than any permit"));
-        }
-        let mut fields = token.splitn(3, '.');
-        let (Some(id), Some(mac), Some(keys)) = (fields.next(), fields.next(), fields.next())
-        else {
-            return Err(ReleaseError::Malformed("expected <id>.<mac>.<partitions>"));
-        };
-        let hex = |text: &str, len: usize| {
-            (text.len() == len && text.bytes().all(|b| b.is_ascii_hexdigit()))
-                .then(|| u128::from_str_radix(text, 16).ok())
-                .flatten()
-        };
-        let (Some(id), Some(mac)) = (hex(id, 32), hex(mac, 16)) else {
-            return Err(ReleaseError::Malformed(
-                "the id is 32 hex digits and the mac 16",
-            ));
-        };
-        let payload = URL_SAFE_NO_PAD
-            .decode(keys)
-            .map_err(|_| ReleaseError::Malformed("the partitions are not base64url"))?;
-        let expected = self.signer.mac64(&[DOMAIN, &id.to_be_bytes(), &payload]);
-        if u128::from(expected) != mac {
-            return Err(ReleaseError::Forged);
-        }
+        let (id, text) = self.signer.open(DOMAIN, token, MAX_PERMIT_TOKEN)?;
         // Signed by this fleet: the payload is one `payload` wrote.
-        let text = String::from_utf8(payload).map_err(|_| ReleaseError::Forged)?;
         let keys = text
             .split('\n')
-            .map(|one| {
-                let (policy, partition) = one.split_once('\0').ok_or(ReleaseError::Forged)?;
-                Ok(Key::from_partition(Arc::from(policy), partition.to_owned()))
-            })
+            .map(|one| tokens::read_key(one).map_err(|_| ReleaseError::Forged))
             .collect::<Result<Vec<_>, _>>()?;
         Ok((id, keys))
     }
 }
 
-/// `policy \0 partition` of each key, `\n` between them (partitions escape control bytes, and
-/// policy names are `[a-z0-9_-]`, so neither separator occurs inside one).
+/// Each key as [`tokens::push_key`] writes it, `\n` between them.
 fn payload(keys: &[Key]) -> String {
     let mut out = String::new();
     for (i, key) in keys.iter().enumerate() {
         if i > 0 {
             out.push('\n');
         }
-        out.push_str(key.policy());
-        out.push('\0');
-        out.push_str(key.partition());
+        tokens::push_key(&mut out, key);
     }
     out
 }
@@ -215,9 +168,20 @@ impl CheckService {
     /// Decides a plan with concurrency policies (see the module's doc); records nothing in
     /// the decision metrics (the caller does).
     pub(super) async fn run_with_permits(&self, spend: Spend, plan: &mut Plan) -> Verdict {
+        self.run_with_permits_as(spend, plan, false).await
+    }
+
+    /// [`Self::run_with_permits`]; with `reserve`, the other policies' cost is reserved (see
+    /// `reservations`) and the verdict carries the reservation beside the permit.
+    pub(super) async fn run_with_permits_as(
+        &self,
+        spend: Spend,
+        plan: &mut Plan,
+        reserve: bool,
+    ) -> Verdict {
         let (held_at, rest_at): (Vec<usize>, Vec<usize>) = (0..plan.checks.len())
             .partition(|&at| matches!(plan.checks[at].algorithm, Algorithm::Concurrency(_)));
-        let id = permit_id();
+        let id = tokens::random_id();
         let deadline = plan.deadline();
         let mut decided = Vec::with_capacity(plan.checks.len());
         let mut taken: Vec<Key> = Vec::new();
@@ -270,15 +234,21 @@ impl CheckService {
         let blocked = decided
             .iter()
             .any(|p| p.mode != Mode::Shadow && !p.decision.allowed);
+        let mut reservation = None;
         if !blocked && !rest_at.is_empty() {
             let mut rest = plan.subset(&rest_at);
-            let local = self.answer_locally(&rest);
-            let local = local.or_else(|| self.local_limit(&mut rest, spend));
-            let local = local.or_else(|| self.admit_leased(&mut rest, spend));
-            let others = match local {
-                Some(verdict) => verdict,
-                None => self.ask_store(spend, &mut rest).await,
+            let others = if reserve {
+                self.run_reserved(&mut rest).await
+            } else {
+                let local = self.answer_locally(&rest);
+                let local = local.or_else(|| self.local_limit(&mut rest, spend));
+                let local = local.or_else(|| self.admit_leased(&mut rest, spend));
+                match local {
+                    Some(verdict) => verdict,
+                    None => self.ask_store(spend, &mut rest).await,
+                }
             };
+            reservation = others.reservation;
             decided.extend(others.evaluated.into_iter().map(|mut other| {
                 other.part = rest_at.get(other.part).copied().unwrap_or(other.part);
                 other
@@ -286,6 +256,7 @@ impl CheckService {
             decided.sort_by_key(|p| p.part);
         }
         let mut verdict = verdict::decide(decided);
+        verdict.reservation = reservation;
         if verdict.outcome == Outcome::Allowed {
             if !taken.is_empty() {
                 verdict.permit = Some(self.permits.token(id, &taken));
@@ -360,10 +331,5 @@ mod tests {
                 "{bad}"
             );
         }
-    }
-
-    #[test]
-    fn ids_differ() {
-        assert_ne!(permit_id(), permit_id());
     }
 }

@@ -55,6 +55,13 @@ pub enum CheckError {
         "policy `{0}` does not accept reports (reports: false): its counter moves by checks only"
     )]
     ReportsRefused(String),
+    /// A reservation applies to a policy that takes none (no `reservations: true`): nothing
+    /// spent.
+    #[error(
+        "policy `{0}` takes no reservations (reservations: true): check with a cost, or report \
+         it after the fact"
+    )]
+    ReservationsRefused(String),
 }
 
 impl CheckError {

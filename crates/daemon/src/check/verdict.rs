@@ -123,6 +123,9 @@ pub struct Verdict {
     /// The token of the concurrency permits an allowed request holds (`POST /v1/release` gives
     /// them back); `None` when it holds none.
     pub permit: Option<String>,
+    /// The token of the reservation an allowed `"reserve": true` check made (`POST
+    /// /v1/settle` settles it); `None` otherwise.
+    pub reservation: Option<String>,
 }
 
 impl Verdict {
@@ -133,6 +136,7 @@ impl Verdict {
             deciding_index: None,
             evaluated: Vec::new(),
             permit: None,
+            reservation: None,
         }
     }
 
@@ -192,6 +196,7 @@ pub fn decide(evaluated: Vec<PolicyDecision>) -> Verdict {
         deciding_index: deciding,
         evaluated,
         permit: None,
+        reservation: None,
     }
 }
 

@@ -73,9 +73,12 @@ impl Algorithm {
     }
 
     /// Takes up to `want` units at `now`, at most `1 / fraction` of what the counter has left
-    /// (`fraction` at least 1), spending them in `state`. `None` for a sliding log; nothing
-    /// granted (and nothing written) on another algorithm's state.
+    /// (`fraction` at least 1), spending them in `state`. `fraction` 0 takes all or nothing (a
+    /// reservation): `want` units if the counter has them, else none, and then the figures are
+    /// those of a check of `want` (its denial). `None` for a sliding log; nothing granted (and
+    /// nothing written) on another algorithm's state.
     pub fn take(&self, state: &mut State, now: Micros, want: u64, fraction: u64) -> Option<Grant> {
+        let all_or_nothing = fraction == 0;
         if !self.leasable() {
             return None;
         }
@@ -100,7 +103,11 @@ impl Algorithm {
             };
             return Some(Grant {
                 units: 0,
-                decision: self.decide(&self.new_state(), now, 1),
+                decision: self.decide(
+                    &self.new_state(),
+                    now,
+                    if all_or_nothing { want } else { 1 },
+                ),
                 window,
                 hold_us,
                 at_us: now,
@@ -109,7 +116,15 @@ impl Algorithm {
         }
         let left = self.decide(state, now, 0);
         let available = if left.allowed { left.remaining } else { 0 };
-        let units = want.min(available / fraction.max(1));
+        let units = if all_or_nothing {
+            if want <= available {
+                want
+            } else {
+                0
+            }
+        } else {
+            want.min(available / fraction)
+        };
         let (window, hold_us) = match (self, &*state) {
             (Algorithm::TokenBucket(a), State::Bucket(s)) => (0, bucket_ahead_us(a, s, now)),
             (Algorithm::FixedWindow(a), _) => {
@@ -119,7 +134,7 @@ impl Algorithm {
             _ => return None,
         };
         let decision = if units == 0 {
-            self.decide(state, now, 1)
+            self.decide(state, now, if all_or_nothing { want } else { 1 })
         } else {
             let decision = self.decide(state, now, units);
             self.admit(state, now, units);
@@ -215,6 +230,30 @@ mod tests {
         let none = alg.take(&mut state, 2_600_000, 1_000, 4).unwrap();
         assert_eq!(none.units, 0);
         assert!(none.decision.allowed, "the answer for one unit: 3 are left");
+    }
+
+    #[test]
+    fn a_reservations_take_is_all_or_nothing_with_the_whole_costs_figures() {
+        let alg: Algorithm = FixedWindow::new(100, 1_000_000).unwrap().into();
+        let mut state = alg.new_state();
+        let grant = alg.take(&mut state, 2_500_000, 70, 0).unwrap();
+        assert_eq!((grant.units, grant.decision.remaining), (70, 30));
+        let kept = state.clone();
+        let none = alg.take(&mut state, 2_500_000, 31, 0).unwrap();
+        assert_eq!(none.units, 0, "31 do not fit in 30: none taken");
+        assert_eq!(
+            none.decision,
+            alg.decide(&kept, 2_500_000, 31),
+            "a check of 31"
+        );
+        assert!(!none.decision.allowed);
+        assert_eq!(state, kept);
+        assert_eq!(alg.take(&mut state, 2_500_000, 30, 0).unwrap().units, 30);
+        let bucket: Algorithm = TokenBucket::new(10, 1_000_000, 20).unwrap().into();
+        let mut state = bucket.new_state();
+        assert_eq!(bucket.take(&mut state, 0, 20, 0).unwrap().units, 20);
+        let denied = bucket.take(&mut state, 0, 5, 0).unwrap();
+        assert_eq!((denied.units, denied.decision.retry_after_us), (0, 500_000));
     }
 
     #[test]

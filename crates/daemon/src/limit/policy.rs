@@ -103,6 +103,9 @@ pub struct PolicyParts {
     /// Quota leases: with a shared store, each pod takes blocks of units and admits from them
     /// without a round trip (token bucket and fixed window only; see `check::lease`).
     pub lease: bool,
+    /// Reservations (`reservations: true`): their time to live in µs; `None`: a check of this
+    /// policy cannot reserve (see `check::reservations`).
+    pub reservation_ttl_us: Option<Micros>,
     /// A converted envoyproxy/ratelimit rule sluice's limits cannot say: its kind, which the
     /// check's group and the gRPC answer read (never the policy's name).
     pub stand_in: Option<StandIn>,
@@ -354,6 +357,12 @@ impl Policy {
     /// Whether the policy only reports and never blocks.
     pub fn shadow(&self) -> bool {
         self.parts.shadow
+    }
+
+    /// How long a reservation of this policy waits for its settle (µs); `None`: the policy
+    /// takes no reservations.
+    pub fn reservation_ttl_us(&self) -> Option<Micros> {
+        self.parts.reservation_ttl_us
     }
 
     /// Whether the policy's checks may be answered from quota leases (`lease: true`).

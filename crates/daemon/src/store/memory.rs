@@ -123,6 +123,8 @@ pub struct MemoryStore {
     metrics: Option<MemoryMetrics>,
     /// The last lease epoch handed to a counter.
     epochs: AtomicU64,
+    /// Settled reservations, until their time to live ends.
+    marks: reservations::Marks,
 }
 
 impl MemoryStore {
@@ -138,6 +140,7 @@ impl MemoryStore {
             clock,
             metrics,
             epochs: AtomicU64::new(0),
+            marks: reservations::Marks::new(max_keys),
         }
     }
 
@@ -489,6 +492,17 @@ impl RateStore for MemoryStore {
         )))
     }
 
+    fn settle_mark<'a>(
+        &'a self,
+        _key: &'a Key,
+        id: u128,
+        expires_us: u64,
+        _deadline: Option<Duration>,
+    ) -> LeaseFuture<'a, super::SettleMark> {
+        let now = self.clock.now_us();
+        Box::pin(std::future::ready(self.marks.settle(id, expires_us, now)))
+    }
+
     fn acquire<'a>(
         &'a self,
         check: &'a StoreCheck,
@@ -524,5 +538,6 @@ impl RateStore for MemoryStore {
 }
 
 mod permits;
+mod reservations;
 #[cfg(test)]
 mod tests;

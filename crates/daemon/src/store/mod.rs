@@ -129,6 +129,17 @@ pub struct Released {
     pub expired: u64,
 }
 
+/// What [`RateStore::settle_mark`] found: whether this settle is the reservation's first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettleMark {
+    /// The first settle of a reservation still open: it is marked settled now.
+    First,
+    /// Settled before (until its time to live ends, the mark says so).
+    AlreadySettled,
+    /// Its time to live has ended on the store's clock: it settled at its estimate.
+    Expired,
+}
+
 /// What a reset did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ResetOutcome {
@@ -248,6 +259,24 @@ pub trait RateStore: Send + Sync + 'static {
         Box::pin(std::future::ready(Err(StoreError::failed(
             ErrorKind::Other,
             "this store keeps no permits",
+        ))))
+    }
+
+    /// Marks reservation `id` of `key`'s partition settled, in one atomic step on the store's
+    /// clock, unless it was settled before or its time to live ended (`expires_us`, on the
+    /// store's clock): the store, not a pod, knows whether a reservation was settled, so any
+    /// pod may settle any pod's reservation, once. A store that keeps no marks fails.
+    fn settle_mark<'a>(
+        &'a self,
+        key: &'a Key,
+        id: u128,
+        expires_us: u64,
+        deadline: Option<Duration>,
+    ) -> LeaseFuture<'a, SettleMark> {
+        let _ = (key, id, expires_us, deadline);
+        Box::pin(std::future::ready(Err(StoreError::failed(
+            ErrorKind::Other,
+            "this store keeps no reservations",
         ))))
     }
 

@@ -196,6 +196,10 @@ fn dump(policy: &Policy) -> Value {
     if let Some(kind) = parts.stand_in {
         value["envoy_stand_in"] = json!(kind.as_str());
     }
+    if let Some(ttl) = parts.reservation_ttl_us {
+        value["reservations"] = json!(true);
+        value["reservation_ttl"] = json!(HumanDuration(ttl).to_string());
+    }
     if parts.deny {
         // A block list has no quota: its placeholder's period is the wait it tells.
         value["deny"] = json!(true);

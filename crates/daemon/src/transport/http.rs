@@ -1,4 +1,4 @@
-//! The check API (`/v1/check`, `/v1/check/batch`, `/v1/report`, `/v1/release`, `/v1/authz`), served unchanged on TCP and on the Unix socket: reads JSON, asks the
+//! The check API (`/v1/check`, `/v1/check/batch`, `/v1/report`, `/v1/release`, `/v1/settle`, `/v1/authz`), served unchanged on TCP and on the Unix socket: reads JSON, asks the
 //! [`CheckService`], answers with real status codes, JSON bodies and rate-limit headers.
 
 use std::convert::Infallible;
@@ -23,7 +23,7 @@ use tower_service::Service as _;
 
 use super::wire::{self, BatchBody, BatchReply, CheckBody, CheckReply, ErrorReply};
 use super::{traced, Transport};
-use crate::check::{CheckService, ReleaseError};
+use crate::check::{CheckService, ReleaseError, SettleError};
 use crate::config::{AuthzSettings, RequestLimits};
 use crate::telemetry::{CheckSpan, Metrics};
 
@@ -109,6 +109,7 @@ fn routes(ctx: Ctx) -> Router {
         .route("/v1/check/batch", post(batch))
         .route("/v1/report", post(report))
         .route("/v1/release", post(release))
+        .route("/v1/settle", post(settle))
         .route("/v1/authz", any(authz))
         // Envoy's path_prefix sends `/` as `/v1/authz/`, which the wildcard below does not match.
         .route("/v1/authz/", any(authz))
@@ -128,7 +129,7 @@ async fn check(State(ctx): State<Ctx>, request: Request) -> Response {
             traced::unread(span, response.status());
             response
         }
-        Ok(body) => match traced::scope(span, ctx.service.check(&body.into())).await {
+        Ok(body) => match traced::scope(span, check_or_reserve(&ctx.service, body)).await {
             Err(error) => {
                 traced::check_error(span, &error);
                 error_response(ErrorReply::from_check_error(&error))
@@ -144,12 +145,33 @@ async fn check(State(ctx): State<Ctx>, request: Request) -> Response {
     response
 }
 
+/// A check, or with `"reserve": true` a reservation.
+async fn check_or_reserve(
+    service: &CheckService,
+    body: CheckBody,
+) -> Result<crate::check::Verdict, crate::check::CheckError> {
+    if body.reserve {
+        service.reserve(&body.into()).await
+    } else {
+        service.check(&body.into()).await
+    }
+}
+
 /// `POST /v1/report`: the check body, its cost spent whatever the counters hold (never a 429).
 async fn report(State(ctx): State<Ctx>, request: Request) -> Response {
     let started = Instant::now();
     let (parts, body) = request.into_parts();
     let response = match read_json::<CheckBody>(&parts.headers, body, ctx.service.limits()).await {
         Err(response) => response,
+        Ok(body) if body.reserve => error_response((
+            StatusCode::BAD_REQUEST,
+            ErrorReply::new(
+                "bad_request",
+                "a report spends what was used: it cannot reserve (settle a reservation with \
+                 POST /v1/settle)"
+                    .to_owned(),
+            ),
+        )),
         Ok(body) => match ctx.service.report(&body.into()).await {
             Err(error) => error_response(ErrorReply::from_check_error(&error)),
             Ok(verdict) => super::report::ReportReply::response(&verdict),
@@ -185,6 +207,58 @@ async fn release(State(ctx): State<Ctx>, request: Request) -> Response {
                         ReleaseError::Malformed(_) => (StatusCode::BAD_REQUEST, "bad_permit"),
                         ReleaseError::Forged => (StatusCode::BAD_REQUEST, "forged_permit"),
                         ReleaseError::Unavailable(_) => {
+                            (StatusCode::SERVICE_UNAVAILABLE, "limiter_unavailable")
+                        }
+                    };
+                    error_response((status, ErrorReply::new(code, error.to_string())))
+                }
+            },
+        };
+    ctx.observe(started, &response);
+    response
+}
+
+/// `POST /v1/settle`: settles a reservation at its real cost, once; a token this fleet did not
+/// issue is refused (400), a second settle is a 409, one past its `reservation_ttl` a 410, the
+/// store failing a 503 (the reservation then settles at its estimate).
+async fn settle(State(ctx): State<Ctx>, request: Request) -> Response {
+    let started = Instant::now();
+    let (parts, body) = request.into_parts();
+    let response =
+        match read_json::<wire::SettleBody>(&parts.headers, body, ctx.service.limits()).await {
+            Err(response) => response,
+            Ok(body) => match ctx.service.settle(&body.reservation, body.cost).await {
+                Ok(done) => json_response(
+                    StatusCode::OK,
+                    HeaderMap::from_iter([(
+                        header::CACHE_CONTROL,
+                        header::HeaderValue::from_static("no-store"),
+                    )]),
+                    &wire::SettleReply {
+                        settled: true,
+                        estimate: done.estimate,
+                        cost: done.cost,
+                        policies: done
+                            .parts
+                            .into_iter()
+                            .map(|part| wire::SettledPolicy {
+                                policy: part.policy,
+                                window: part.window,
+                                refunded: part.refunded,
+                                charged: part.charged,
+                                applied: part.applied,
+                            })
+                            .collect(),
+                    },
+                ),
+                Err(error) => {
+                    let (status, code) = match &error {
+                        SettleError::Malformed(_) => (StatusCode::BAD_REQUEST, "bad_reservation"),
+                        SettleError::Forged => (StatusCode::BAD_REQUEST, "forged_reservation"),
+                        SettleError::Invalid(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+                        SettleError::AlreadySettled => (StatusCode::CONFLICT, "already_settled"),
+                        SettleError::Expired => (StatusCode::GONE, "reservation_expired"),
+                        SettleError::Unavailable(_) => {
                             (StatusCode::SERVICE_UNAVAILABLE, "limiter_unavailable")
                         }
                     };
@@ -381,7 +455,7 @@ async fn not_found() -> Response {
         StatusCode::NOT_FOUND,
         ErrorReply::new(
             "not_found",
-            "no such endpoint; use POST /v1/check, POST /v1/check/batch, POST /v1/report, POST /v1/release or /v1/authz",
+            "no such endpoint; use POST /v1/check, POST /v1/check/batch, POST /v1/report, POST /v1/release, POST /v1/settle or /v1/authz",
         ),
     ))
 }

@@ -29,6 +29,10 @@ pub struct CheckBody {
     /// Evaluate without spending.
     #[serde(default)]
     pub dry_run: bool,
+    /// Spend `cost` as an estimate and answer a `reservation` to settle (`POST /v1/settle`);
+    /// `/v1/check` only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reserve: bool,
 }
 
 fn one() -> u64 {
@@ -97,9 +101,14 @@ impl BatchBody {
             .map(|(index, item)| {
                 object_only(item.get().as_bytes())
                     .map_err(|error| format!("checks[{index}]: {error}"))?;
-                serde_json::from_str::<CheckBody>(item.get())
-                    .map(Into::into)
-                    .map_err(|error| format!("checks[{index}]: {error}"))
+                let body = serde_json::from_str::<CheckBody>(item.get())
+                    .map_err(|error| format!("checks[{index}]: {error}"))?;
+                if body.reserve {
+                    return Err(format!(
+                        "checks[{index}]: a batch cannot reserve; reserve with POST /v1/check"
+                    ));
+                }
+                Ok(body.into())
             })
             .collect()
     }
@@ -145,6 +154,51 @@ pub struct CheckReply<'a> {
     /// /v1/release` gives it back (or its `permit_ttl` ends); absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub permit: Option<&'a str>,
+    /// When a `"reserve": true` check is allowed: the reservation `POST /v1/settle` settles
+    /// with the real cost (within the policies' `reservation_ttl`); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reservation: Option<&'a str>,
+}
+
+/// `POST /v1/settle` body: a reservation and the real cost.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SettleBody {
+    /// The `reservation` of the check's answer, as it was.
+    pub reservation: String,
+    /// The units really used (0 or more).
+    pub cost: u64,
+}
+
+/// `POST /v1/settle` answer (200).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SettleReply {
+    /// Always true: the reservation is settled now (a refusal is a 4xx).
+    pub settled: bool,
+    /// The units reserved at the check.
+    pub estimate: u64,
+    /// The units settled.
+    pub cost: u64,
+    /// Per counter the reservation spent on, in the check's order.
+    pub policies: Vec<SettledPolicy>,
+}
+
+/// One counter of [`SettleReply`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SettledPolicy {
+    /// The policy.
+    pub policy: String,
+    /// The window (its index in `limits`) for a policy of several; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<usize>,
+    /// Units given back (the estimate less the cost, or less when a token bucket refilled
+    /// them meanwhile; 0 when the window ended or the counter was reset since).
+    pub refunded: u64,
+    /// Units spent beyond the estimate.
+    pub charged: u64,
+    /// False when the policy was changed by a reload since the check: nothing was given back
+    /// or spent.
+    pub applied: bool,
 }
 
 /// `POST /v1/release` body: the permit an allowed check answered.
@@ -217,6 +271,7 @@ impl<'a> CheckReply<'a> {
                 error,
                 retry_after_sec,
                 permit: None,
+                reservation: None,
             },
             Some(part) => Self {
                 allowed: verdict.outcome == Outcome::Allowed,
@@ -235,6 +290,7 @@ impl<'a> CheckReply<'a> {
                 error,
                 retry_after_sec,
                 permit: verdict.permit.as_deref(),
+                reservation: verdict.reservation.as_deref(),
             },
         };
         (status, reply)
@@ -365,7 +421,9 @@ impl ErrorReply {
     pub fn from_check_error(error: &CheckError) -> (StatusCode, Self) {
         let status = match error {
             // Well-formed, and never to be accepted as sent: the policy says so.
-            CheckError::ReportsRefused(_) => StatusCode::FORBIDDEN,
+            CheckError::ReportsRefused(_) | CheckError::ReservationsRefused(_) => {
+                StatusCode::FORBIDDEN
+            }
             _ => StatusCode::BAD_REQUEST,
         };
         (status, Self::new(code_of(error), error.to_string()))
@@ -379,6 +437,7 @@ pub(crate) fn code_of(error: &CheckError) -> &'static str {
         CheckError::MissingDescriptor { .. } => "missing_descriptor",
         CheckError::CostExceedsLimit { .. } => "cost_exceeds_limit",
         CheckError::ReportsRefused(_) => "reports_refused",
+        CheckError::ReservationsRefused(_) => "reservations_off",
         CheckError::Batch(_, inner) => code_of(inner),
     }
 }

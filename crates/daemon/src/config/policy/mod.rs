@@ -13,6 +13,7 @@ pub mod policy_dir;
 mod policy_fields;
 pub(super) mod policy_quota;
 mod policy_replaces;
+mod policy_reservations;
 mod policy_stand_in;
 pub(super) mod yaml_budget;
 mod yaml_lines;
@@ -324,6 +325,8 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
     problems.extend(calendar_problems);
     let period = policy_calendar::quota_period(calendar.as_ref(), raw.period);
     problems.extend(policy_concurrency::problems(&raw));
+    let (reservation_ttl_us, reservation_problems) = policy_reservations::read(&raw);
+    problems.extend(reservation_problems);
     let written = if raw.deny {
         problems.extend(deny_problems(&raw));
         // A placeholder quota, never sent to a store: its period is the wait a denial tells.
@@ -434,6 +437,7 @@ fn build_policy(raw: RawPolicy) -> Result<Policy, Vec<FieldProblem>> {
         replaces: raw.replaces,
         deny: raw.deny,
         lease: raw.lease,
+        reservation_ttl_us,
         stand_in: raw.envoy_stand_in,
     })
     .map_err(|e| vec![(e.field, e.reason).into()])

@@ -67,6 +67,11 @@ pub(super) struct RawPolicy {
     /// Quota leases: admit from blocks of units taken from the store (token bucket, fixed window).
     #[serde(default)]
     pub lease: bool,
+    /// Reservations: a check may reserve an estimate and settle the real cost later.
+    #[serde(default)]
+    pub reservations: bool,
+    /// How long a reservation may wait for its settle (1 s to 1 h, default 60 s).
+    pub reservation_ttl: Option<HumanDuration>,
     /// Calendar windows: local days, weeks or months in `time_zone` (see `policy_calendar`).
     #[serde(default)]
     pub calendar: bool,
@@ -157,13 +162,12 @@ fn read_field(name: &str, value: Value) -> Result<(), String> {
         "algorithm" => read::<AlgorithmName>(value),
         "limit" | "burst" | "report_debt_periods" => read::<u64>(value),
         "period" => read::<RawPeriod>(value),
-        "timeout" | "permit_ttl" => read::<HumanDuration>(value),
+        "timeout" | "permit_ttl" | "reservation_ttl" => read::<HumanDuration>(value),
         "limits" => read::<Vec<RawWindow>>(value),
         "local_limit" => read::<RawWindow>(value),
         "failure_mode" => read::<FailureMode>(value),
-        "shadow" | "limit_override" | "reports" | "deny" | "lease" | "calendar" => {
-            read::<bool>(value)
-        }
+        "shadow" | "limit_override" | "reports" | "deny" | "lease" | "calendar"
+        | "reservations" => read::<bool>(value),
         "enforce_percent" => read::<u8>(value),
         "tiers" => read::<RawTiers>(value),
         "cost" => read::<RawCost>(value),

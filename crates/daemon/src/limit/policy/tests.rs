@@ -30,6 +30,7 @@ pub(crate) fn parts(name: &str) -> PolicyParts {
         replaces: Vec::new(),
         deny: false,
         lease: false,
+        reservation_ttl_us: None,
         stand_in: None,
     }
 }

@@ -21,6 +21,12 @@ pub fn lease_epoch_key(counter: &str) -> String {
     format!("{counter}:lease-epoch")
 }
 
+/// The settle mark of reservation `id` made on the counter stored at `counter`
+/// (`lua/reservation.lua`): the same hash tag, so the same Cluster slot.
+pub fn reservation_key(counter: &str, id: u128) -> String {
+    format!("{counter}:rsv:{id:032x}")
+}
+
 /// The Redis key of a counter.
 pub fn redis_key(prefix: &str, key: &Key) -> String {
     let partition = key.partition();

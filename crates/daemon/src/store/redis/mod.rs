@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod permissions;
 mod permits;
 pub mod prober;
+mod reservations;
 pub mod resets;
 pub mod scripts;
 pub mod sentinel_watch;
@@ -90,6 +91,8 @@ pub struct RedisStore {
     lease: scripts::Script,
     /// The concurrency script (`lua/concurrency.lua`), called on its own like the lease's.
     concurrency: scripts::Script,
+    /// The reservation script (`lua/reservation.lua`): settle marks, called on its own.
+    reservation: scripts::Script,
     /// How to follow the reset channel (started by [`RedisStore::follow_resets`]).
     resets: Follower,
     /// The lifetime of every background task of the store (the prober, the dispatcher, the
@@ -186,6 +189,7 @@ impl RedisStore {
             timeout: options.timeout,
             lease: scripts.lease().clone(),
             concurrency: scripts.concurrency().clone(),
+            reservation: scripts.reservation().clone(),
             health,
             resets,
             _stop_tasks: alive.clone().drop_guard(),
@@ -523,7 +527,7 @@ impl RateStore for RedisStore {
             }
             let deadline = deadline.unwrap_or(self.timeout);
             let figures = self
-                .lease_call(check, "take", [check.cost, fraction.max(1), 0], deadline)
+                .lease_call(check, "take", [check.cost, fraction, 0], deadline)
                 .await?;
             let &[units, limit, remaining, reset, retry, window, hold, at, epoch] =
                 figures.as_slice()
@@ -576,6 +580,16 @@ impl RateStore for RedisStore {
                 .first()
                 .map_or(0, |&n| u64::try_from(n).unwrap_or(0)))
         })
+    }
+
+    fn settle_mark<'a>(
+        &'a self,
+        key: &'a Key,
+        id: u128,
+        expires_us: u64,
+        deadline: Option<Duration>,
+    ) -> LeaseFuture<'a, crate::store::SettleMark> {
+        Box::pin(self.mark_settled(key, id, expires_us, deadline.unwrap_or(self.timeout)))
     }
 
     fn acquire<'a>(

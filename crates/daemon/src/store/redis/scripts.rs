@@ -26,6 +26,10 @@ const FIXED_WINDOW: &str = include_str!("../../../lua/fixed_window.lua");
 const BATCH: &str = include_str!("../../../lua/batch.lua");
 const LEASE: &str = include_str!("../../../lua/lease.lua");
 const CONCURRENCY: &str = include_str!("../../../lua/concurrency.lua");
+const RESERVATION: &str = include_str!("../../../lua/reservation.lua");
+
+/// Where the reservation script's test-only `now_us` is (see `lua/reservation.lua`).
+pub(crate) const RESERVATION_NOW_ARGV: usize = 2;
 
 /// Where the concurrency script's test-only `now_us` is (see `lua/concurrency.lua`).
 pub(crate) const CONCURRENCY_NOW_ARGV: usize = 5;
@@ -67,6 +71,7 @@ pub struct Scripts {
     node_batch: Script,
     lease: Script,
     concurrency: Script,
+    reservation: Script,
 }
 
 /// The first line of the Cluster node script: script flags (Redis >= 7.0) that let one call touch
@@ -141,6 +146,11 @@ impl Default for Scripts {
                 &now_prelude(CONCURRENCY_NOW_ARGV),
                 entry(CONCURRENCY),
             ]),
+            reservation: compose(&[
+                STATE,
+                &now_prelude(RESERVATION_NOW_ARGV),
+                entry(RESERVATION),
+            ]),
             node_batch: Script::new(format!("{NODE_FLAGS}{batch}")),
             batch: Script::new(batch),
         }
@@ -158,6 +168,7 @@ impl Scripts {
             &self.batch,
             &self.lease,
             &self.concurrency,
+            &self.reservation,
         ]
         .map(|s| Arc::clone(&s.source))
         .to_vec()
@@ -183,6 +194,11 @@ impl Scripts {
     /// The concurrency script (`lua/concurrency.lua`): permits acquired, peeked and released.
     pub fn concurrency(&self) -> &Script {
         &self.concurrency
+    }
+
+    /// The reservation script (`lua/reservation.lua`): a settle's mark.
+    pub fn reservation(&self) -> &Script {
+        &self.reservation
     }
 
     /// The script for `algorithm`.
