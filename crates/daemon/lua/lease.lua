@@ -49,10 +49,11 @@ end
 -- in force, or a fresh one (`now`) when the counter did not exist before this take or has none;
 -- its key lives at least as long as every lease taken in it (only GET and SET: the ACL the
 -- scripts need already has them).
--- `renew`: a token bucket's take, whose units sit after every earlier holder's: the epoch is
--- made afresh (and stays above every earlier one), so that only the latest take's give-back
+-- `renew`: a token bucket's lease take, whose units sit after every earlier holder's: the epoch
+-- is made afresh (and stays above every earlier one), so that only the latest take's give-back
 -- lands; an earlier one would move the TAT back beneath the later units, which would then be
--- counted sooner than their hold says.
+-- counted sooner than their hold says. A reservation's take (fraction 0) keeps the epoch: its
+-- units are spent when taken, as a check's are, so nothing of it is admitted later.
 local function lease_epoch(epoch_key, existed, hold_ms, renew)
   local epoch, until_us = 0, 0
   if existed then
@@ -125,7 +126,7 @@ local function lease_take_bucket(key, limit, period, capacity, want, fraction)
   redis.call('SET', key, token_bucket_format(new_us, new_rem), 'PX', ttl_ms)
   -- The lease has shrunk to nothing once its units have refilled after the hold.
   local epoch = lease_epoch(KEYS[2], value ~= nil and value ~= false,
-    ceil_div(hold + ceil_div(units * period, limit), 1000) + 1, true)
+    ceil_div(hold + ceil_div(units * period, limit), 1000) + 1, fraction ~= 0)
   return {units, cap, remaining, reset, retry, 0, hold, now, epoch}
 end
 

@@ -347,8 +347,10 @@ impl MemoryStore {
         // A token bucket's units taken now sit after every earlier holder's: a give-back of an
         // earlier grant would move the TAT back beneath them (they would then be counted
         // sooner than their `hold` says, and admitted twice). Each take with units makes the
-        // counter's epoch afresh, so only the latest take's give-back lands.
+        // counter's epoch afresh, so only the latest take's give-back lands. A reservation's
+        // take (fraction 0) keeps it: its units are spent when taken, as a check's are.
         let renew = matches!(check.algorithm, crate::limit::Algorithm::TokenBucket(_))
+            && fraction != 0
             && grant.is_some_and(|g| g.units > 0);
         let fresh = renew.then(|| self.next_epoch());
         // The key just written is never evicted by its own update.
