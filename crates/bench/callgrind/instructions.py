@@ -5,8 +5,12 @@ HTTP over the Unix socket) or one gRPC channel (`ShouldRateLimit`, grpcio); coun
 the warm-up and dumped after the N, so the figure is the daemon's instructions (all threads) for
 the N checks, divided by N.
 
-    python3 crates/bench/callgrind/instructions.py target/release/sluice [--runs 2] [--only tcp,uds,grpc]
+    python3 crates/bench/callgrind/instructions.py target/release/sluice [--runs 2] [--only tcp,uds,grpc,floor]
     [--keep DIR]   # keep the callgrind dumps (for callgrind_annotate --inclusive=yes)
+    [--redis]      # the daemon on a redis-server of its own (free port, temp dir) instead
+
+`floor` is the no-op HTTP floor of `sluice bench` (`sluice bench-naive-sidecar --noop`: an axum
+server that reads the check body and answers a fixed decision), asked the same way as `tcp`.
 
 Needs valgrind and, for gRPC, grpcio. Deterministic to about 0.1%: judge a change by it.
 """
@@ -60,7 +64,7 @@ def http_caller(conn):
         answer = conn.getresponse()
         body = answer.read()
         if answer.status != 200:
-            sys.exit(f"unexpected answer {answer.status} {body!r}")
+            raise RuntimeError(f"unexpected answer {answer.status} {body!r}")
     return call
 
 
@@ -75,7 +79,7 @@ def grpc_caller(port):
     def call():
         answer = method(request, timeout=60)
         if not answer.startswith(b"\x08\x01"):  # overall_code: OK
-            sys.exit(f"unexpected answer {answer!r}")
+            raise RuntimeError(f"unexpected answer {answer!r}")
     return call
 
 
@@ -96,13 +100,21 @@ def listening(port):
         return False
 
 
-def measure(binary, transport, warmup, checks, keep):
+def measure(binary, transport, warmup, checks, keep, redis):
     tmp = tempfile.mkdtemp(prefix="sluice-cg-")
+    server = None
     try:
         http_port, admin_port, grpc_port = free_port(), free_port(), free_port()
         sock = os.path.join(tmp, "s", "sluice.sock")
         with open(os.path.join(tmp, "policies.yaml"), "w") as f:
             f.write(POLICIES)
+        if redis:
+            redis_port = free_port()
+            server = subprocess.Popen(
+                ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--dir", tmp],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            wait_for(lambda: listening(redis_port), 30, "redis-server")
         with open(os.path.join(tmp, "sluice.toml"), "w") as f:
             f.write(f"""policies = "{tmp}/policies.yaml"
 worker_threads = 1
@@ -113,23 +125,41 @@ socket = "{sock}"
 admin = "127.0.0.1:{admin_port}"
 grpc = "127.0.0.1:{grpc_port}"
 """)
+            if redis:
+                # Valgrind runs the daemon ~50x slower: a deadline it would otherwise miss.
+                f.write(f'[redis]\nurl = "redis://127.0.0.1:{redis_port}"\ntimeout = "5s"\n')
         out = os.path.join(tmp, "callgrind.out")
         log = open(os.path.join(tmp, "daemon.log"), "w")
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
         env["RUST_LOG"] = "warn"
+        if transport == "floor":
+            command = [binary, "bench-naive-sidecar", "--redis", "redis://unused", "--listen",
+                       f"127.0.0.1:{http_port}", "--threads", "1", "--noop"]
+            up = lambda: listening(http_port)
+        else:
+            command = [binary, "serve", "--config", os.path.join(tmp, "sluice.toml")]
+            up = lambda: listening(http_port) and listening(grpc_port) and os.path.exists(sock)
         daemon = subprocess.Popen(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p",
-             binary, "serve", "--config", os.path.join(tmp, "sluice.toml")],
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p"] + command,
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp)
         try:
-            wait_for(lambda: listening(http_port) and listening(grpc_port)
-                     and os.path.exists(sock), 120, "the daemon")
-            if transport == "tcp":
+            wait_for(up, 120, "the daemon")
+            if transport in ("tcp", "floor"):
                 call = http_caller(http.client.HTTPConnection("127.0.0.1", http_port, timeout=60))
             elif transport == "uds":
                 call = http_caller(UnixHTTPConnection(sock))
             else:
                 call = grpc_caller(grpc_port)
+            # Until a first allowed answer (Redis connects in the background), at most a minute.
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    call()
+                    break
+                except RuntimeError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
             for _ in range(warmup):
                 call()
             subprocess.run(["callgrind_control", "-z", str(daemon.pid)], check=True,
@@ -157,6 +187,9 @@ grpc = "127.0.0.1:{grpc_port}"
                 daemon.kill()
                 daemon.wait()
     finally:
+        if server:
+            server.terminate()
+            server.wait()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -183,11 +216,12 @@ def main():
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--checks", type=int, default=1000)
     parser.add_argument("--keep")
+    parser.add_argument("--redis", action="store_true")
     args = parser.parse_args()
     if args.keep:
         os.makedirs(args.keep, exist_ok=True)
     for transport in args.only.split(","):
-        figures = [measure(args.binary, transport, args.warmup, args.checks, args.keep)
+        figures = [measure(args.binary, transport, args.warmup, args.checks, args.keep, args.redis)
                    for _ in range(args.runs)]
         print(f"{transport}: " + ", ".join(f"{f / 1000:.2f}k" for f in figures)
               + " instructions per check", flush=True)
