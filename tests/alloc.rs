@@ -192,11 +192,13 @@ fn heap_allocations_per_check() {
     // Regression guards, one allocation above today's figures (1 client: every Redis batch
     // holds one check).
     for (what, figure, most) in [
-        ("HTTP, embedded, 1 client", embedded, 48.0),
-        ("HTTP, Redis, 1 client", redis, 59.0),
-        ("HTTP, Redis, 16 clients", redis_16, 57.0),
-        ("check path, embedded", embedded_path, 14.0),
-        ("check path, Redis", redis_path, 25.0),
+        // The HTTP guards were 48, 59 and 57 (the check path's 14 and 25) before the answer's
+        // headers shared one buffer and hyper's body was read as it is (27.0, 38.0, 32.5; 11, 22).
+        ("HTTP, embedded, 1 client", embedded, 28.0),
+        ("HTTP, Redis, 1 client", redis, 39.0),
+        ("HTTP, Redis, 16 clients", redis_16, 34.0),
+        ("check path, embedded", embedded_path, 12.0),
+        ("check path, Redis", redis_path, 23.0),
     ] {
         assert!(
             figure <= most,

@@ -67,7 +67,8 @@ pub struct BenchArgs {
     /// trivial upstream: no filter, the rate limit filter over TCP and the Unix socket, ext_authz,
     /// the rate limit quota filter on sluice's RLQS over TCP and the socket, and an RLQS fleet
     /// run: Envoys sharing a limit they reach). `permits` runs only the concurrency permit rows
-    /// (acquire and release beside plain checks: permits/s and Redis calls per permit).
+    /// (acquire and release beside plain checks: permits/s and Redis calls per permit). `floor`
+    /// adds the no-op HTTP floor's rows (named only: `--systems tcp,naive,floor`).
     #[arg(long, value_delimiter = ',')]
     systems: Option<Vec<String>>,
     /// Pin the load generator and Redis to the first CPU and the processes under test (daemons,
@@ -266,6 +267,15 @@ async fn bench(args: BenchArgs) -> Result<()> {
     };
     let naive = NaiveSidecar::start(&redis.url(), threads)?;
     pinning.tested(naive.pid())?;
+    // The no-op HTTP floor (an axum server that reads the check body and answers a fixed
+    // decision), when named: what HTTP and JSON cost with no limiter, beside `/v1/check`.
+    let floor = match args.systems.iter().flatten().any(|name| name == "floor") {
+        true => Some(leases::Floor::start(threads)?),
+        false => None,
+    };
+    if let Some(floor) = &floor {
+        pinning.tested(floor.pid())?;
+    }
     let wanted = |policy: &str| match &args.policies {
         Some(names) => names.iter().any(|name| name == policy),
         None => args.rate.is_none() || policy == "tb",
@@ -304,6 +314,12 @@ async fn bench(args: BenchArgs) -> Result<()> {
                 "naive sidecar".into(),
                 clients::sluice(Target::Tcp(naive.http), policy, keys),
             )]);
+            if let Some(floor) = &floor {
+                systems.push((
+                    "noop floor".into(),
+                    clients::sluice(Target::Tcp(floor.http), policy, keys),
+                ));
+            }
             if policy == "tb" {
                 systems.push((
                     "embedded uds".into(),
@@ -352,6 +368,7 @@ async fn bench(args: BenchArgs) -> Result<()> {
                         "traced tcp" => traced.as_ref().map(Daemon::pid),
                         s if s.starts_with("sluice") => Some(daemon.pid()),
                         "naive sidecar" => Some(naive.pid()),
+                        "noop floor" => floor.as_ref().map(leases::Floor::pid),
                         _ => None,
                     };
                     let row = measure(

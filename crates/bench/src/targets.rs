@@ -103,6 +103,15 @@ const RATIOS: &[Ratio] = &[
         at_least: None,
     },
     Ratio {
+        what: "64 callers, tcp: daemon CPU per check vs no-op floor",
+        clients: 64,
+        system: "sluice tcp",
+        baseline: "noop floor",
+        figure: daemon_cpu,
+        at_most: Some(1.4),
+        at_least: None,
+    },
+    Ratio {
         what: "64 callers, tcp: checks/s vs naive sidecar",
         clients: 64,
         system: "sluice tcp",

@@ -1,7 +1,7 @@
 //! The embedded store: counters in process memory, sharded so that checks on different keys do
 //! not contend, bounded in keys and in bytes, exact under concurrency.
 
-use std::collections::hash_map::{Entry, RandomState};
+use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::mem::size_of;
@@ -278,35 +278,35 @@ impl MemoryStore {
         now: Micros,
         change: impl FnOnce(&crate::limit::Algorithm, &mut State) -> R,
     ) -> R {
-        let is_new = !shard.slots.contains_key(&check.key);
-        if is_new && shard.slots.len() >= self.shard_capacity {
-            self.evict_one(shard, now, None);
-        }
-        let before = shard
-            .slots
-            .get_key_value(&check.key)
-            .map_or(0, |(key, slot)| slot_bytes(key, slot));
-        let slot = match shard.slots.entry(check.key.clone()) {
-            Entry::Occupied(entry) => {
-                let slot = entry.into_mut();
-                if slot.idle_at <= now {
-                    slot.state = check.algorithm.new_state();
-                    slot.epoch = self.next_epoch();
-                }
-                // Callers have refused a superseded check: this only ever moves forward.
-                slot.generation = slot.generation.max(check.generation);
-                slot
+        // A key already held (the common case) is found with one lookup and not cloned.
+        let (outcome, before, after) = if let Some(slot) = shard.slots.get_mut(&check.key) {
+            let before = slot_bytes(&check.key, slot);
+            if slot.idle_at <= now {
+                slot.state = check.algorithm.new_state();
+                slot.epoch = self.next_epoch();
             }
-            Entry::Vacant(entry) => entry.insert(Slot {
-                state: check.algorithm.new_state(),
-                idle_at: now,
-                generation: check.generation,
-                epoch: self.next_epoch(),
-            }),
+            // Callers have refused a superseded check: this only ever moves forward.
+            slot.generation = slot.generation.max(check.generation);
+            let outcome = change(&check.algorithm, &mut slot.state);
+            slot.idle_at = check.algorithm.idle_at(&slot.state);
+            (outcome, before, slot_bytes(&check.key, slot))
+        } else {
+            if shard.slots.len() >= self.shard_capacity {
+                self.evict_one(shard, now, None);
+            }
+            let slot = shard
+                .slots
+                .entry(check.key.clone())
+                .or_insert_with(|| Slot {
+                    state: check.algorithm.new_state(),
+                    idle_at: now,
+                    generation: check.generation,
+                    epoch: self.next_epoch(),
+                });
+            let outcome = change(&check.algorithm, &mut slot.state);
+            slot.idle_at = check.algorithm.idle_at(&slot.state);
+            (outcome, 0, slot_bytes(&check.key, slot))
         };
-        let outcome = change(&check.algorithm, &mut slot.state);
-        slot.idle_at = check.algorithm.idle_at(&slot.state);
-        let after = slot_bytes(&check.key, slot);
         shard.bytes = (shard.bytes + after).saturating_sub(before);
         // Over the byte budget: evict others (never the key just admitted) until under it.
         let mut tries = shard.slots.len();

@@ -4,7 +4,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::Poll;
 use std::time::Instant;
 
@@ -16,14 +16,16 @@ use axum::http::{Method, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, post};
 use axum::Router;
+use bytes::{Bytes, BytesMut};
+use hyper::body::Body as HttpBody;
 use hyper::body::Incoming;
-use prometheus::Histogram;
+use prometheus::{Histogram, IntCounter};
 use serde::de::DeserializeOwned;
 use tower_service::Service as _;
 
 use super::wire::{self, BatchBody, BatchReply, CheckBody, CheckReply, ErrorReply};
 use super::{traced, Transport};
-use crate::check::{CheckService, ReleaseError, SettleError};
+use crate::check::{CheckRequest, CheckService, ReleaseError, SettleError};
 use crate::config::{AuthzSettings, RequestLimits};
 use crate::telemetry::{CheckSpan, Metrics};
 
@@ -38,6 +40,9 @@ struct Shared {
     duration: Histogram,
     /// What `/v1/authz` believes of forwarded headers.
     authz: AuthzSettings,
+    /// This transport's `sluice_http_responses_total` series of the most frequent statuses,
+    /// looked up once rather than per request.
+    frequent: [(StatusCode, OnceLock<IntCounter>); 2],
 }
 
 /// The check API as the listeners serve it: `POST /v1/check`, `POST /v1/check/batch`,
@@ -75,11 +80,11 @@ impl hyper::service::Service<Request<Incoming>> for CheckApi {
     type Future = Answer;
 
     fn call(&self, request: Request<Incoming>) -> Answer {
-        let request = request.map(Body::new);
         if request.method() == Method::POST && request.uri().path() == "/v1/check" {
-            let ctx = self.ctx.clone();
-            return Box::pin(async move { Ok(check(State(ctx), request).await) });
+            // hyper's body as it is: no boxing into axum's `Body`.
+            return Box::pin(answer_check(self.ctx.clone(), request));
         }
+        let request = request.map(Body::new);
         let mut router = self.router.clone();
         Box::pin(async move { router.call(request).await })
     }
@@ -100,12 +105,17 @@ fn shared(
         transport,
         duration,
         authz: authz_settings,
+        frequent: [
+            (StatusCode::OK, OnceLock::new()),
+            (StatusCode::TOO_MANY_REQUESTS, OnceLock::new()),
+        ],
     })
 }
 
 fn routes(ctx: Ctx) -> Router {
     Router::new()
-        .route("/v1/check", post(check))
+        // Reached by a method other than POST only (405); `CheckApi::call` answers POSTs.
+        .route("/v1/check", post(routed_check))
         .route("/v1/check/batch", post(batch))
         .route("/v1/report", post(report))
         .route("/v1/release", post(release))
@@ -119,7 +129,17 @@ fn routes(ctx: Ctx) -> Router {
         .with_state(ctx)
 }
 
-async fn check(State(ctx): State<Ctx>, request: Request) -> Response {
+async fn answer_check(ctx: Ctx, request: Request<Incoming>) -> Result<Response, Infallible> {
+    Ok(check(ctx, request).await)
+}
+
+async fn routed_check(State(ctx): State<Ctx>, request: Request) -> Response {
+    check(ctx, request).await
+}
+
+/// `POST /v1/check`. The answer's JSON is written by hand (`CheckReply::write_json`, the bytes
+/// serde writes) into one buffer sized for it.
+async fn check<B: HttpBody<Data = Bytes>>(ctx: Ctx, request: Request<B>) -> Response {
     let started = Instant::now();
     let (parts, body) = request.into_parts();
     let span = ctx.span("sluice.check", &parts.headers);
@@ -129,32 +149,32 @@ async fn check(State(ctx): State<Ctx>, request: Request) -> Response {
             traced::unread(span, response.status());
             response
         }
-        Ok(body) => match traced::scope(span, check_or_reserve(&ctx.service, body)).await {
-            Err(error) => {
-                traced::check_error(span, &error);
-                error_response(ErrorReply::from_check_error(&error))
+        Ok(body) => {
+            let reserve = body.reserve;
+            let request = CheckRequest::from(body);
+            // With `"reserve": true`, a reservation.
+            let checked = if reserve {
+                traced::scope(span, ctx.service.reserve(&request)).await
+            } else {
+                traced::scope(span, ctx.service.check(&request)).await
+            };
+            match checked {
+                Err(error) => {
+                    traced::check_error(span, &error);
+                    error_response(ErrorReply::from_check_error(&error))
+                }
+                Ok(verdict) => {
+                    traced::verdict(span, &verdict);
+                    let (status, reply) = CheckReply::from_verdict(&verdict);
+                    let mut json = Vec::with_capacity(256);
+                    reply.write_json(&mut json);
+                    response(status, wire::json_headers(&verdict), json)
+                }
             }
-            Ok(verdict) => {
-                traced::verdict(span, &verdict);
-                let (status, reply) = CheckReply::from_verdict(&verdict);
-                json_response(status, wire::headers(&verdict), &reply)
-            }
-        },
+        }
     };
     ctx.observe(started, &response);
     response
-}
-
-/// A check, or with `"reserve": true` a reservation.
-async fn check_or_reserve(
-    service: &CheckService,
-    body: CheckBody,
-) -> Result<crate::check::Verdict, crate::check::CheckError> {
-    if body.reserve {
-        service.reserve(&body.into()).await
-    } else {
-        service.check(&body.into()).await
-    }
 }
 
 /// `POST /v1/report`: the check body, its cost spent whatever the counters hold (never a 429).
@@ -346,10 +366,21 @@ impl Shared {
 
     fn observe(&self, started: Instant, response: &Response) {
         self.duration.observe(started.elapsed().as_secs_f64());
-        self.metrics
-            .responses
-            .with_label_values(&[self.transport.as_str(), response.status().as_str()])
-            .inc();
+        let status = response.status();
+        let counter = |status: StatusCode| {
+            self.metrics
+                .responses
+                .with_label_values(&[self.transport.as_str(), status.as_str()])
+        };
+        match self
+            .frequent
+            .iter()
+            .find(|(frequent, _)| *frequent == status)
+        {
+            // Found on its first use (a series appears when it is first counted, as before).
+            Some((_, found)) => found.get_or_init(|| counter(status)).inc(),
+            None => counter(status).inc(),
+        }
     }
 }
 
@@ -358,7 +389,7 @@ impl Shared {
 /// a JSON object all the same (serde would read an array as positional fields).
 pub async fn read_json<T: DeserializeOwned>(
     headers: &HeaderMap,
-    body: Body,
+    body: impl HttpBody<Data = Bytes>,
     limits: &RequestLimits,
 ) -> Result<T, Response> {
     let cap = limits.max_body_bytes;
@@ -380,7 +411,7 @@ pub async fn read_json<T: DeserializeOwned>(
     }
     // A check's small body nearly always arrives with its head: read what is there first and
     // arm the timer only for a body still on its way (a timer costs about 3% of a check).
-    let mut read = std::pin::pin!(axum::body::to_bytes(body, cap));
+    let mut read = std::pin::pin!(collect_capped(body, cap));
     let read = match std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await {
         Poll::Ready(read) => Ok(read),
         Poll::Pending => tokio::time::timeout(limits.body_read_timeout.as_std(), read).await,
@@ -396,17 +427,12 @@ pub async fn read_json<T: DeserializeOwned>(
             )))
         }
         Ok(Ok(bytes)) => bytes,
-        Ok(Err(error)) => {
-            let over_cap = std::error::Error::source(&error)
-                .is_some_and(|e| e.is::<http_body_util::LengthLimitError>());
-            return Err(if over_cap {
-                too_large()
-            } else {
-                error_response((
-                    StatusCode::BAD_REQUEST,
-                    ErrorReply::new("bad_request", "could not read the request body"),
-                ))
-            });
+        Ok(Err(Unread::OverCap)) => return Err(too_large()),
+        Ok(Err(Unread::Failed)) => {
+            return Err(error_response((
+                StatusCode::BAD_REQUEST,
+                ErrorReply::new("bad_request", "could not read the request body"),
+            )))
         }
     };
     if let Err(reason) = wire::object_only(&bytes) {
@@ -423,12 +449,53 @@ pub async fn read_json<T: DeserializeOwned>(
     })
 }
 
+/// Why a body was not read.
+enum Unread {
+    /// Over the cap.
+    OverCap,
+    /// The connection failed or broke the framing.
+    Failed,
+}
+
+/// A body's bytes, at most `cap` of them (what `http_body_util::Limited` and `collect` do,
+/// without the boxing and the list of chunks: a check's body is one chunk, kept as it came).
+async fn collect_capped<B: HttpBody<Data = Bytes>>(body: B, cap: usize) -> Result<Bytes, Unread> {
+    let mut body = std::pin::pin!(body);
+    let mut first = Bytes::new();
+    let mut joined: Option<BytesMut> = None;
+    let mut len = 0usize;
+    // `is_end_stream` spares the poll that would only say the body is over.
+    while !body.is_end_stream() {
+        let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await else {
+            break;
+        };
+        let Ok(data) = frame.map_err(|_| Unread::Failed)?.into_data() else {
+            continue; // trailers
+        };
+        len = len.saturating_add(data.len());
+        if len > cap {
+            return Err(Unread::OverCap);
+        }
+        match &mut joined {
+            Some(joined) => joined.extend_from_slice(&data),
+            None if first.is_empty() => first = data,
+            None => {
+                let mut both = BytesMut::with_capacity(len);
+                both.extend_from_slice(&first);
+                both.extend_from_slice(&data);
+                joined = Some(both);
+            }
+        }
+    }
+    Ok(joined.map_or(first, BytesMut::freeze))
+}
+
 /// A JSON answer with `headers` as its whole header map (plus the content type): built directly,
 /// not merged header by header into a fresh map as axum's tuple responses do, and serialised
 /// into one buffer sized for a check's answer.
 pub(crate) fn json_response(
     status: StatusCode,
-    mut headers: HeaderMap,
+    headers: HeaderMap,
     body: &impl serde::Serialize,
 ) -> Response {
     let mut bytes = Vec::with_capacity(256);
@@ -436,11 +503,21 @@ pub(crate) fn json_response(
         tracing::error!(%error, "an answer did not serialise");
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     }
+    json_bytes_response(status, headers, bytes)
+}
+
+/// [`json_response`] of JSON already written.
+fn json_bytes_response(status: StatusCode, mut headers: HeaderMap, json: Vec<u8>) -> Response {
     headers.insert(
         header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
+        header::HeaderValue::from_static(wire::JSON),
     );
-    let mut response = Response::new(Body::from(bytes));
+    response(status, headers, json)
+}
+
+/// An answer with exactly these headers and body.
+fn response(status: StatusCode, headers: HeaderMap, body: Vec<u8>) -> Response {
+    let mut response = Response::new(Body::from(body));
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     response

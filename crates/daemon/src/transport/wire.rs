@@ -1,17 +1,21 @@
 //! The check API's JSON bodies and rate-limit headers: the stable wire contract that clients in
 //! other languages rely on (docs/api.md).
 
-use axum::http::header::{CACHE_CONTROL, RETRY_AFTER};
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use bytes::BytesMut;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use std::collections::btree_map::Entry;
 use std::fmt::Write as _;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use crate::check::{CheckError, CheckRequest, Mode, Outcome, PolicyDecision, Spend, Verdict};
 use crate::limit::{period_name, Descriptors, Micros};
+
+mod json;
 
 /// `POST /v1/check` body.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -50,12 +54,17 @@ fn unique_descriptors<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Desc
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Descriptors, A::Error> {
             let mut descriptors = Descriptors::new();
             while let Some((name, value)) = map.next_entry::<String, String>()? {
-                if descriptors.contains_key(&name) {
-                    return Err(serde::de::Error::custom(format_args!(
-                        "descriptor `{name}` given more than once"
-                    )));
+                match descriptors.entry(name) {
+                    Entry::Vacant(entry) => {
+                        entry.insert(value);
+                    }
+                    Entry::Occupied(entry) => {
+                        return Err(serde::de::Error::custom(format_args!(
+                            "descriptor `{}` given more than once",
+                            entry.key()
+                        )));
+                    }
                 }
-                descriptors.insert(name, value);
             }
             Ok(descriptors)
         }
@@ -305,52 +314,134 @@ impl<'a> CheckReply<'a> {
 /// item each (named `<policy>/<period>` when it has several, `<policy>/local` for its local
 /// limit); `X-RateLimit-*` and `RateLimit` give the deciding window's figures.
 pub fn headers(verdict: &Verdict) -> HeaderMap {
-    let mut headers = HeaderMap::with_capacity(8);
-    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    if let Some(seconds) = retry_after_sec(verdict) {
-        headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
-    }
-    let Some(part) = verdict.deciding() else {
+    rate_limit_headers(verdict, false)
+}
+
+/// [`headers`], then `content-type: application/json`: a JSON answer's whole header map.
+pub fn json_headers(verdict: &Verdict) -> HeaderMap {
+    rate_limit_headers(verdict, true)
+}
+
+fn rate_limit_headers(verdict: &Verdict, json: bool) -> HeaderMap {
+    let retry_after = retry_after_sec(verdict);
+    let Some(part) = verdict.deciding().filter(|part| advertised(part)) else {
+        let mut headers = HeaderMap::with_capacity(3);
+        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        if let Some(seconds) = retry_after {
+            headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if json {
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static(JSON));
+        }
         return headers;
     };
-    if !advertised(part) {
-        return headers;
+    // Every value is written into one buffer and each header's value is a slice of it (two
+    // allocations, the buffer and its shared count, where each value took two of its own); the
+    // map is a copy of one holding these names in this order, its values then replaced in
+    // place (no name hashed or looked up per answer). No `format!` either.
+    let mut text = BytesMut::with_capacity(160);
+    let mut ends = [0usize; 6];
+    let mut count = 0;
+    let mut end = |text: &BytesMut| {
+        if let Some(end) = ends.get_mut(count) {
+            *end = text.len();
+            count += 1;
+        }
+    };
+    let mut digits = itoa::Buffer::new();
+    if let Some(seconds) = retry_after {
+        text.extend_from_slice(digits.format(seconds).as_bytes());
+        end(&text);
     }
     let d = &part.decision;
     let reset_sec = ceil_div(d.reset_after_us, 1_000_000);
-    headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(d.limit));
-    headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(d.remaining));
-    headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset_sec));
-    // The structured fields are written piece by piece (no `format!`): this runs for every
-    // answer, and the formatting machinery cost more than the rest of the headers together.
-    let mut policy = String::with_capacity(64);
+    for value in [d.limit, d.remaining, reset_sec] {
+        text.extend_from_slice(digits.format(value).as_bytes());
+        end(&text);
+    }
     let same_counter = |p: &&PolicyDecision| {
         Arc::ptr_eq(&p.policy, &part.policy) && p.key.partition() == part.key.partition()
     };
+    let mut first = true;
     for item in verdict
         .evaluated
         .iter()
         .filter(same_counter)
         .filter(|p| advertised(p))
     {
-        if !policy.is_empty() {
-            policy.push_str(", ");
+        if !first {
+            text.extend_from_slice(b", ");
         }
+        first = false;
         // `w`: the advertised length, in seconds.
         let advertised_sec = ceil_div(item.advertised_us, 1_000_000).max(1);
         push_item(
-            &mut policy,
+            &mut text,
             item,
             ("q", item.decision.limit),
             ("w", advertised_sec),
         );
     }
-    let mut current = String::with_capacity(48);
-    push_item(&mut current, part, ("r", d.remaining), ("t", reset_sec));
-    for (name, value) in [(RATELIMIT_POLICY, policy), (RATELIMIT, current)] {
-        if let Ok(value) = HeaderValue::try_from(value) {
-            headers.insert(name, value);
+    end(&text);
+    push_item(&mut text, part, ("r", d.remaining), ("t", reset_sec));
+    end(&text);
+    let text = text.freeze();
+    let mut start = 0;
+    let values = ends[..count].iter().map(|&end| {
+        let value = HeaderValue::from_maybe_shared(text.slice(start..end));
+        start = end;
+        value
+    });
+    let template = usize::from(retry_after.is_some()) | usize::from(json) << 1;
+    let mut headers = TEMPLATES[template].clone();
+    // `cache-control` (and `content-type`, last) stay; every other value is replaced, in order.
+    for ((_, slot), value) in headers.iter_mut().skip(1).zip(values) {
+        match value {
+            Ok(value) => *slot = value,
+            // A policy name that cannot be a header value (a control character): both
+            // structured fields left out, as they always were.
+            Err(_) => {
+                headers.remove(RATELIMIT_POLICY);
+                headers.remove(RATELIMIT);
+                break;
+            }
         }
+    }
+    headers
+}
+
+/// An advertised answer's headers, in order, with placeholder values: allowed, denied (with
+/// `Retry-After`), each without and with `content-type`.
+static TEMPLATES: LazyLock<[HeaderMap; 4]> = LazyLock::new(|| {
+    [
+        template(false, false),
+        template(true, false),
+        template(false, true),
+        template(true, true),
+    ]
+});
+
+/// The content type of every JSON answer.
+pub const JSON: &str = "application/json";
+
+fn template(denied: bool, json: bool) -> HeaderMap {
+    let mut headers = HeaderMap::with_capacity(8);
+    let placeholder = HeaderValue::from_static("0");
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if denied {
+        headers.insert(RETRY_AFTER, placeholder.clone());
+    }
+    for name in [
+        X_RATELIMIT_LIMIT,
+        X_RATELIMIT_REMAINING,
+        X_RATELIMIT_RESET,
+        RATELIMIT_POLICY,
+        RATELIMIT,
+    ] {
+        headers.insert(name, placeholder.clone());
+    }
+    if json {
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(JSON));
     }
     headers
 }
@@ -362,16 +453,16 @@ const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy")
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// Appends one structured-field item, `"<name>";<key>=<n>;<key>=<n>`, to `out`.
-fn push_item(out: &mut String, part: &PolicyDecision, first: (&str, u64), second: (&str, u64)) {
+fn push_item(out: &mut BytesMut, part: &PolicyDecision, first: (&str, u64), second: (&str, u64)) {
     let mut digits = itoa::Buffer::new();
-    out.push('"');
+    out.extend_from_slice(b"\"");
     ItemName(part).push_to(out);
-    out.push('"');
+    out.extend_from_slice(b"\"");
     for (key, value) in [first, second] {
-        out.push(';');
-        out.push_str(key);
-        out.push('=');
-        out.push_str(digits.format(value));
+        out.extend_from_slice(b";");
+        out.extend_from_slice(key.as_bytes());
+        out.extend_from_slice(b"=");
+        out.extend_from_slice(digits.format(value).as_bytes());
     }
 }
 
@@ -386,12 +477,12 @@ pub struct ItemName<'a>(pub &'a PolicyDecision);
 
 impl ItemName<'_> {
     /// Appends the name to `out` (a policy of one window, the common case, without formatting).
-    fn push_to(&self, out: &mut String) {
+    fn push_to(&self, out: &mut BytesMut) {
         match (self.0.mode, self.0.key.period_us()) {
             (Mode::LocalLimit, _) | (_, Some(_)) => {
                 let _ = write!(out, "{self}");
             }
-            (_, None) => out.push_str(self.0.policy.name()),
+            (_, None) => out.extend_from_slice(self.0.policy.name().as_bytes()),
         }
     }
 }
