@@ -387,12 +387,6 @@ where
             out_bytes: 0,
             _open: self.service.opened(),
         };
-        if request.other_method {
-            // Answered at once (RFC 9110's 405, as the service words it); what the client
-            // still sends on the stream is counted against the windows and dropped.
-            self.streams.insert(id, stream);
-            return self.refuse(id, Refused::Method);
-        }
         if decoded.oversized {
             self.streams.insert(id, stream);
             // Counted as a refusal: a client that keeps sending oversized lists (an HPACK
@@ -400,12 +394,16 @@ where
             self.count_reset()?;
             return self.refuse(id, Refused::HeadersTooLarge);
         }
-        if unary {
+        // A method the service does not serve is gathered as a unary call's body is (within
+        // the same bounds) and then answered as the service words it (RFC 9110's 405): the
+        // stream lives out its life as any other's, and the client ends its side first.
+        if unary || request.other_method {
             stream.kind = Kind::Gathering {
                 body: BytesMut::new(),
                 kept: std::mem::take(&mut request.kept),
                 // From the read that brought the headers: no second look at the clock.
                 by: later(self.last_read, self.config.body_read_timeout),
+                refused: request.other_method.then_some(Refused::Method),
             };
             self.streams.insert(id, stream);
             if end_stream {

@@ -409,11 +409,20 @@ where
         let Some(stream) = self.streams.get_mut(&id) else {
             return;
         };
-        let Kind::Gathering { body, kept, .. } =
-            std::mem::replace(&mut stream.kind, Kind::Answering)
+        let Kind::Gathering {
+            body,
+            kept,
+            refused,
+            ..
+        } = std::mem::replace(&mut stream.kind, Kind::Answering)
         else {
             return;
         };
+        if let Some(why) = refused {
+            let answer = self.service.refuse(why);
+            self.answer(id, Outcome::Answer(answer));
+            return;
+        }
         let future = self.service.unary(kept, body.freeze());
         self.answering.push(Answering::new(id, future));
     }

@@ -68,6 +68,8 @@ pub(super) enum Kind {
         body: BytesMut,
         kept: Kept,
         by: Instant,
+        /// Answered with this refusal instead of a call once the body is in.
+        refused: Option<Refused>,
     },
     /// A unary call being answered on the connection's task.
     Answering,

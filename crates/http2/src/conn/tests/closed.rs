@@ -188,3 +188,35 @@ fn a_stream_that_depends_on_itself_is_reset() {
         );
     }
 }
+
+#[test]
+fn a_method_not_served_is_answered_once_the_client_ends_its_side() {
+    // GET on a stream the client has not ended, then an error of its own there: the stream is
+    // still open (nothing answered yet), so the error is the stream's and nothing else is sent.
+    let mut input = Vec::new();
+    let mut get = vec![0x42, 3];
+    get.extend_from_slice(b"GET");
+    get.extend_from_slice(&block(TASK)[1..]);
+    push(&mut input, frame::HEADERS, frame::END_HEADERS, 1, &get);
+    push(&mut input, frame::WINDOW_UPDATE, 0, 1, &0u32.to_be_bytes());
+    // And on stream 3 a GET whose body comes later: answered after it.
+    push(&mut input, frame::HEADERS, frame::END_HEADERS, 3, &get);
+    let mut body = Vec::new();
+    push(&mut body, frame::DATA, frame::END_STREAM, 3, b"ignored");
+    let (out, _, budget) = runtime().block_on(serve_in(&[&input, &body]));
+    assert_eq!(budget.used(), 0, "the charge is returned");
+    let frames = frames(&out);
+    let protocol = (Code::Protocol as u32).to_be_bytes().to_vec();
+    let on_1: Vec<_> = frames.iter().filter(|f| f.2 == 1).cloned().collect();
+    assert_eq!(on_1, [(frame::RST_STREAM, 0, 1, protocol)]);
+    let on_3: Vec<_> = frames.iter().filter(|f| f.2 == 3).cloned().collect();
+    assert_eq!(
+        on_3,
+        [(
+            frame::HEADERS,
+            frame::END_HEADERS | frame::END_STREAM,
+            3,
+            b"\x08\x03405".to_vec()
+        )]
+    );
+}
