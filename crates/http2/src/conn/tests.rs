@@ -174,23 +174,22 @@ fn frames(mut out: &[u8]) -> Vec<(u8, u8, u32, Vec<u8>)> {
     frames
 }
 
+/// A unary call on `stream`: its HEADERS, then `message` in one DATA frame that ends it.
+fn call(input: &mut Vec<u8>, stream: u32, message: &[u8]) {
+    push(
+        input,
+        frame::HEADERS,
+        frame::END_HEADERS,
+        stream,
+        &block(UNARY),
+    );
+    push(input, frame::DATA, frame::END_STREAM, stream, message);
+}
+
 #[test]
 fn a_unary_call_is_answered_with_its_body() {
     let mut input = Vec::new();
-    push(
-        &mut input,
-        frame::HEADERS,
-        frame::END_HEADERS,
-        1,
-        &block(UNARY),
-    );
-    push(
-        &mut input,
-        frame::DATA,
-        frame::END_STREAM,
-        1,
-        b"\0\0\0\0\x02hi",
-    );
+    call(&mut input, 1, b"\0\0\0\0\x02hi");
     let (out, _, budget) = runtime().block_on(serve(&input));
     let data: Vec<_> = frames(&out)
         .into_iter()

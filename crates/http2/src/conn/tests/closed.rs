@@ -12,30 +12,10 @@ use super::*;
 /// `STREAM_CLOSED`), then `late` on stream 1, then a call on stream 3 that must be answered.
 fn after_our_reset(late: &[u8]) -> Vec<(u8, u8, u32, Vec<u8>)> {
     let mut input = Vec::new();
-    push(
-        &mut input,
-        frame::HEADERS,
-        frame::END_HEADERS,
-        1,
-        &block(UNARY),
-    );
-    push(&mut input, frame::DATA, frame::END_STREAM, 1, SLOW);
+    call(&mut input, 1, SLOW);
     push(&mut input, frame::DATA, 0, 1, b"x");
     input.extend_from_slice(late);
-    push(
-        &mut input,
-        frame::HEADERS,
-        frame::END_HEADERS,
-        3,
-        &block(UNARY),
-    );
-    push(
-        &mut input,
-        frame::DATA,
-        frame::END_STREAM,
-        3,
-        b"\0\0\0\0\x02hi",
-    );
+    call(&mut input, 3, b"\0\0\0\0\x02hi");
     assert!(
         input.len() < 4096,
         "one write: the late frames come before the call is polled"
@@ -104,20 +84,7 @@ fn window_updates_on_a_stream_we_reset_are_not_applied() {
 /// the server's frames after its answer.
 fn after_the_answer(late: &[u8]) -> Vec<(u8, u8, u32, Vec<u8>)> {
     let mut input = Vec::new();
-    push(
-        &mut input,
-        frame::HEADERS,
-        frame::END_HEADERS,
-        1,
-        &block(UNARY),
-    );
-    push(
-        &mut input,
-        frame::DATA,
-        frame::END_STREAM,
-        1,
-        b"\0\0\0\0\x02hi",
-    );
+    call(&mut input, 1, b"\0\0\0\0\x02hi");
     let (out, _, budget) = runtime().block_on(serve_in(&[&input, late]));
     assert_eq!(budget.used(), 0, "the charge is returned");
     let frames = frames(&out);
